@@ -1,0 +1,83 @@
+"""Version helpers and feature probes for torch and the optional libraries.
+
+Probing for a feature (``has_foreach_map()``) is preferred over comparing versions; the single
+version helper, :func:`package_version`, exists for rules that are documented by version (peft's
+torch.compile support changed in 0.15).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "has_foreach_map",
+    "has_set_stance",
+    "is_package_available",
+    "package_version",
+    "version_at_least",
+]
+
+
+@functools.cache
+def is_package_available(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (cached ``find_spec``)."""
+    return importlib.util.find_spec(name) is not None
+
+
+@functools.cache
+def package_version(name: str) -> Version | None:
+    """The installed version of distribution ``name`` as its *release* (nightlies count as it).
+
+    ``2.13.0.dev20260101+cu128`` and ``2.13.0+cpu`` both become ``Version("2.13.0")``, so a
+    nightly of a release satisfies ``>= release``. Returns ``None`` when not installed.
+    """
+    try:
+        raw = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    try:
+        release = Version(raw).release
+    except InvalidVersion:
+        return None
+    return Version(".".join(str(part) for part in release))
+
+
+def version_at_least(name: str, minimum: str, *, installed: str | Version | None = None) -> bool:
+    """Whether ``name`` is installed at ``minimum`` or later.
+
+    Args:
+        name: distribution name (``"torch"``, ``"peft"``).
+        minimum: the first good release, e.g. ``"0.15"``.
+        installed: evaluate against this declared version instead of the installed one (used to
+            apply version-dependent rules to a version that is not installed).
+
+    Returns:
+        ``False`` when the package is not installed.
+    """
+    if installed is None:
+        current = package_version(name)
+    else:
+        current = Version(".".join(str(p) for p in Version(str(installed)).release))
+    return current is not None and current >= Version(minimum)
+
+
+@functools.cache
+def has_foreach_map() -> bool:
+    """Whether ``torch._higher_order_ops.foreach_map`` exists (torch >= 2.7)."""
+    try:
+        from torch._higher_order_ops.foreach_map import foreach_map  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def has_set_stance() -> bool:
+    """Whether ``torch.compiler.set_stance`` exists (torch >= 2.6)."""
+    import torch
+
+    return hasattr(torch.compiler, "set_stance")

@@ -1,0 +1,46 @@
+"""Exceptions raised by torchcompile_kit.
+
+Every error is a :class:`TorchCompileKitError` and also the built-in exception users would
+expect (``ValueError`` for bad input, ``RuntimeError`` for a failure while running), so
+``except ValueError`` keeps working in code that does not know this library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockSelectorError",
+    "NoRepeatedBlocksError",
+    "SequenceTooLongError",
+    "TorchCompileKitError",
+    "UnexpectedRecompileError",
+    "UnsafeAdapterConfigError",
+    "UnsupportedOptimizerError",
+]
+
+
+class TorchCompileKitError(Exception):
+    """Base class of every error raised by torchcompile_kit."""
+
+
+class NoRepeatedBlocksError(TorchCompileKitError, ValueError):
+    """``compile_regional`` found no block class with two or more instances to compile."""
+
+
+class BlockSelectorError(TorchCompileKitError, ValueError):
+    """A ``blocks=`` selector is malformed or matches no module."""
+
+
+class SequenceTooLongError(TorchCompileKitError, ValueError):
+    """A sample is longer than the largest bucket (or ``max_length``)."""
+
+
+class UnsupportedOptimizerError(TorchCompileKitError, ValueError):
+    """The optimizer, or one of its options, cannot be compiled by ``compile_optimizer``."""
+
+
+class UnsafeAdapterConfigError(TorchCompileKitError, ValueError):
+    """A PEFT configuration is known to break or silently miscompute under ``torch.compile``."""
+
+
+class UnexpectedRecompileError(TorchCompileKitError, RuntimeError):
+    """A compiled function would recompile inside a ``no_recompiles()`` block."""
