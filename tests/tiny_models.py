@@ -22,7 +22,8 @@ def gpt2(n_layer: int = 2, n_embd: int = 32, **overrides):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=128, n_embd=n_embd, n_layer=n_layer, n_head=4, **overrides
+        vocab_size=VOCAB, n_positions=128, n_embd=n_embd, n_layer=n_layer, n_head=4,
+        bos_token_id=1, eos_token_id=2, **overrides
     )
     _no_dropout(config, "resid_pdrop", "embd_pdrop", "attn_pdrop")
     return GPT2LMHeadModel(config)
@@ -101,7 +102,10 @@ def vision_encoder_decoder(n_layer: int = 2, hidden: int = 32):
     """The seed's captioning model, tiny: ViT encoder + GPT-2 decoder."""
     from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
 
-    decoder = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=hidden, n_layer=n_layer, n_head=4)
+    decoder = GPT2Config(
+        vocab_size=VOCAB, n_positions=128, n_embd=hidden, n_layer=n_layer, n_head=4,
+        bos_token_id=1, eos_token_id=2,
+    )
     _no_dropout(decoder, "resid_pdrop", "embd_pdrop", "attn_pdrop")
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
         vit_config(n_layer, hidden), decoder

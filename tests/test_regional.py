@@ -1,0 +1,433 @@
+"""compile_regional, find_repeated_blocks, uncompile: discovery, reuse, numerics, keys, errors."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+import tiny_models as tm
+from torchcompile_kit import (
+    BlockSelectorError,
+    NoRepeatedBlocksError,
+    compile_regional,
+    find_repeated_blocks,
+    fix_loss_function,
+    uncompile,
+)
+from torchcompile_kit.regional import get_regional_plan
+
+
+# --- toy models ----------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int = 8, layer_idx: int = 0):
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.layer_idx = layer_idx  # distinct per instance, never read by forward
+
+    def forward(self, x):
+        return x + self.norm(torch.relu(self.lin(x)))
+
+
+class IndexedBlock(Block):
+    def forward(self, x):
+        return x + self.norm(self.lin(x)) * (self.layer_idx + 1)  # dynamo specializes on it
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 4, dim: int = 8, scale_by_idx: bool = False, container=nn.ModuleList):
+        super().__init__()
+        self.embed = nn.Linear(dim, dim)
+        blocks = [(IndexedBlock if scale_by_idx else Block)(dim, i) for i in range(n)]
+        if container is nn.ModuleDict:
+            self.layers = nn.ModuleDict({str(i): b for i, b in enumerate(blocks)})
+        elif container is nn.Sequential:
+            self.layers = nn.Sequential(*blocks)
+        else:
+            self.layers = nn.ModuleList(blocks)
+        self.head = nn.Linear(dim, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        layers = self.layers.values() if isinstance(self.layers, nn.ModuleDict) else self.layers
+        for layer in layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class Processor:
+    def __call__(self, x):
+        return x * 2
+
+
+class BlockWithProcessor(Block):
+    def __init__(self, dim: int = 8):
+        super().__init__(dim)
+        self.processor = Processor()  # one object per block, as diffusers' attention processors
+
+    def forward(self, x):
+        return x + self.processor(self.lin(x))
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "expected"),
+    [
+        (tm.gpt2, {"GPT2Block": 2}),
+        (tm.llama, {"LlamaDecoderLayer": 2}),
+        (tm.bert, {"BertLayer": 2}),
+        (tm.t5, {"T5Block": 4}),
+        (tm.vit, {"ViTLayer": 2}),
+        (tm.vision_encoder_decoder, {"ViTLayer": 2, "GPT2Block": 2}),
+    ],
+)
+def test_discovery_on_architectures(builder, expected):
+    model = builder()
+    plan = find_repeated_blocks(model)
+    found = {g.class_name: len(g.names) for g in plan.groups}
+    assert found == expected
+    named = dict(model.named_modules())
+    for group in plan.groups:
+        assert all(type(named[n]).__name__ == group.class_name for n in group.names)
+    # the eager remainder covers every parameter that is not inside a block
+    in_blocks = {id(p) for n in plan.blocks for p in named[n].parameters()}
+    in_eager = {id(p) for n in plan.eager for p in named[n].parameters()}
+    assert in_blocks.isdisjoint(in_eager)
+    assert in_blocks | in_eager == {id(p) for p in model.parameters()}
+
+
+def test_bert_embeddings_hint_is_not_a_block():
+    model = tm.bert()
+    assert "BertEmbeddings" in model._no_split_modules
+    plan = find_repeated_blocks(model)
+    assert "bert.embeddings" in plan.eager
+    assert all(g.class_name != "BertEmbeddings" for g in plan.groups)
+
+
+@pytest.mark.parametrize("container", [nn.ModuleList, nn.ModuleDict, nn.Sequential])
+def test_discovery_in_every_container(container):
+    plan = find_repeated_blocks(Stack(n=3, container=container))
+    assert plan.blocks == [f"layers.{i}" for i in range(3)]
+    assert plan.eager == ["embed", "head"]
+    assert plan.summary() == "compiled 3 × Block; eager: embed, head"
+
+
+def test_leaf_modules_in_a_sequential_are_not_blocks():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    with pytest.raises(NoRepeatedBlocksError, match="blocks="):
+        find_repeated_blocks(model)
+
+
+# --- compiling: reuse, numerics -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama])
+def test_block_graph_is_reused_across_nine_plus_layers(builder):
+    # default config: use_cache=True, the trap that makes every block recompile
+    model = builder(n_layer=10)
+    assert model.config.use_cache is True
+    counter = CompileCounter()
+    compile_regional(model, backend=counter)
+    model(**tm.token_batch()).loss.backward()
+    assert counter.frame_count == 1  # one graph for all ten blocks
+
+
+def test_kept_kv_cache_shows_the_trap_it_avoids():
+    model = tm.gpt2(n_layer=10)
+    counter = CompileCounter()
+    with pytest.warns(UserWarning, match="layer_idx.*use_cache=False"):
+        compile_regional(model, backend=counter, keep_kv_cache=True)
+    model(**tm.token_batch()).loss.backward()
+    assert counter.frame_count == 10  # a graph per layer: what keep_kv_cache=False prevents
+
+
+def test_explicit_use_cache_true_is_respected_with_a_warning():
+    model = compile_regional(tm.gpt2(), backend="eager")
+    with pytest.warns(UserWarning, match="use_cache=True outside generation"):
+        out = model(**tm.token_batch(), use_cache=True)
+    assert out.past_key_values is not None
+    assert model(**tm.token_batch()).past_key_values is None  # plain forward: no cache
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _check_matches_eager(builder, backend, batch):
+    eager = builder()
+    compiled = copy.deepcopy(eager)
+    compile_regional(compiled, backend=backend)
+    out_e, out_c = eager(**batch), compiled(**batch)
+    torch.testing.assert_close(out_c.logits, out_e.logits)
+    out_e.loss.backward()
+    out_c.loss.backward()
+    grads_e, grads_c = _grads(eager), _grads(compiled)
+    assert grads_e.keys() == grads_c.keys() and len(grads_e) == len(list(eager.parameters()))
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], msg=name)
+
+
+@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama, tm.t5])
+def test_outputs_and_grads_match_eager_aot_eager(builder):
+    batch = tm.token_batch()
+    if builder is tm.t5:
+        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    _check_matches_eager(builder, "aot_eager", batch)
+
+
+def test_outputs_and_grads_match_eager_inductor():
+    _check_matches_eager(tm.gpt2, "inductor", tm.token_batch())
+
+
+def test_vision_encoder_decoder_compiles_both_stacks():
+    model = tm.vision_encoder_decoder()
+    counter = CompileCounter()
+    compile_regional(model, backend=counter)
+    pixel_values = torch.randn(2, 3, 32, 32)
+    labels = torch.randint(3, tm.VOCAB, (2, 8))
+    model(pixel_values=pixel_values, labels=labels).loss.backward()
+    assert counter.frame_count == 2  # one graph for ViTLayer, one for GPT2Block
+
+
+# --- state dict --------------------------------------------------------------------------------
+
+
+def test_state_dict_keys_unchanged_and_checkpoints_load_both_ways():
+    model = tm.gpt2()
+    before = model.state_dict()
+    saved = {k: v.clone() for k, v in before.items()}
+    compile_regional(model, backend="aot_eager")
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert not [k for k in after if "_orig_mod" in k]
+
+    batch = tm.token_batch()
+    fresh = tm.gpt2()  # other random weights
+    compile_regional(fresh, backend="aot_eager")
+    fresh.load_state_dict(saved)  # saved before compiling, loaded after
+    torch.testing.assert_close(fresh(**batch).logits, model(**batch).logits)
+
+    eager = tm.gpt2()
+    eager.load_state_dict(fresh.state_dict())  # saved compiled, loaded eager
+    torch.testing.assert_close(eager(**batch).logits, model(**batch).logits)
+
+
+# --- idempotence, uncompile ------------------------------------------------------------------
+
+
+def test_second_call_is_a_noop_with_warning():
+    model = tm.gpt2()
+    compile_regional(model, backend="eager")
+    plan = get_regional_plan(model)
+    with pytest.warns(UserWarning, match="already compiled"):
+        assert compile_regional(model, backend="aot_eager") is model
+    assert get_regional_plan(model) is plan
+    assert all(g.compile_kwargs["backend"] == "eager" for g in plan.groups)
+
+
+def test_uncompile_restores_eager():
+    model = Stack(n=3)
+    counter = CompileCounter()
+    assert compile_regional(model, backend=counter) is model
+    x = torch.randn(2, 8)
+    model(x)
+    assert counter.frame_count == 1
+    assert uncompile(model) is model
+    assert get_regional_plan(model) is None
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in model.modules())
+    torch._dynamo.reset()
+    model(torch.randn(5, 8))  # a new shape would have compiled again
+    assert counter.frame_count == 1
+    compile_regional(model, backend=counter)  # and it can be compiled again without warning
+    model(x)
+    assert counter.frame_count == 2
+
+
+def test_uncompile_removes_the_cache_hook():
+    model = compile_regional(tm.gpt2(), backend="eager")
+    uncompile(model)
+    assert model(**tm.token_batch()).past_key_values is not None  # transformers default again
+
+
+# --- selectors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [Block, "Block", [Block], ["Block"], "layers.*", ["layers.0", "layers.1", "layers.2"]],
+)
+def test_blocks_selector_forms(blocks):
+    plan = find_repeated_blocks(Stack(n=3), blocks=blocks)
+    assert plan.blocks == ["layers.0", "layers.1", "layers.2"]
+
+
+def test_class_selector_matches_subclasses_and_renamed_classes():
+    model = Stack(n=2)
+    model.layers.append(BlockWithProcessor())
+    assert len(find_repeated_blocks(model, blocks=Block).blocks) == 3
+    assert len(find_repeated_blocks(model, blocks="Block").blocks) == 3  # by MRO name
+
+
+def test_pattern_selects_one_stack_only():
+    model = tm.vision_encoder_decoder()
+    plan = find_repeated_blocks(model, blocks="encoder.layers.*")
+    assert [g.class_name for g in plan.groups] == ["ViTLayer"]
+    assert plan.blocks == ["encoder.layers.0", "encoder.layers.1"]
+    assert plan.eager[-1] == "decoder"  # the whole decoder stays eager
+
+
+def test_mapping_gives_per_group_compile_kwargs():
+    model = tm.vision_encoder_decoder()
+    enc, dec = CompileCounter(), CompileCounter()
+    blocks = {"ViTLayer": {"backend": enc}, "decoder.transformer.h.*": {"backend": dec}}
+    compile_regional(model, blocks=blocks)
+    plan = get_regional_plan(model)
+    assert [(g.selector, g.class_name) for g in plan.groups] == [
+        ("ViTLayer", "ViTLayer"),
+        ("decoder.transformer.h.*", "GPT2Block"),
+    ]
+    model(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.randint(3, tm.VOCAB, (2, 8)))
+    assert (enc.frame_count, dec.frame_count) == (1, 1)
+
+
+def test_modular_compile_of_whole_submodules():
+    # the seed's modular compilation: encoder and decoder each one region
+    model = tm.vision_encoder_decoder()
+    plan = find_repeated_blocks(model, blocks={"encoder": {"mode": "max-autotune"}, "decoder": {}})
+    assert plan.blocks == ["encoder", "decoder"]
+    assert plan.groups[0].compile_kwargs == {"mode": "max-autotune"}
+
+
+def test_global_kwargs_are_overridden_per_group():
+    model = Stack(n=2)
+    compile_regional(model, blocks={"Block": {"dynamic": True}}, backend="eager", dynamic=False)
+    (group,) = get_regional_plan(model).groups
+    assert group.compile_kwargs == {"backend": "eager", "dynamic": True}
+
+
+# --- guard preflight -------------------------------------------------------------------------
+
+
+def test_preflight_warns_on_distinct_int_read_in_forward_and_sizes_limit():
+    model = Stack(n=12, scale_by_idx=True)
+    counter = CompileCounter()
+    with pytest.warns(UserWarning, match=r"12 of 12 IndexedBlock blocks.*`layer_idx`.*argument"):
+        compile_regional(model, backend=counter)
+    (group,) = get_regional_plan(model).groups
+    assert group.compile_kwargs["recompile_limit"] >= 12
+    eager = copy.deepcopy(model)
+    uncompile(eager)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), eager(x))
+    assert counter.frame_count == 12  # every layer compiled: none silently fell back to eager
+
+
+def test_without_sizing_the_limit_blocks_fall_back_to_eager():
+    # the failure the sizing prevents: same model, the global limit (8) applies
+    model = Stack(n=12, scale_by_idx=True)
+    counter = CompileCounter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile_regional(model, backend=counter, recompile_limit=8)
+    model(torch.randn(2, 8))
+    assert counter.frame_count == 8
+
+
+def test_preflight_silent_when_distinct_int_is_not_read():
+    model = Stack(n=4, scale_by_idx=False)  # layer_idx differs but forward never reads it
+    counter = CompileCounter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_regional(model, backend=counter)
+    model(torch.randn(2, 8))
+    assert counter.frame_count == 1
+
+
+def test_preflight_warns_on_per_block_objects():
+    model = Stack(n=3)
+    model.layers = nn.ModuleList([BlockWithProcessor() for _ in range(3)])
+    with pytest.warns(UserWarning, match="`processor` .*distinct object per block"):
+        compile_regional(model, backend="eager")
+
+
+def test_preflight_silent_on_transformers_models():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for builder in (tm.gpt2, tm.llama, tm.bert, tm.vit, tm.t5):
+            compile_regional(builder(n_layer=3), backend="eager")
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def test_error_no_repeated_blocks_says_how_to_pass_blocks():
+    model = nn.Sequential(nn.Linear(4, 4), Block(4))
+    with pytest.raises(NoRepeatedBlocksError, match=r"blocks=MyLayer") as err:
+        compile_regional(model)
+    assert isinstance(err.value, ValueError)
+
+
+def test_error_selector_matches_nothing():
+    with pytest.raises(BlockSelectorError, match=r"'NoSuchLayer' matches no module.*Block"):
+        compile_regional(Stack(), blocks="NoSuchLayer")
+    with pytest.raises(BlockSelectorError, match="must be a dict"):
+        compile_regional(Stack(), blocks={"Block": "max-autotune"})
+    with pytest.raises(BlockSelectorError, match="overlap"):
+        find_repeated_blocks(Stack(), blocks={"layers": {}, "Block": {}})
+
+
+def test_error_not_a_module():
+    with pytest.raises(TypeError, match="must be a torch.nn.Module, got dict"):
+        compile_regional({"not": "a model"})
+
+
+def test_error_whole_model_wrapper():
+    with pytest.raises(ValueError, match="_orig_mod"):
+        compile_regional(torch.compile(Stack(), backend="eager"))
+
+
+# --- remainder and loss ---------------------------------------------------------------------
+
+
+def test_remainder_compiles_eager_modules_with_parameters_and_loss():
+    model = tm.gpt2()
+    counter = CompileCounter()
+    compile_regional(model, backend=counter, remainder=True)
+    plan = get_regional_plan(model)
+    assert plan.remainder == ["transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
+    assert "transformer.drop" not in plan.remainder  # no parameters: nothing to gain
+    out = model(**tm.token_batch())
+    out.loss.backward()
+    # blocks 1 + wte, wpe, ln_f, lm_head 4 + loss 1
+    assert counter.frame_count == 6
+    uncompile(model)
+    assert "_loss_function" not in model.__dict__
+
+
+def test_fix_loss_function_removes_the_loss_graph_break():
+    batch = tm.token_batch()
+    plain = tm.gpt2()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(plain, backend="eager", fullgraph=True)(**batch)
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    fixed = fix_loss_function(tm.gpt2())
+    counter = CompileCounterWithBackend("eager")
+    out = torch.compile(fixed, backend=counter, fullgraph=True)(**batch)
+    assert counter.frame_count == 1
+    torch.manual_seed(1)
+    torch.testing.assert_close(out.loss, tm.gpt2()(**batch).loss)  # same seed, same weights
+
+
+def test_fix_loss_function_refuses_non_transformers_models():
+    with pytest.raises(ValueError, match="no transformers PreTrainedModel"):
+        fix_loss_function(Stack())

@@ -1,0 +1,151 @@
+"""transformers-specific pieces: the explicit loss function, the KV-cache trap, block hints.
+
+Nothing here imports transformers unless the model is a transformers model (it is then already
+imported), so plain-torch users never pay for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch import nn
+
+__all__ = ["disable_cache_in_plain_forwards", "fix_loss_function", "no_split_module_names"]
+
+Undo = Callable[[], None]
+
+
+def _pretrained_modules(model: nn.Module) -> Iterator[nn.Module]:
+    if "transformers" not in sys.modules:  # a transformers model would have imported it
+        return
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            yield module
+
+
+def no_split_module_names(model: nn.Module) -> set[str]:
+    """Class names listed in ``_no_split_modules`` by any transformers model inside ``model``."""
+    names: set[str] = set()
+    for module in _pretrained_modules(model):
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return names
+
+
+def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
+    from transformers import PreTrainedModel
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    if type(module).loss_function is not PreTrainedModel.loss_function:
+        return module.loss_function  # a model that overrides the property knows best
+    # PreTrainedModel.loss_function, without its warning_once for models whose class name does
+    # not name a loss (GPT2LMHeadModel): that logging call is what breaks the graph.
+    return LOSS_MAPPING.get(getattr(module, "loss_type", None), LOSS_MAPPING["ForCausalLM"])
+
+
+def set_explicit_loss_functions(
+    model: nn.Module, *, compile: bool = False, **compile_kwargs: Any
+) -> list[Undo]:
+    """Pin each transformers model's ``loss_function``; return how to undo it (internal)."""
+    import torch
+
+    undo: list[Undo] = []
+    for module in _pretrained_modules(model):
+        if not hasattr(type(module), "loss_function"):
+            continue
+        previous = module.__dict__.get("_loss_function", None)
+        loss = _resolved_loss(module)
+        module.loss_function = torch.compile(loss, **compile_kwargs) if compile else loss
+
+        def restore(module: nn.Module = module, previous: Any = previous) -> None:
+            if previous is None:
+                module.__dict__.pop("_loss_function", None)
+            else:
+                module._loss_function = previous
+
+        undo.append(restore)
+    return undo
+
+
+def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwargs: Any) -> nn.Module:
+    """Set a transformers model's loss function explicitly so it no longer breaks the graph.
+
+    ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and logs a
+    warning when the name does not say (``GPT2LMHeadModel``); under ``torch.compile`` that is a
+    graph break in every training step. This resolves the loss once, eagerly, and pins it
+    (``model.loss_function = ForCausalLMLoss``, as the seed post recommends).
+
+    Args:
+        model: a transformers model, or a module containing some (every one is fixed).
+        compile: also compile the loss function (``torch.compile(loss, **compile_kwargs)``).
+        **compile_kwargs: passed to ``torch.compile`` when ``compile=True``.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        ValueError: ``model`` contains no transformers ``PreTrainedModel``.
+
+    Example:
+        >>> model = fix_loss_function(GPT2LMHeadModel(config))  # doctest: +SKIP
+        >>> compiled = torch.compile(model, fullgraph=True)  # no break at the loss  # doctest: +SKIP
+    """
+    if not set_explicit_loss_functions(model, compile=compile, **compile_kwargs):
+        raise ValueError(
+            f"fix_loss_function: {type(model).__name__} contains no transformers PreTrainedModel "
+            "with a loss_function; for other models compile your loss with torch.compile(loss_fn)."
+        )
+    return model
+
+
+class _PlainForwardsWithoutCache:
+    """Forward pre-hook: ``use_cache=False`` unless the caller passed it or a cache."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.signature = inspect.signature(module.forward)
+        self.warned = False
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]):
+        bound = self.signature.bind_partial(*args, **kwargs).arguments
+        if bound.get("past_key_values") is not None:
+            return None  # generating: the cache is wanted
+        if bound.get("use_cache") is not None:  # the caller decided
+            if bound["use_cache"] and not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"{type(module).__name__} was called with use_cache=True outside generation: "
+                    "it builds a cache whose per-layer state makes every compiled block "
+                    "recompile (up to the recompile limit, then eager). Pass use_cache=False in "
+                    "training and evaluation forwards.",
+                    stacklevel=2,
+                )
+            return None
+        if "use_cache" in bound and "use_cache" not in kwargs:
+            return None  # passed positionally as None: leave the call as it is
+        return args, {**kwargs, "use_cache": False}
+
+
+def disable_cache_in_plain_forwards(model: nn.Module) -> list[Undo]:
+    """Make transformers forwards that do not generate run with ``use_cache=False`` (internal).
+
+    With the default ``use_cache=True`` a decoder builds a ``DynamicCache`` even in a training
+    forward; each block then guards on its own cache layer (``layers[i].is_initialized`` via
+    ``self.layer_idx``) and recompiles once per layer. ``generate()`` passes a cache and is left
+    alone; so is any call that passes ``use_cache`` itself.
+
+    Returns:
+        Callables that remove the hooks.
+    """
+    undo: list[Undo] = []
+    for module in _pretrained_modules(model):
+        if "use_cache" in inspect.signature(module.forward).parameters:
+            handle = module.register_forward_pre_hook(
+                _PlainForwardsWithoutCache(module), with_kwargs=True
+            )
+            undo.append(handle.remove)
+    return undo
