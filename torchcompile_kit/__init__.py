@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it (relative to this package)
 _EXPORTS: dict[str, str] = {
     # errors
+    "BatchShapeError": "errors",
     "BlockSelectorError": "errors",
     "NoRepeatedBlocksError": "errors",
     "SequenceTooLongError": "errors",
@@ -38,10 +39,10 @@ _EXPORTS: dict[str, str] = {
     "zero_grads": "optim",
     "foreach_map_adam_step": "foreach_adam",
     # shapes
-    "BucketBatchSampler": "buckets",
+    "BucketBatchSampler": "bucket_sampler",
     "PadToBucketCollator": "buckets",
     "pad_to_bucket": "buckets",
-    "plan_buckets": "buckets",
+    "plan_buckets": "bucket_planner",
     "mark_dynamic_batch": "dynamic",
     "no_recompiles": "dynamic",
     "warmup_shapes": "dynamic",
@@ -49,6 +50,8 @@ _EXPORTS: dict[str, str] = {
     "check_peft_compile_safety": "adapters",
     "compile_peft": "adapters",
     "check_compile_equivalence": "equivalence",
+    "EquivalenceReport": "equivalence",
+    "SafetyFinding": "adapter_rules",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -8,6 +8,7 @@ expect (``ValueError`` for bad input, ``RuntimeError`` for a failure while runni
 from __future__ import annotations
 
 __all__ = [
+    "BatchShapeError",
     "BlockSelectorError",
     "NoRepeatedBlocksError",
     "SequenceTooLongError",
@@ -44,3 +45,7 @@ class UnsafeAdapterConfigError(TorchCompileKitError, ValueError):
 
 class UnexpectedRecompileError(TorchCompileKitError, RuntimeError):
     """A compiled function would recompile inside a ``no_recompiles()`` block."""
+
+
+class BatchShapeError(TorchCompileKitError, ValueError):
+    """A length, bucket, batch or dynamic-dim argument cannot be honoured (buckets, dynamic)."""

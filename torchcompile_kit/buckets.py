@@ -1,0 +1,376 @@
+"""Pad to bucket lengths: ``pad_to_bucket`` and the ``PadToBucketCollator``.
+
+Padding each batch to one of a few *bucket* lengths (chosen by
+:func:`~torchcompile_kit.bucket_planner.plan_buckets`) bounds the number of graphs
+``torch.compile`` builds; the collator pads a batch of feature dicts to its bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from .bucket_planner import _bucket_for, _check_buckets, _check_positive_int, _round_up
+from .errors import BatchShapeError, SequenceTooLongError
+
+
+def _as_1d(value: Any, where: str) -> torch.Tensor:
+    """One sequence (int list or tensor) as a 1-D tensor, or a clear error naming ``where``."""
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    else:
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError) as err:
+            raise BatchShapeError(
+                f"{where} is not a flat sequence of numbers ({err}); got {value!r:.80}"
+            ) from err
+        if tensor.numel() == 0:
+            tensor = tensor.to(torch.long)
+    if tensor.dim() != 1:
+        raise BatchShapeError(
+            f"{where} must be 1-D (one sequence), got shape {tuple(tensor.shape)!r}; "
+            "pass one list of token ids per sample"
+        )
+    return tensor
+
+
+def _pad_stack(
+    rows: list[torch.Tensor], length: int, pad_value: float, padding_side: str
+) -> torch.Tensor:
+    """Stack 1-D ``rows`` (each ``<= length``) into ``(len(rows), length)`` filled with pad."""
+    dtype = rows[0].dtype
+    out = torch.full((len(rows), length), pad_value, dtype=dtype)
+    for index, row in enumerate(rows):
+        n = row.numel()
+        if n == 0:
+            continue
+        if padding_side == "right":
+            out[index, :n] = row
+        else:
+            out[index, length - n :] = row
+    return out
+
+
+def _check_padding_side(padding_side: str) -> None:
+    if padding_side not in ("right", "left"):
+        raise BatchShapeError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+
+
+def pad_to_bucket(
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+    buckets: Sequence[int],
+    *,
+    pad_value: float = 0,
+    padding_side: Literal["right", "left"] = "right",
+) -> torch.Tensor:
+    """Pad sequences to the smallest bucket that holds the longest one, as one tensor.
+
+    Args:
+        sequences: 1-D tensors or int lists (one per sample). Tensors keep their dtype (all must
+            share it); lists become ``torch.long``.
+        buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets`.
+        pad_value: the value written into the padding.
+        padding_side: ``"right"`` (pad after the tokens) or ``"left"`` (before them, as for
+            batched generation with decoder-only models).
+
+    Returns:
+        A ``(len(sequences), bucket)`` tensor.
+
+    Raises:
+        SequenceTooLongError: a sequence is longer than the last bucket.
+        ValueError: ``sequences`` is empty, a sequence is not 1-D, dtypes differ, or ``buckets``
+            is not strictly ascending positive ints.
+
+    Example:
+        >>> pad_to_bucket([[1, 2, 3], [4]], [4, 8]).tolist()
+        [[1, 2, 3, 0], [4, 0, 0, 0]]
+    """
+    buckets = _check_buckets(buckets)
+    _check_padding_side(padding_side)
+    if len(sequences) == 0:
+        raise BatchShapeError("sequences is empty; pass at least one sequence to pad")
+    rows = [_as_1d(seq, f"sequences[{i}]") for i, seq in enumerate(sequences)]
+    for index, row in enumerate(rows):
+        if row.dtype != rows[0].dtype:
+            raise BatchShapeError(
+                f"sequences[{index}] has dtype {row.dtype!r} but sequences[0] has "
+                f"{rows[0].dtype!r}; convert them to one dtype first"
+            )
+    index = max(range(len(rows)), key=lambda i: rows[i].numel())
+    longest = rows[index].numel()
+    length = _bucket_for(longest, buckets)
+    if length < 0:
+        raise SequenceTooLongError(
+            f"sequences[{index}] has length {longest!r}, longer than the last bucket "
+            f"{buckets[-1]!r}; truncate it or plan buckets that cover it"
+        )
+    return _pad_stack(rows, length, pad_value, padding_side)
+
+
+# Keys padded as sequences, with the pad value each gets ("pad" = the pad token id, "label" = the
+# label pad id). Every sequence key of a batch is padded to the same (bucket) length.
+_SEQUENCE_KEYS: dict[str, str | int] = {
+    "input_ids": "pad",
+    "attention_mask": 0,
+    "token_type_ids": 0,
+    "position_ids": 0,
+    "special_tokens_mask": 1,
+    "labels": "label",
+    "decoder_input_ids": "pad",
+    "decoder_attention_mask": 0,
+}
+# key -> the key whose per-sample length it must match
+_SAME_LENGTH_AS = {
+    "attention_mask": "input_ids",
+    "token_type_ids": "input_ids",
+    "position_ids": "input_ids",
+    "special_tokens_mask": "input_ids",
+    "decoder_attention_mask": "decoder_input_ids",
+}
+
+
+def _is_sequence_value(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() >= 1
+    return isinstance(value, (list, tuple))
+
+
+class PadToBucketCollator:
+    """A ``collate_fn`` / HF ``data_collator`` that pads every batch to a bucket length.
+
+    Sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``token_type_ids``,
+    ``position_ids``, ``special_tokens_mask``, ``decoder_input_ids``, ``decoder_attention_mask``)
+    are padded to one length: the smallest bucket holding the batch's longest sequence (of any of
+    those keys), or with ``buckets=None`` that length rounded up to ``multiple_of``. ``labels`` are
+    padded with ``label_pad_token_id`` so the loss ignores padding, ``attention_mask`` is built
+    (ones exactly on real tokens) when absent. Every other key is stacked when its values are
+    same-shaped tensors or numbers (``pixel_values``, a class label) and passed through as a list
+    otherwise (strings).
+
+    Args:
+        buckets: strictly ascending padding lengths (:func:`plan_buckets`); ``None`` pads to a
+            multiple of ``multiple_of``.
+        multiple_of: with ``buckets=None``, pad to a multiple of this.
+        pad_token_id: pad value of ``input_ids`` / ``decoder_input_ids``.
+        label_pad_token_id: pad value of ``labels`` (-100 is ignored by PyTorch/HF losses).
+        padding_side: ``"right"`` or ``"left"``; every sequence key is padded on this side.
+        max_length: truncate longer samples to their first ``max_length`` tokens (every sequence
+            key alike, so ids and labels stay aligned). ``None``: never truncate; a sample longer
+            than the last bucket is an error.
+        tokenizer: an HF tokenizer; when given, ``pad_token_id`` and ``padding_side`` come from
+            it (its ``pad_token_id`` must be set).
+
+    Raises:
+        ValueError: bad arguments, or no pad token id (``pad_token_id=None`` or a tokenizer
+            without a pad token).
+
+    Example:
+        >>> collate = PadToBucketCollator(buckets=[8, 16], pad_token_id=0)
+        >>> batch = collate([{"input_ids": [5, 6, 7], "labels": [5, 6, 7]},
+        ...                  {"input_ids": [8], "labels": [8]}])
+        >>> batch["input_ids"].shape, batch["labels"][1].tolist()[:3]
+        (torch.Size([2, 8]), [8, -100, -100])
+    """
+
+    def __init__(
+        self,
+        *,
+        buckets: Sequence[int] | None = None,
+        multiple_of: int = 8,
+        pad_token_id: int | None = 0,
+        label_pad_token_id: int = -100,
+        padding_side: Literal["right", "left"] = "right",
+        max_length: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.buckets = None if buckets is None else _check_buckets(buckets)
+        self.multiple_of = _check_positive_int("multiple_of", multiple_of)
+        if tokenizer is not None:
+            pad_token_id = tokenizer.pad_token_id
+            padding_side = getattr(tokenizer, "padding_side", padding_side)
+            if pad_token_id is None:
+                raise BatchShapeError(
+                    f"tokenizer {type(tokenizer).__name__!r} has no pad token "
+                    "(pad_token_id is None), so input_ids cannot be padded; set "
+                    "tokenizer.pad_token = tokenizer.eos_token (causal LMs) or add a pad token"
+                )
+        if pad_token_id is None:
+            raise BatchShapeError(
+                "pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be padded; pass the "
+                "tokenizer's pad id (pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer"
+            )
+        _check_padding_side(padding_side)
+        if max_length is not None:
+            _check_positive_int("max_length", max_length)
+            if self.buckets is not None and max_length > self.buckets[-1]:
+                raise BatchShapeError(
+                    f"max_length={max_length!r} exceeds the last bucket {self.buckets[-1]!r}: "
+                    "samples up to max_length would fit no bucket; pass "
+                    f"max_length<={self.buckets[-1]} or add a bucket >= {max_length}"
+                )
+        self.pad_token_id = pad_token_id
+        self.label_pad_token_id = label_pad_token_id
+        self.padding_side = padding_side
+        self.max_length = max_length
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(buckets={self.buckets!r}, multiple_of={self.multiple_of!r}, "
+            f"pad_token_id={self.pad_token_id!r}, label_pad_token_id={self.label_pad_token_id!r}, "
+            f"padding_side={self.padding_side!r}, max_length={self.max_length!r})"
+        )
+
+    def target_length(self, longest: int) -> int:
+        """The padded length of a batch whose longest (already truncated) sequence is ``longest``.
+
+        Args:
+            longest: the longest sequence length in the batch.
+
+        Returns:
+            The bucket (or multiple of ``multiple_of``, capped at ``max_length``) to pad to.
+
+        Raises:
+            SequenceTooLongError: ``longest`` exceeds the last bucket.
+
+        Example:
+            >>> PadToBucketCollator(buckets=[16, 64]).target_length(17)
+            64
+        """
+        if self.buckets is not None:
+            length = _bucket_for(max(longest, 1), self.buckets)
+            if length < 0:
+                raise SequenceTooLongError(
+                    f"a sequence of length {longest!r} is longer than the last bucket "
+                    f"{self.buckets[-1]!r}"
+                )
+            return length
+        length = _round_up(max(longest, 1), self.multiple_of)
+        return length if self.max_length is None else min(length, self.max_length)
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate a list of feature dicts into one padded batch.
+
+        Args:
+            features: one mapping per sample; values are int lists or tensors.
+
+        Returns:
+            A dict of tensors (and lists for keys that cannot be stacked).
+
+        Raises:
+            SequenceTooLongError: a sample is longer than the last bucket (the error names the
+                key and the sample's index in the batch).
+            ValueError: the batch is empty, samples have different keys, a sequence is ragged or
+                not 1-D, or two keys of one sample disagree in length.
+
+        Example:
+            >>> PadToBucketCollator(multiple_of=4)([{"input_ids": [1, 2, 3, 4, 5]}])["input_ids"]
+            tensor([[1, 2, 3, 4, 5, 0, 0, 0]])
+        """
+        if len(features) == 0:
+            raise BatchShapeError("features is empty: a batch needs at least one sample")
+        keys = list(features[0].keys())
+        for index, feature in enumerate(features):
+            if set(feature.keys()) != set(keys):
+                missing = sorted(set(keys) - set(feature.keys()))
+                extra = sorted(set(feature.keys()) - set(keys))
+                raise BatchShapeError(
+                    f"features[{index}] has different keys from features[0]: missing {missing!r}, "
+                    f"extra {extra!r}; every sample of a batch needs the same keys"
+                )
+        sequence_keys = [
+            k for k in keys if k in _SEQUENCE_KEYS and _is_sequence_value(features[0][k])
+        ]
+        rows = {key: self._rows(features, key) for key in sequence_keys}
+        self._check_lengths(rows)
+        if "input_ids" in rows and "attention_mask" not in rows:
+            rows["attention_mask"] = [
+                torch.ones_like(r, dtype=torch.long) for r in rows["input_ids"]
+            ]
+        longest = max((r.numel() for key_rows in rows.values() for r in key_rows), default=0)
+        length = self._length_or_raise(rows, longest)
+        batch: dict[str, Any] = {}
+        for key in keys:
+            if key not in rows:
+                batch[key] = _stack_or_list([f[key] for f in features], key)
+        for key, key_rows in rows.items():
+            batch[key] = _pad_stack(key_rows, length, self._pad_value(key), self.padding_side)
+        return batch
+
+    def _rows(self, features: Sequence[Mapping[str, Any]], key: str) -> list[torch.Tensor]:
+        rows = []
+        for index, feature in enumerate(features):
+            value = feature[key]
+            if not _is_sequence_value(value):
+                raise BatchShapeError(
+                    f"features[{index}][{key!r}] is {value!r:.60}, but features[0][{key!r}] is a "
+                    "sequence; give every sample the same kind of value"
+                )
+            row = _as_1d(value, f"features[{index}][{key!r}]")
+            if self.max_length is not None:
+                row = row[: self.max_length]
+            rows.append(row)
+        return rows
+
+    @staticmethod
+    def _check_lengths(rows: dict[str, list[torch.Tensor]]) -> None:
+        for key, reference in _SAME_LENGTH_AS.items():
+            if key not in rows or reference not in rows:
+                continue
+            for index, (row, ref) in enumerate(zip(rows[key], rows[reference])):
+                if row.numel() != ref.numel():
+                    raise BatchShapeError(
+                        f"features[{index}][{key!r}] has length {row.numel()!r} but "
+                        f"features[{index}][{reference!r}] has {ref.numel()!r}; they must match"
+                    )
+
+    def _length_or_raise(self, rows: dict[str, list[torch.Tensor]], longest: int) -> int:
+        try:
+            return self.target_length(longest)
+        except SequenceTooLongError:
+            key, index = next(
+                (key, i)
+                for key, key_rows in rows.items()
+                for i, r in enumerate(key_rows)
+                if r.numel() == longest
+            )
+            raise SequenceTooLongError(
+                f"features[{index}][{key!r}] has length {longest!r}, longer than the last bucket "
+                f"{self.buckets[-1]!r}; pass max_length={self.buckets[-1]} to truncate, filter "
+                "such samples out, or plan buckets that cover them"
+            ) from None
+
+    def _pad_value(self, key: str) -> int:
+        spec = _SEQUENCE_KEYS[key]
+        if spec == "pad":
+            return self.pad_token_id
+        if spec == "label":
+            return self.label_pad_token_id
+        return spec
+
+
+def _stack_or_list(values: list[Any], key: str) -> Any:
+    """Same-shaped tensors/numbers/number lists as one tensor; anything else as a list."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        for index, value in enumerate(values):
+            if not isinstance(value, torch.Tensor) or value.shape != first.shape:
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
+                raise BatchShapeError(
+                    f"features[{index}][{key!r}] has shape {shape!r} but features[0][{key!r}] "
+                    f"has {tuple(first.shape)!r}; non-sequence keys are stacked and must match"
+                )
+        return torch.stack(values)
+    if isinstance(first, (bool, int, float)) or (
+        isinstance(first, (list, tuple)) and all(isinstance(v, (int, float)) for v in first)
+    ):
+        try:
+            return torch.tensor(values)
+        except (TypeError, ValueError) as err:
+            raise BatchShapeError(
+                f"features[*][{key!r}] cannot be stacked ({err}); give every sample the same "
+                "shape for this key, or drop it before collating"
+            ) from err
+    return values

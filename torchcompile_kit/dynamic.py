@@ -1,0 +1,257 @@
+"""Dynamic dims, warm-up and a no-recompile guard: shapes decided before training, not during it.
+
+Two ways to keep a variable-length loop from recompiling: mark the varying dim dynamic on *every*
+tensor that carries it (:func:`mark_dynamic_batch`: one graph for all lengths), or pad to a few
+buckets and compile one static graph per bucket up front (:func:`warmup_shapes`). Either way,
+:func:`no_recompiles` then turns a surprise shape into an error instead of a silent slowdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import torch
+
+from ._compat import has_set_stance
+from .errors import BatchShapeError, UnexpectedRecompileError
+
+__all__ = ["mark_dynamic_batch", "no_recompiles", "warmup_shapes"]
+
+
+def _tensors(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for every tensor in a tensor / mapping / list / tuple batch."""
+    if isinstance(batch, torch.Tensor):
+        yield path, batch
+    elif isinstance(batch, Mapping):
+        for key, value in batch.items():
+            yield from _tensors(value, f"{path}[{key!r}]")
+    elif isinstance(batch, (list, tuple)):
+        for index, value in enumerate(batch):
+            yield from _tensors(value, f"{path}[{index}]")
+
+
+def mark_dynamic_batch(
+    batch: Any,
+    dims: int | Collection[int] = 1,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    keys: Collection[str] | None = None,
+) -> Any:
+    """Mark dim(s) ``dims`` dynamic on every tensor of ``batch``, so new lengths reuse one graph.
+
+    Marking only ``input_ids`` is not enough: ``labels`` and ``attention_mask`` carry the same
+    length, and the first unmarked one to change recompiles the graph. Marks are attributes of the
+    tensor objects: mark the batch you compile with (the first, or each warm-up batch); later
+    batches of other lengths then match the dynamic graph without being marked.
+
+    The traps, and what this function does about them:
+
+    * Sizes 0 and 1 are always specialized by dynamo (a dynamic dim is assumed ``>= 2``): a last
+      batch of 1 sample, or a sequence of 1 token, compiles its own graph. Such dims are left
+      unmarked, with a warning; use ``drop_last=True`` or pad them to ``>= 2``.
+    * ``min`` below 2 cannot hold (and ``min=1``/``min=2`` on a size-1 dim raise dynamo's
+      ``ConstraintViolationError`` inside HF models), so ``min < 2`` is refused here.
+    * ``max`` is a hard limit: a marked tensor outside ``[min, max]`` fails inside the compiler
+      with an unhelpful error, so it is refused here, naming the tensor; an *unmarked* later
+      tensor beyond ``max`` recompiles.
+
+    Args:
+        batch: a tensor, or a mapping/list/tuple (nested) of tensors; non-tensors are ignored.
+        dims: the dim (or dims) to mark, e.g. ``1`` for the sequence of ``(batch, seq)`` tensors,
+            ``0`` for the batch. Tensors with too few dims are skipped (a ``(batch,)`` class label).
+        min: smallest size the graph must accept (``>= 2``); ``None`` for no bound.
+        max: largest size the graph must accept; ``None`` for no bound.
+        keys: for a mapping batch, only these top-level keys (default: all). Use it to leave out
+            tensors whose dim ``dims`` is not the varying one, e.g. ``pixel_values`` channels.
+
+    Returns:
+        ``batch`` itself (marked in place), for chaining.
+
+    Raises:
+        ValueError: ``min < 2``, ``min > max``, a marked size outside ``[min, max]``, a key in
+            ``keys`` missing from the batch, or ``keys`` given for a batch that is not a mapping.
+
+    Example:
+        >>> batch = {"input_ids": torch.ones(4, 16, dtype=torch.long), "labels": torch.ones(4, 16)}
+        >>> batch = mark_dynamic_batch(batch, 1)  # one graph for every length >= 2
+    """
+    dim_list = [dims] if isinstance(dims, int) else list(dims)
+    if min is not None and min < 2:
+        raise BatchShapeError(
+            f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are always "
+            "specialized), so the bound cannot hold; pass min=None or min>=2, and keep size-1 "
+            "batches out (drop_last=True)"
+        )
+    if min is not None and max is not None and min > max:
+        raise BatchShapeError(f"min={min!r} is larger than max={max!r}; swap them")
+    if keys is not None:
+        if not isinstance(batch, Mapping):
+            raise BatchShapeError(
+                f"keys={sorted(keys)!r} needs a mapping batch, got {type(batch).__name__!r}"
+            )
+        missing = sorted(set(keys) - set(batch))
+        if missing:
+            raise BatchShapeError(
+                f"keys {missing!r} are not in the batch (its keys: {sorted(batch)!r})"
+            )
+        batch_view: Any = {key: batch[key] for key in batch if key in keys}
+    else:
+        batch_view = batch
+    specialized = []
+    for path, tensor in _tensors(batch_view):
+        for dim in dim_list:
+            if not -tensor.dim() <= dim < tensor.dim():
+                continue
+            size = tensor.shape[dim]
+            if size < 2:
+                specialized.append(f"{path} (size {size} at dim {dim})")
+                continue
+            if (min is not None and size < min) or (max is not None and size > max):
+                raise BatchShapeError(
+                    f"{path} has size {size!r} at dim {dim}, outside [min={min!r}, max={max!r}]; "
+                    "dynamo treats the range as a hard limit, so widen min/max (or pass None)"
+                )
+            torch._dynamo.mark_dynamic(tensor, dim % tensor.dim(), min=min, max=max)
+    if specialized:
+        warnings.warn(
+            f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
+            "specializes sizes 0 and 1, so this shape compiles its own graph (a recompile). "
+            "Use drop_last=True, or pad that dim to >= 2.",
+            stacklevel=2,
+        )
+    return batch
+
+
+def _signature(batch: Any) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:
+    return tuple((path, tuple(t.shape), t.dtype) for path, t in _tensors(batch))
+
+
+def warmup_shapes(
+    fn: Callable[[Any], Any], batches: Iterable[Any]
+) -> list[dict[str, tuple[int, ...]]]:
+    """Call ``fn`` once per distinct batch shape so every graph is compiled before training.
+
+    Batches whose tensors all have the shapes and dtypes of an earlier batch are skipped. Warm up
+    the step you will run: same train/eval mode and grad mode (both are guarded, so a
+    ``torch.no_grad()`` warm-up does not cover a training step). If ``fn`` updates weights (an
+    optimizer step), warm up a forward+backward instead, or save and restore the state.
+
+    Args:
+        fn: the compiled callable, called as ``fn(batch)``.
+        batches: candidate batches, e.g. one per bucket:
+            ``(collate([ds[i] for i in idx]) for idx in sampler.warmup_indices())``.
+
+    Returns:
+        One ``{tensor path: shape}`` dict per shape that ``fn`` ran on, in order.
+
+    Raises:
+        Whatever ``fn`` raises. Warns when there are more shapes than
+        ``torch._dynamo.config.recompile_limit``: the graphs beyond it would run eagerly.
+
+    Example:
+        >>> step = torch.compile(lambda b: b["x"].sum(), backend="eager", dynamic=False)
+        >>> warmup_shapes(step, [{"x": torch.ones(2, 8)}, {"x": torch.ones(2, 8)}])
+        [{"batch['x']": (2, 8)}]
+    """
+    seen: set[tuple[tuple[str, tuple[int, ...], torch.dtype], ...]] = set()
+    shapes: list[dict[str, tuple[int, ...]]] = []
+    for batch in batches:
+        signature = _signature(batch)
+        if signature in seen:
+            continue
+        seen.add(signature)
+        fn(batch)
+        shapes.append({path: shape for path, shape, _ in signature})
+    limit = torch._dynamo.config.recompile_limit
+    if len(shapes) > limit:
+        warnings.warn(
+            f"warmup_shapes: {len(shapes)} distinct shapes but torch._dynamo.config."
+            f"recompile_limit is {limit}: the shapes beyond the limit run eagerly. Use fewer "
+            f"buckets (or drop_last=True), or compile with torch.compile(..., recompile_limit="
+            f"{len(shapes)})",
+            stacklevel=2,
+        )
+    return shapes
+
+
+# torch/_dynamo/eval_frame.py raises RuntimeError("Detected recompile when torch.compile stance is
+# 'fail_on_recompile'. ...") with the guard failures indented below, one per line.
+_FAIL_PREFIX = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+_SIZE_MISMATCH = re.compile(
+    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
+    r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
+)
+_WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)")
+
+
+def _recompile_message(err: RuntimeError) -> str:
+    text = str(err)
+    where = _WHERE.search(text)
+    function = f"{where['fn']!r} (line {where['line']})" if where else "a compiled function"
+    mismatches = [
+        f"tensor {m['name']!r} has size {int(m['actual'])!r} at dim {m['dim']} "
+        f"(compiled for {m['expected']})"
+        for m in _SIZE_MISMATCH.finditer(text)
+    ]
+    if mismatches:
+        what = "; ".join(dict.fromkeys(mismatches))
+    elif "guard failure" in text:
+        what = "a guard failed (see below)"
+    else:
+        what = "it was never compiled before this block"
+    return (
+        f"{function} would recompile inside no_recompiles(): {what}. Warm this shape up first "
+        "(warmup_shapes), pad it to a warmed-up bucket (PadToBucketCollator), or mark the dim "
+        f"dynamic (mark_dynamic_batch).\nDynamo said: {text}"
+    )
+
+
+@contextlib.contextmanager
+def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Iterator[None]:
+    """Inside this block, a compiled function never recompiles (nor compiles for the first time).
+
+    Built on ``torch.compiler.set_stance``; the previous stance is restored on exit. Graphs
+    compiled before the block (e.g. by :func:`warmup_shapes`) still run. Dynamo's error is turned
+    into :class:`~torchcompile_kit.UnexpectedRecompileError` as it leaves the block, so catch it
+    around the ``with``, not inside it.
+
+    Args:
+        on_recompile: ``"error"`` (``"fail_on_recompile"``): raise
+            :class:`~torchcompile_kit.UnexpectedRecompileError` naming the tensor and size that
+            missed; for tests and first runs. ``"eager"`` (``"eager_on_recompile"``): run that call
+            eagerly instead, for production runs that must not stall on a compile.
+
+    Yields:
+        Nothing.
+
+    Raises:
+        UnexpectedRecompileError: with ``on_recompile="error"``, a call needed a new graph.
+        ValueError: ``on_recompile`` is neither ``"error"`` nor ``"eager"``.
+        RuntimeError: this torch has no ``torch.compiler.set_stance`` (torch < 2.6).
+
+    Example:
+        >>> step = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+        >>> _ = step(torch.ones(4))
+        >>> with no_recompiles():
+        ...     _ = step(torch.ones(4))  # warmed up: runs; step(torch.ones(5)) would raise
+    """
+    stances = {"error": "fail_on_recompile", "eager": "eager_on_recompile"}
+    if on_recompile not in stances:
+        raise BatchShapeError(f"on_recompile must be 'error' or 'eager', got {on_recompile!r}")
+    if not has_set_stance():
+        raise RuntimeError(
+            f"no_recompiles() needs torch.compiler.set_stance (torch >= 2.6); this is torch "
+            f"{torch.__version__!r}: upgrade torch"
+        )
+    with torch.compiler.set_stance(stances[on_recompile]):
+        try:
+            yield
+        except RuntimeError as err:
+            if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(_FAIL_PREFIX):
+                raise
+            raise UnexpectedRecompileError(_recompile_message(err)) from err
