@@ -1,0 +1,280 @@
+"""The PEFT x torch.compile rule table: every static rule fires on its trigger and only there.
+
+Nothing here compiles: the decision is what is tested (``describe_peft_model`` on real tiny PEFT
+models, then ``evaluate_rules``), including the peft < 0.15 rules against a declared version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from peft import (
+    LoHaConfig,
+    LoKrConfig,
+    LoraConfig,
+    PromptTuningConfig,
+    get_peft_model,
+)
+
+from tiny_models import gpt2, opt
+from torchcompile_kit import UnsafeAdapterConfigError, check_peft_compile_safety
+from torchcompile_kit.adapter_rules import RULES, AdapterFacts, evaluate_rules, rule_by_id, rule_in_force
+from torchcompile_kit.adapters import describe_peft_model
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+OLD_PEFT = "0.14.0"  # before huggingface/peft#2332 removed the xfails (v0.15.0)
+SEED_RULES = {r.id for r in RULES if r.seed}
+
+
+def lora_gpt2(**config):
+    config.setdefault("target_modules", ["c_attn"])
+    return get_peft_model(gpt2(), LoraConfig(r=4, **config))
+
+
+def opt_with(config_cls, **config):
+    return get_peft_model(opt(), config_cls(r=4, target_modules=["q_proj", "v_proj"], **config))
+
+
+def with_adapters(n: int):
+    model = lora_gpt2()
+    for i in range(1, n):
+        model.add_adapter(f"extra{i}", LoraConfig(r=4, target_modules=["c_attn"]))
+    return model
+
+
+def quantized(kind: str):
+    model = lora_gpt2()
+    base = model.get_base_model()
+    if kind == "bitsandbytes":
+        base.is_loaded_in_4bit = True  # what transformers sets for a bnb 4-bit load
+    else:
+        base.config.quantization_config = {"quant_method": kind}
+    return model
+
+
+def checkpointing_on_cuda(torch_version: str):
+    model = lora_gpt2(lora_dropout=0.1)
+    base = model.get_base_model()
+    (getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable)()
+    facts = describe_peft_model(model, training=True)
+    return dataclasses.replace(facts, device_type="cuda"), torch_version
+
+
+def compiled_in_place():
+    model = lora_gpt2()
+    model.compile(backend="eager")
+    return model
+
+
+# rule id -> (build the model or facts, describe kwargs, declared peft version, expected ids)
+TRIGGERS = {
+    "not-peft-model": (gpt2, {}, None, {"not-peft-model"}),
+    "peft-on-compiled-model": (
+        lambda: get_peft_model(torch.compile(gpt2()), LoraConfig(r=4, target_modules=["c_attn"])),
+        {},
+        None,
+        {"peft-on-compiled-model"},
+    ),
+    "already-compiled": (lambda: torch.compile(lora_gpt2()), {}, None, {"already-compiled"}),
+    "legacy-lokr": (lambda: opt_with(LoKrConfig), {}, OLD_PEFT, {"legacy-lokr"}),
+    "legacy-lora-embedding": (
+        lambda: lora_gpt2(target_modules=["wte"]),
+        {},
+        OLD_PEFT,
+        {"legacy-lora-embedding"},
+    ),
+    "legacy-bitsandbytes": (
+        lambda: quantized("bitsandbytes"),
+        {},
+        OLD_PEFT,
+        {"legacy-bitsandbytes", "quantized-base"},
+    ),
+    "legacy-multiple-adapters": (lambda: with_adapters(2), {}, OLD_PEFT, {"legacy-multiple-adapters"}),
+    "dora-fullgraph": (lambda: lora_gpt2(use_dora=True), {"fullgraph": True}, None, {"dora-fullgraph"}),
+    "dora-graph-breaks": (lambda: lora_gpt2(use_dora=True), {}, None, {"dora-graph-breaks"}),
+    "lokr-loha-training-fullgraph": (
+        lambda: opt_with(LoHaConfig),
+        {"training": True, "fullgraph": True},
+        None,
+        {"lokr-loha-training-fullgraph"},
+    ),
+    "lokr-loha-training-graph-breaks": (
+        lambda: opt_with(LoKrConfig),
+        {"training": True},
+        None,
+        {"lokr-loha-training-graph-breaks"},
+    ),
+    "inductor-freezing-training": (
+        lora_gpt2,
+        {"training": True, "options": {"freezing": True}},
+        None,
+        {"inductor-freezing-training"},
+    ),
+    "inductor-freezing": (lora_gpt2, {"options": {"freezing": True}}, None, {"inductor-freezing"}),
+    "cuda-dropout-checkpointing": (
+        lambda: checkpointing_on_cuda("2.13.0"),
+        {},
+        None,
+        {"cuda-dropout-checkpointing"},
+    ),
+    "many-adapters": (lambda: with_adapters(3), {}, None, {"many-adapters"}),
+    "untested-method": (
+        lambda: get_peft_model(gpt2(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)),
+        {},
+        None,
+        {"untested-method"},
+    ),
+    "target-parameters": (
+        lambda: get_peft_model(opt(), LoraConfig(r=4, target_modules=[], target_parameters=["q_proj.weight"])),
+        {},
+        None,
+        {"target-parameters"},
+    ),
+    "quantized-base": (lambda: quantized("gptq"), {}, None, {"quantized-base"}),
+}
+
+
+def fired(build, describe_kwargs, peft_version, *, policy="auto") -> set[str]:
+    built = build()
+    torch_version = None
+    if isinstance(built, tuple):  # (facts, declared torch version)
+        facts, torch_version = built
+    else:
+        facts = describe_peft_model(built, **{"training": False, **describe_kwargs})
+    findings = evaluate_rules(
+        facts, policy=policy, peft_version=peft_version, torch_version=torch_version
+    )
+    return {f.rule_id for f in findings}
+
+
+def test_every_static_rule_has_a_trigger_case():
+    static = {r.id for r in RULES if r.stage == "static"}
+    assert static == set(TRIGGERS)
+
+
+@pytest.mark.parametrize("rule_id", sorted(TRIGGERS))
+def test_rule_fires_on_its_trigger_only(rule_id):
+    build, describe_kwargs, peft_version, expected = TRIGGERS[rule_id]
+    with torch._dynamo.config.patch(recompile_limit=2):  # 3 adapters > limit, for many-adapters
+        assert fired(build, describe_kwargs, peft_version) == expected
+
+
+@pytest.mark.parametrize("peft_version", [None, OLD_PEFT])
+def test_plain_lora_fires_nothing(peft_version):
+    assert fired(lora_gpt2, {"training": True}, peft_version) == set()
+
+
+@pytest.mark.parametrize("rule_id", sorted(SEED_RULES & set(TRIGGERS)))
+def test_legacy_rules_follow_the_peft_version(rule_id):
+    build, describe_kwargs, _, expected = TRIGGERS[rule_id]
+    assert rule_id not in fired(build, describe_kwargs, "0.15.0")
+    assert rule_id not in fired(build, describe_kwargs, None)  # installed peft is >= 0.15
+    assert rule_id in fired(build, describe_kwargs, "0.15.0", policy="peft-docs")
+
+
+def test_runtime_legacy_rules_are_version_ranged_and_forced_by_peft_docs():
+    for rule_id in ("legacy-merge-and-unload", "legacy-disable-adapter", "legacy-mixed-batch"):
+        rule = rule_by_id(rule_id)
+        assert rule.stage == "runtime" and rule.seed
+        assert rule_in_force(rule, peft_version=OLD_PEFT)
+        assert not rule_in_force(rule, peft_version="0.15.0")
+        assert not rule_in_force(rule)
+        assert rule_in_force(rule, policy="peft-docs", peft_version="0.21.2")
+
+
+def test_the_seed_guides_seven_items_are_all_rules():
+    assert len(SEED_RULES) == 7
+    assert all(rule_by_id(r).peft_before == "0.15" for r in SEED_RULES)
+
+
+def test_cuda_rule_needs_torch_2_13():
+    build, _, _, _ = TRIGGERS["cuda-dropout-checkpointing"]
+    assert fired(lambda: checkpointing_on_cuda("2.12.0"), {}, None) == set()
+
+
+def test_freezing_only_matters_for_inductor():
+    assert fired(lora_gpt2, {"training": True, "backend": "aot_eager", "options": {"freezing": True}}, None) == set()
+
+
+def test_inductor_config_freezing_is_read_when_options_do_not_say():
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(freezing=True):
+        assert fired(lora_gpt2, {"training": True}, None) == {"inductor-freezing-training"}
+
+
+def test_rule_table_rows_are_complete():
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids))
+    for rule in RULES:
+        assert rule.severity in ("refuse", "warn")
+        assert rule.condition and rule.evidence and "{detail}" in rule.message, rule.id
+
+
+def test_refusal_lists_every_violated_rule():
+    model = lora_gpt2(use_dora=True)
+    with pytest.raises(UnsafeAdapterConfigError) as info:
+        check_peft_compile_safety(model, fullgraph=True, training=True, options={"freezing": True})
+    message = str(info.value)
+    assert "[dora-fullgraph]" in message and "[inductor-freezing-training]" in message
+    assert "2 rule(s) violated" in message
+    assert {f.rule_id for f in info.value.findings} == {"dora-fullgraph", "inductor-freezing-training"}
+    assert isinstance(info.value, ValueError)
+
+
+def test_fullgraph_dora_is_refused():
+    with pytest.raises(UnsafeAdapterConfigError, match=r"dora-fullgraph"):
+        check_peft_compile_safety(lora_gpt2(use_dora=True), fullgraph=True)
+
+
+def test_freezing_with_training_is_refused():
+    with pytest.raises(UnsafeAdapterConfigError, match=r"inductor-freezing-training"):
+        check_peft_compile_safety(lora_gpt2(), training=True, options={"freezing": True})
+
+
+def test_on_violation_warn_and_ignore():
+    model = lora_gpt2(use_dora=True)
+    with pytest.warns(UserWarning, match=r"dora-fullgraph"):
+        findings = check_peft_compile_safety(model, fullgraph=True, on_violation="warn")
+    assert [f.rule_id for f in findings] == ["dora-fullgraph"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        findings = check_peft_compile_safety(model, fullgraph=True, on_violation="ignore")
+    assert [f.rule_id for f in findings] == ["dora-fullgraph"]
+
+
+def test_warn_severity_warns_without_raising():
+    with pytest.warns(UserWarning, match=r"\[dora-graph-breaks\]"):
+        findings = check_peft_compile_safety(lora_gpt2(use_dora=True))
+    assert [(f.rule_id, f.severity) for f in findings] == [("dora-graph-breaks", "warn")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"policy": "strict"}, "policy='strict'"), ({"on_violation": "raise"}, "on_violation='raise'")],
+)
+def test_bad_arguments_are_refused_with_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_peft_compile_safety(lora_gpt2(), **kwargs)
+
+
+def test_peft_docs_policy_refuses_the_seed_items_on_current_peft():
+    for rule_id in ("legacy-lokr", "legacy-lora-embedding", "legacy-multiple-adapters", "legacy-bitsandbytes"):
+        build, describe_kwargs, _, _ = TRIGGERS[rule_id]
+        model = build()
+        check_peft_compile_safety(model, training=False, on_violation="ignore")  # auto: allowed
+        with pytest.raises(UnsafeAdapterConfigError, match=rf"\[{rule_id}\]"):
+            check_peft_compile_safety(model, training=False, policy="peft-docs")
+
+
+def test_facts_can_be_declared_directly():
+    facts = AdapterFacts(model_class="PeftModel", peft_types={"a": "LOKR", "b": "LORA"})
+    ids = [f.rule_id for f in evaluate_rules(facts, peft_version=OLD_PEFT)]
+    assert ids == ["legacy-lokr", "legacy-multiple-adapters"]

@@ -1,0 +1,142 @@
+"""check_compile_equivalence on plain modules and PEFT models, with real compiler backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tiny_models import gpt2, token_batch
+from torchcompile_kit import check_compile_equivalence
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int = 8, dropout: float = 0.0):
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, scale=None):
+        y = self.down(self.drop(torch.relu(self.up(x))))
+        return y if scale is None else y * scale
+
+
+def shifted_backend(shift: float):
+    """A compiler backend that rewrites the FX graph: its first floating output gets ``+ shift``."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        output = next(node for node in gm.graph.nodes if node.op == "output")
+        results = list(output.args[0])
+        for i, node in enumerate(results):
+            value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                with gm.graph.inserting_before(output):
+                    results[i] = gm.graph.call_function(torch.add, (node, shift))
+                break
+        output.args = (tuple(results),)
+        gm.recompile()
+        return gm.forward
+
+    backend.__name__ = f"shifted_{shift:g}"
+    return backend
+
+
+def test_plain_module_matches_and_reports_every_tensor():
+    torch.manual_seed(0)
+    report = check_compile_equivalence(MLP(), torch.randn(4, 8), backend="aot_eager")
+    assert report.ok, report.summary()
+    names = {d.name for d in report.diffs}
+    assert {"output", "loss", "grad.up.weight", "param_after_step.down.bias", "output_after_step"} <= names
+    assert report.notes == []  # not a PEFT model: nothing perturbed
+    assert report.worst is not None and report.worst.ratio <= 1
+    assert "OK" in report.summary()
+
+
+def test_inputs_as_tuple_and_dict():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    scale = torch.tensor(2.0)
+    for inputs in [(x, scale), {"x": x, "scale": scale}]:
+        report = check_compile_equivalence(MLP(), inputs, backend="eager")
+        assert report.ok, report.summary()
+
+
+def test_perturbing_backend_is_not_ok():
+    torch.manual_seed(0)
+    report = check_compile_equivalence(MLP(), torch.randn(4, 8), backend=shifted_backend(1e-3))
+    assert not report.ok
+    assert report.worst.name in {"output", "output_after_step", "loss"} or report.worst.name.startswith("grad.")
+    assert {"output", "output_after_step"} <= {d.name for d in report.failures}
+    output = next(d for d in report.diffs if d.name == "output")
+    assert output.max_abs == pytest.approx(1e-3, rel=1e-3)
+    assert report.backend == "shifted_0.001"
+    assert "NOT OK" in str(report)
+
+
+def test_perturbing_backend_is_not_ok_on_a_peft_model():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"]))
+    report = check_compile_equivalence(model, token_batch(), backend=shifted_backend(1e-2), check_grads=False)
+    assert not report.ok
+    assert report.worst.name.startswith("output.")
+
+
+def test_tolerance_follows_the_dtype():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    small = shifted_backend(1e-6)
+    assert check_compile_equivalence(MLP(), x, backend=small, check_grads=False).ok  # fp32: atol 1e-5
+    report = check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False)
+    assert not report.ok  # fp64: atol 1e-7
+    assert check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False, atol=1e-5).ok
+
+
+def test_untrained_adapter_is_perturbed_so_an_ignoring_compile_fails():
+    """A freshly initialised LoRA is the identity: without perturbation, a compiled copy that
+    drops the adapter would match eager exactly."""
+    from peft import LoraConfig, get_peft_model
+
+    def compile_without_adapters(module, **compile_kwargs):
+        module.base_model.disable_adapter_layers()  # the compiled copy ignores the adapter
+        module.compile(**compile_kwargs)
+        return module
+
+    torch.manual_seed(0)
+    model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"]))
+    report = check_compile_equivalence(
+        model, token_batch(), backend="eager", compile_fn=compile_without_adapters, check_grads=False
+    )
+    assert not report.ok
+    assert any("perturbed 4 adapter parameters" in note for note in report.notes)
+    # the original model is untouched: LoRA B still zero
+    assert all(not p.any() for n, p in model.named_parameters() if "lora_B" in n)
+
+
+def test_dropout_is_off_unless_asked():
+    torch.manual_seed(0)
+    report = check_compile_equivalence(MLP(dropout=0.5), torch.randn(4, 8), backend="eager")
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
+def test_compiled_model_is_refused(how):
+    model = MLP()
+    if how == "torch.compile":
+        model = torch.compile(model, backend="eager")
+    else:
+        model.compile(backend="eager")
+    with pytest.raises(ValueError, match="compile"):
+        check_compile_equivalence(model, torch.randn(2, 8), backend="eager")
+
+
+def test_not_a_module_is_refused():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        check_compile_equivalence(lambda x: x, torch.randn(2))
