@@ -309,3 +309,21 @@ def test_hotswap_target_rank_prepares_for_recompile_free_swaps(tmp_path):
 def test_hotswap_needs_lora():
     with pytest.raises(ValueError, match=r"hotswap_target_rank=8 needs LoRA adapters only.*'LOKR'"):
         compile_peft(build("lokr").eval(), backend="eager", hotswap_target_rank=8)
+
+
+@pytest.mark.parametrize("regional", [True, False])
+def test_uncompile_removes_the_runtime_checks(regional):
+    from torchcompile_kit import uncompile
+
+    batch = token_batch()
+    names = ["default", "default"]
+    model = compile_peft(lora_gpt2().eval(), regional=regional, policy="peft-docs", backend="eager")
+    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-mixed-batch\]"):
+        model(input_ids=batch["input_ids"], adapter_names=names)
+    uncompile(model)
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in model.modules())
+    with torch.no_grad():  # eager again, and the peft-docs refusals went with the compile
+        model(input_ids=batch["input_ids"], adapter_names=names)
+        with model.disable_adapter():
+            model(input_ids=batch["input_ids"])
+    assert "disable_adapter" not in model.__dict__

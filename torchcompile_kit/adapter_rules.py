@@ -37,7 +37,20 @@ POLICIES: tuple[str, ...] = ("auto", "peft-docs")
 # Methods whose outputs and gradients matched eager here (tests/test_adapters.py matrix), plus
 # VB-LoRA and MiSS, which peft's own tests/test_torch_compile.py covers.
 TESTED_PEFT_TYPES = frozenset(
-    {"LORA", "ADALORA", "BOFT", "IA3", "LN_TUNING", "LOHA", "LOKR", "OFT", "VERA", "HRA", "VBLORA", "MISS"}
+    {
+        "LORA",
+        "ADALORA",
+        "BOFT",
+        "IA3",
+        "LN_TUNING",
+        "LOHA",
+        "LOKR",
+        "OFT",
+        "VERA",
+        "HRA",
+        "VBLORA",
+        "MISS",
+    }
 )
 
 
@@ -186,7 +199,7 @@ RULES: tuple[AdapterRule, ...] = (
         severity="refuse",
         condition="LoKr adapter",
         evidence=_SEED_EVIDENCE,
-        message="LoKr adapters {detail} give wrong results under torch.compile on this peft version; "
+        message="LoKr adapters {detail} give wrong results under torch.compile on peft < 0.15 (policy='peft-docs' refuses it on every version); "
         f"{_SEED_FIX}, or use LoRA/LoHa.",
         check=lambda f: _if(bool(f.adapters_of("LOKR")), _names(f.adapters_of("LOKR"))),
         peft_before="0.15",
@@ -209,7 +222,7 @@ RULES: tuple[AdapterRule, ...] = (
         condition="base model quantized with bitsandbytes",
         evidence=_SEED_EVIDENCE + "; huggingface/peft#1886",
         message="adapters on a bitsandbytes-quantized model ({detail}) do not work under "
-        f"torch.compile on this peft version; {_SEED_FIX}, or compile an unquantized model.",
+        f"torch.compile on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or compile an unquantized model.",
         check=lambda f: _if(f.quantization == "bitsandbytes", repr(f.quantization)),
         peft_before="0.15",
         seed=True,
@@ -220,7 +233,7 @@ RULES: tuple[AdapterRule, ...] = (
         condition="more than one adapter loaded (at compile time, or at a forward after it)",
         evidence=_SEED_EVIDENCE,
         message="inference with several adapters ({detail}) gives wrong results under torch.compile "
-        f"on this peft version; {_SEED_FIX}, or keep one adapter per compiled model.",
+        f"on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or keep one adapter per compiled model.",
         check=lambda f: _if(f.n_adapters > 1, _names(list(f.peft_types))),
         peft_before="0.15",
         seed=True,
@@ -230,7 +243,7 @@ RULES: tuple[AdapterRule, ...] = (
         severity="refuse",
         condition="merge_and_unload() called on the compiled model",
         evidence=_SEED_EVIDENCE,
-        message="{detail} of a compiled model gives wrong results on this peft version; "
+        message="{detail} of a compiled model gives wrong results on peft < 0.15 (policy='peft-docs' refuses it on every version); "
         f"{_SEED_FIX}, or merge the uncompiled model (torchcompile_kit.uncompile(model) first).",
         peft_before="0.15",
         seed=True,
@@ -251,7 +264,7 @@ RULES: tuple[AdapterRule, ...] = (
         condition="forward(..., adapter_names=[...]) on the compiled model",
         evidence=_SEED_EVIDENCE,
         message="mixed adapter batches (adapter_names={detail}) give wrong results under torch.compile "
-        f"on this peft version; {_SEED_FIX}, or batch by adapter and call set_adapter.",
+        f"on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or batch by adapter and call set_adapter.",
         peft_before="0.15",
         seed=True,
     ),
@@ -383,7 +396,9 @@ RULES: tuple[AdapterRule, ...] = (
         "are expected')",
         message="LoRA with target_parameters ({detail}) uses torch.nn.utils.parametrize, which "
         "recompiles and breaks the graph; target modules instead where possible.",
-        check=lambda f: _if(bool(f.target_parameters_adapters), _names(f.target_parameters_adapters)),
+        check=lambda f: _if(
+            bool(f.target_parameters_adapters), _names(f.target_parameters_adapters)
+        ),
     ),
     AdapterRule(
         id="quantized-base",
@@ -466,7 +481,9 @@ def rule_in_force(
         return True
     if rule.peft_before and version_at_least("peft", rule.peft_before, installed=peft_version):
         return False
-    if rule.torch_since and not version_at_least("torch", rule.torch_since, installed=torch_version):
+    if rule.torch_since and not version_at_least(
+        "torch", rule.torch_since, installed=torch_version
+    ):
         return False
     return True
 

@@ -26,6 +26,7 @@ from .adapter_rules import (
     rule_in_force,
 )
 from .errors import UnsafeAdapterConfigError
+from .regional import add_undo, compile_regional
 
 __all__ = ["check_peft_compile_safety", "compile_peft", "describe_peft_model"]
 
@@ -66,11 +67,17 @@ def describe_peft_model(
     facts = AdapterFacts(
         model_class=type(model).__name__,
         compiled_modules=(["<model>"] if inner is not model else [])
-        + [name or "<model>" for name, m in named if getattr(m, "_compiled_call_impl", None) is not None],
+        + [
+            name or "<model>"
+            for name, m in named
+            if getattr(m, "_compiled_call_impl", None) is not None
+        ],
         wrapped_before_peft=[name for name, m in named if name and isinstance(m, OptimizedModule)],
         training=inner.training if training is None else training,
         fullgraph=fullgraph,
-        backend=backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend)),
+        backend=backend
+        if isinstance(backend, str)
+        else getattr(backend, "__name__", repr(backend)),
         freezing=_is_freezing(backend, options),
         recompile_limit=_recompile_limit(),
         device_type=next(inner.parameters(), torch.empty(0)).device.type,
@@ -221,8 +228,6 @@ def compile_peft(
     if hotswap_target_rank is not None:
         _prepare_hotswap(model, hotswap_target_rank)
     if regional:
-        from .regional import compile_regional
-
         compile_regional(model, **compile_kwargs)
     else:
         model.compile(**compile_kwargs)
@@ -245,7 +250,11 @@ def _check_on_violation(on_violation: str) -> None:
 
 
 def _enforce(
-    findings: Iterable[SafetyFinding], on_violation: OnViolation, *, subject: str, stacklevel: int = 3
+    findings: Iterable[SafetyFinding],
+    on_violation: OnViolation,
+    *,
+    subject: str,
+    stacklevel: int = 3,
 ) -> None:
     findings = list(findings)
     if on_violation == "ignore":
@@ -285,7 +294,11 @@ def _quantization(base: nn.Module) -> str | None:
     config = getattr(getattr(base, "config", None), "quantization_config", None)
     if config is None:
         return None
-    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    method = (
+        config.get("quant_method")
+        if isinstance(config, dict)
+        else getattr(config, "quant_method", None)
+    )
     return str(getattr(method, "value", method)) if method is not None else "unknown"
 
 
@@ -336,13 +349,14 @@ class _AdapterGuard:
         self.warned: set[str] = set()
         self.originals: dict[str, Any] = {}
         self.compiled_call: Any = None
+        self.hook: Any = None
 
     def install(self) -> None:
         model = self.model
         setattr(model, _GUARD_ATTR, self)
         if self.regional:
             # the PeftModel's own forward stays eager: a pre-hook runs in Python on every call
-            model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
+            self.hook = model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
         else:
             # a pre-hook would be traced by dynamo (it runs inside the compiled _call_impl), so
             # the check goes in front of the compiled call instead
@@ -353,6 +367,15 @@ class _AdapterGuard:
             if hasattr(model, name):
                 self.originals[name] = getattr(model, name)
                 setattr(model, name, getattr(self, name))
+        add_undo(model, self.uninstall)
+
+    def uninstall(self) -> None:
+        """Remove the checks (run by ``uncompile``, after the compiled call is gone)."""
+        if self.hook is not None:
+            self.hook.remove()
+        for name in self.originals:
+            self.model.__dict__.pop(name, None)  # the class's own method shows again
+        self.model.__dict__.pop(_GUARD_ATTR, None)
 
     # forward --------------------------------------------------------------------------------
 
@@ -396,19 +419,28 @@ class _AdapterGuard:
     # wrapped methods ------------------------------------------------------------------------
 
     def disable_adapter(self, *args: Any, **kwargs: Any) -> Any:
-        _enforce(self._legacy("legacy-disable-adapter", "disable_adapter()"), self.on_violation,
-                 subject=type(self.model).__name__)
+        _enforce(
+            self._legacy("legacy-disable-adapter", "disable_adapter()"),
+            self.on_violation,
+            subject=type(self.model).__name__,
+        )
         return self.originals["disable_adapter"](*args, **kwargs)
 
     def merge_and_unload(self, *args: Any, **kwargs: Any) -> Any:
-        _enforce(self._legacy("legacy-merge-and-unload", "merge_and_unload()"), self.on_violation,
-                 subject=type(self.model).__name__)
+        _enforce(
+            self._legacy("legacy-merge-and-unload", "merge_and_unload()"),
+            self.on_violation,
+            subject=type(self.model).__name__,
+        )
         return self.originals["merge_and_unload"](*args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         if "generate-uncompiled" not in self.warned:
             self.warned.add("generate-uncompiled")
             detail = f"a whole-model compiled {type(self.model).__name__}"
-            _enforce([finding(rule_by_id("generate-uncompiled"), detail)], self.on_violation,
-                     subject=type(self.model).__name__)
+            _enforce(
+                [finding(rule_by_id("generate-uncompiled"), detail)],
+                self.on_violation,
+                subject=type(self.model).__name__,
+            )
         return self.originals["generate"](*args, **kwargs)

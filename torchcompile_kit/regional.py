@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _PLAN_ATTR = "_torchcompile_kit_plan"
+_UNDO_ATTR = "_torchcompile_kit_undo"
 
 Selector = type | str
 BlocksArg = Selector | Iterable[Selector] | Mapping[Selector, Mapping[str, Any]] | None
@@ -250,7 +251,17 @@ def uncompile(model: nn.Module) -> nn.Module:
         for undo in reversed(plan._undo):
             undo()
         delattr(model, _PLAN_ATTR)
+    for undo in reversed(model.__dict__.pop(_UNDO_ATTR, [])):
+        undo()
     return model
+
+
+def add_undo(model: nn.Module, undo: Callable[[], None]) -> None:
+    """Register ``undo`` to run when :func:`uncompile` is called on ``model`` (internal).
+
+    For helpers that install something next to a compile (``compile_peft``'s runtime checks).
+    """
+    model.__dict__.setdefault(_UNDO_ATTR, []).append(undo)
 
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
