@@ -1,0 +1,390 @@
+"""``compile_optimizer``: a compiled ``optimizer.step`` that LR schedules never recompile.
+
+Three things go wrong when ``optimizer.step`` is compiled naively (measured on torch 2.13, see
+``docs/optimizer.md``):
+
+* a float ``lr`` is a constant in the graph, so a schedule recompiles it (once on torch >= 2.5,
+  where floats turn dynamic after one change; every step up to the recompile limit on older torch
+  or with ``specialize_float=True``);
+* OneCycleLR/CyclicLR also rewrite ``betas`` with floats, which inductor cannot lift, so Adam
+  recompiles every step until the limit of 8 and then runs eagerly (pytorch/pytorch#133898);
+* a tensor ``lr`` on CPU makes ``Adam(foreach=True)`` raise, because ``capturable`` (the mode that
+  accepts tensor hyperparameters in the foreach path) exists only for CUDA-like devices.
+
+:func:`compile_optimizer` holds ``lr`` (and Adam's ``betas``) as 0-d tensors owned by this module,
+copies every float a scheduler writes back into them with ``fill_`` before each step, picks the
+foreach/capturable setting the device allows, runs the state-initialising first step eagerly, and
+keeps ``state_dict()`` loadable by a plain ``torch.optim`` optimizer.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+
+from .errors import UnsupportedOptimizerError
+
+__all__ = ["compile_optimizer", "zero_grads"]
+
+# Optimizers whose compiled step is tested for parity and recompiles (tests/test_optim.py).
+# Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
+# step branches on `momentum != 0` in Python, which a tensor would turn into a graph break.
+_SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+)
+_IMPLS = ("step", "foreach_map")
+
+# Marks the function installed as optimizer.step; also tells LRScheduler not to wrap it (it checks
+# this attribute) since the installed step records `_opt_called` itself.
+_SCHEDULER_WRAP_FLAG = "_wrapped_by_lr_sched"
+_COMPILED_FLAG = "_torchcompile_kit_impl"
+
+
+def compile_optimizer(
+    optimizer: torch.optim.Optimizer,
+    *,
+    impl: Literal["step", "foreach_map"] = "step",
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    static_grads: bool = False,
+    **compile_kwargs: Any,
+) -> torch.optim.Optimizer:
+    """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
+
+    After the call, ``optimizer.step()`` (with or without a closure) runs compiled. What it
+    changes on ``optimizer``, and why:
+
+    * ``lr`` of every param group, and ``betas`` for Adam/AdamW, become 0-d tensors (float64 on
+      CPU, float32 on accelerators). A schedule that assigns a float (OneCycleLR writes a new
+      ``betas`` tuple every step, third-party schedulers assign ``lr``) is copied back into the
+      same tensor with ``fill_`` before each step; torch's own schedulers already ``fill_``.
+    * Adam/AdamW groups on CPU get ``foreach=False`` (torch rejects a tensor lr with foreach
+      unless ``capturable``, which CPU lacks; under compile the for-loop is fused horizontally
+      anyway); on CUDA/XPU they get ``capturable=True``.
+    * The first step, and any step where a parameter has a gradient but no state yet, runs
+      eagerly so the compiled graph always sees initialised state (no warm-up step is needed).
+    * ``state_dict()`` saves hyperparameters as Python floats and the ``foreach``/``capturable``
+      the optimizer was built with, so a plain ``torch.optim`` optimizer loads it;
+      ``load_state_dict()`` writes the loaded values into the same tensors.
+
+    Args:
+        optimizer: ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (``fused`` and ``differentiable``
+            off). ``impl="foreach_map"`` takes Adam/AdamW without ``amsgrad``/``maximize``.
+        impl: ``"step"`` compiles the optimizer's own ``step``; ``"foreach_map"`` compiles
+            :func:`torchcompile_kit.foreach_map_adam_step`, one horizontally fused update.
+        scheduler: the LR scheduler driving ``optimizer``, if any; checked to be bound to it.
+            Schedulers created before or after this call both work.
+        static_grads: mark every gradient with ``torch._dynamo.mark_static_address`` before the
+            compiled step, so CUDA graphs (``mode="reduce-overhead"``) do not copy them. Only
+            useful when gradients keep their storage: zero them with :func:`zero_grads` or
+            ``optimizer.zero_grad(set_to_none=False)``; a warning says when they were
+            re-allocated.
+        **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
+            ``options``, ``recompile_limit`` ...).
+
+    Returns:
+        The same ``optimizer``, its ``step`` replaced. ``del optimizer.step`` restores the
+        eager step (hyperparameters stay tensors).
+
+    Raises:
+        UnsupportedOptimizerError: for an optimizer or option listed above as unsupported, an
+            unknown ``impl``, ``fullgraph=True`` with ``impl="step"``, a scheduler bound to
+            another optimizer, or an optimizer already compiled.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
+        >>> opt = compile_optimizer(opt, scheduler=sched, backend="aot_eager")
+        >>> model(torch.randn(8, 4)).sum().backward()
+        >>> opt.step(); sched.step(); opt.zero_grad()
+    """
+    _check_arguments(optimizer, impl, scheduler, compile_kwargs)
+    runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, **compile_kwargs)
+
+    def step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+        return runner(closure)
+
+    setattr(step, _SCHEDULER_WRAP_FLAG, True)
+    setattr(step, _COMPILED_FLAG, impl)
+    step.__doc__ = f"Compiled {type(optimizer).__name__}.step (torchcompile_kit, impl={impl!r})."
+    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+    optimizer.register_state_dict_post_hook(runner.plain_state_dict)
+    optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
+    return optimizer
+
+
+def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
+    """Zero every existing gradient in place, keeping its storage (``None`` grads stay ``None``).
+
+    ``zero_grad()`` sets gradients to ``None`` by default, so backward allocates new ones at new
+    addresses every step. With ``compile_optimizer(..., static_grads=True)`` and CUDA graphs the
+    gradients are static inputs, and a new address means a copy (or a re-recording); zeroing in
+    place keeps the address. One ``torch._foreach_zero_`` call per step. On CPU, or without
+    CUDA graphs, ``zero_grad()`` (set to ``None``) is as good and uses less memory between steps.
+
+    Args:
+        model: a module, an optimizer, or an iterable of parameters whose ``.grad`` to zero.
+
+    Returns:
+        None.
+
+    Raises:
+        TypeError: if ``model`` is none of the above.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> zero_grads(model)
+        >>> float(model.weight.grad.abs().sum())
+        0.0
+    """
+    if isinstance(model, torch.nn.Module):
+        params: Iterable[torch.Tensor] = model.parameters()
+    elif isinstance(model, torch.optim.Optimizer):
+        params = (p for group in model.param_groups for p in group["params"])
+    elif isinstance(model, Iterable):
+        params = model
+    else:
+        raise TypeError(
+            f"zero_grads expects an nn.Module, an Optimizer or an iterable of parameters, got "
+            f"{type(model).__name__!r}"
+        )
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_zero_(grads)
+
+
+def _check_arguments(
+    optimizer: Any,
+    impl: str,
+    scheduler: Any,
+    compile_kwargs: dict[str, Any],
+) -> None:
+    if impl not in _IMPLS:
+        raise UnsupportedOptimizerError(
+            f"compile_optimizer: impl={impl!r} is not one of {_IMPLS!r}; use impl='step' (any "
+            f"supported optimizer) or impl='foreach_map' (Adam/AdamW)"
+        )
+    if not isinstance(optimizer, _SUPPORTED):
+        names = ", ".join(cls.__name__ for cls in _SUPPORTED)
+        raise UnsupportedOptimizerError(
+            f"compile_optimizer supports {names}; got {type(optimizer).__name__!r}. For other "
+            f"optimizers wrap the step yourself: torch.compile(optimizer.step) with a tensor lr "
+            f"(torch.optim accepts lr=torch.tensor(...) where the optimizer documents it)"
+        )
+    if hasattr(getattr(optimizer, "step", None), _COMPILED_FLAG):
+        raise UnsupportedOptimizerError(
+            f"compile_optimizer: this {type(optimizer).__name__}'s step is already compiled (impl="
+            f"{getattr(optimizer.step, _COMPILED_FLAG)!r}); call compile_optimizer once per "
+            f"optimizer, or `del optimizer.step` first to undo the earlier call"
+        )
+    for index, group in enumerate(optimizer.param_groups):
+        for option in ("fused", "differentiable"):
+            if group.get(option):
+                raise UnsupportedOptimizerError(
+                    f"compile_optimizer: {option}={group[option]!r} in param group {index} is not "
+                    f"supported: "
+                    + (
+                        "a fused optimizer already runs one kernel per step and compiling it "
+                        "only adds compile time; use it eagerly, or build it with fused=False"
+                        if option == "fused"
+                        else "build the optimizer with differentiable=False"
+                    )
+                )
+    if impl == "step" and compile_kwargs.get("fullgraph"):
+        # torch/optim/optimizer.py::_use_grad_for_differentiable calls torch._dynamo.graph_break()
+        # around every step (pytorch/pytorch#104053, so that in-place updates trace as an inference
+        # graph). Remove this check once those breaks are gone (PRs #173388/#187513).
+        raise UnsupportedOptimizerError(
+            "compile_optimizer: fullgraph=True cannot compile optimizer.step, which contains two "
+            "explicit graph breaks in torch; drop fullgraph, or use impl='foreach_map' "
+            "(Adam/AdamW), whose step is one graph"
+        )
+    if impl == "foreach_map":
+        from .foreach_adam import check_foreach_map_optimizer
+
+        check_foreach_map_optimizer(optimizer)
+    if scheduler is not None and getattr(scheduler, "optimizer", None) is not optimizer:
+        raise UnsupportedOptimizerError(
+            f"compile_optimizer: scheduler {type(scheduler).__name__!r} is bound to "
+            f"{type(getattr(scheduler, 'optimizer', None)).__name__!r}, not to this optimizer; "
+            f"pass the scheduler built on this optimizer"
+        )
+
+
+def _is_capturable_device(device: torch.device) -> bool:
+    # The devices torch.optim's capturable mode accepts (torch/optim/optimizer.py).
+    return device.type in ("cuda", "xpu", "hpu", "xla", torch._C._get_privateuse1_backend_name())
+
+
+class _CompiledStep:
+    """The installed ``optimizer.step``: hyperparameter sync, eager init, compiled step."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        impl: str,
+        static_grads: bool,
+        **compile_kwargs: Any,
+    ) -> None:
+        self.optimizer = optimizer
+        self.is_adam = isinstance(optimizer, torch.optim.Adam)
+        self.static_grads = static_grads
+        self._grads_marked = False
+        self._warned_realloc = False
+        # The class's step (hooks included), not an instance wrapper an LR scheduler installed:
+        # dynamo skips torch/optim/lr_scheduler.py, so tracing through that wrapper breaks.
+        self.eager_step = type(optimizer).step.__get__(optimizer)
+        if impl == "foreach_map":
+            from .foreach_adam import make_foreach_map_step
+
+            self.compiled_step: Callable[[], Any] = make_foreach_map_step(
+                optimizer, **compile_kwargs
+            )
+        else:
+            self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
+        # Per param group: the tensors that stand for its hyperparameters, and the
+        # foreach/capturable values the user built it with (what state_dict() saves).
+        self._tensors: list[dict[str, Any]] = []
+        self._user_flags: list[dict[str, Any]] = []
+        self.sync_hyperparameters()
+
+    def __call__(self, closure: Callable[[], Any] | None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.optimizer._opt_called = True  # type: ignore[attr-defined]  # LRScheduler's check
+        self.sync_hyperparameters()
+        if self._state_missing():
+            self.eager_step()
+        else:
+            if self.static_grads:
+                self._mark_static_grads()
+            self.compiled_step()
+        return loss
+
+    # -- hyperparameters -------------------------------------------------------------------
+
+    def sync_hyperparameters(self) -> None:
+        """Give new groups tensors; ``fill_`` floats a scheduler wrote back into them."""
+        for index, group in enumerate(self.optimizer.param_groups):
+            if index == len(self._tensors):  # first sight: __init__, add_param_group
+                self._user_flags.append(
+                    {k: group[k] for k in ("foreach", "capturable") if k in group}
+                )
+                self._tensors.append(self._make_tensors(group))
+                self._set_device_flags(group)
+            for key, tensor in self._tensors[index].items():
+                current = group[key]
+                if current is tensor:
+                    continue
+                if key == "betas":  # OneCycleLR/CyclicLR: (float, beta2) replaces the tuple
+                    for t, value in zip(tensor, current):
+                        if value is not t:
+                            t.fill_(value)
+                else:
+                    tensor.fill_(current)
+                group[key] = tensor
+
+    def _make_tensors(self, group: dict[str, Any]) -> dict[str, Any]:
+        device = group["params"][0].device if group["params"] else torch.device("cpu")
+        # float64 on CPU keeps the exact value a scheduler computed (dynamo itself lifts floats
+        # to float64 CPU tensors); accelerators get float32 on the device.
+        dtype = torch.float64 if device.type == "cpu" else torch.float32
+
+        def as_tensor(value: float | torch.Tensor) -> torch.Tensor:
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                return value  # the user's own tensor: keep it, they may fill_ it themselves
+            return torch.tensor(float(value), dtype=dtype, device=device)
+
+        tensors: dict[str, Any] = {"lr": as_tensor(group["lr"])}
+        if self.is_adam:
+            tensors["betas"] = tuple(as_tensor(b) for b in group["betas"])
+        return tensors
+
+    def _set_device_flags(self, group: dict[str, Any]) -> None:
+        if not self.is_adam:
+            return  # SGD's foreach path accepts a tensor lr on every device
+        if group["params"] and all(_is_capturable_device(p.device) for p in group["params"]):
+            group["capturable"] = True
+            for p in group["params"]:  # state loaded with capturable=False keeps step on CPU
+                state = self.optimizer.state.get(p)
+                if state and "step" in state and state["step"].device != p.device:
+                    state["step"] = state["step"].to(p.device)
+        else:
+            group["foreach"] = False
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _state_missing(self) -> bool:
+        """Whether a parameter with a gradient has no optimizer state yet (eager step then)."""
+        state = self.optimizer.state
+        for group in self.optimizer.param_groups:
+            if self.is_adam:
+                key = "step"
+            elif group.get("momentum", 0) != 0:
+                key = "momentum_buffer"
+            else:
+                continue  # plain SGD keeps no state
+            for p in group["params"]:
+                if p.grad is not None and key not in state.get(p, ()):
+                    return True
+        return False
+
+    def plain_state_dict(
+        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``state_dict`` post-hook: floats and the user's foreach/capturable, as torch saves."""
+        for index, saved in enumerate(state_dict["param_groups"]):
+            for key in ("lr", "initial_lr", "betas"):
+                value = saved.get(key)
+                if isinstance(value, torch.Tensor):
+                    saved[key] = value.item()
+                elif isinstance(value, tuple):
+                    saved[key] = tuple(
+                        v.item() if isinstance(v, torch.Tensor) else v for v in value
+                    )
+            if index < len(self._user_flags):
+                saved.update(self._user_flags[index])
+        return state_dict
+
+    def after_load_state_dict(self, optimizer: torch.optim.Optimizer) -> None:
+        """``load_state_dict`` post-hook: loaded floats go into the existing tensors."""
+        for index, group in enumerate(optimizer.param_groups):
+            if index < len(self._user_flags):
+                self._user_flags[index] = {
+                    k: group[k] for k in ("foreach", "capturable") if k in group
+                }
+                self._set_device_flags(group)
+        self.sync_hyperparameters()
+
+    # -- static grads ---------------------------------------------------------------------
+
+    def _mark_static_grads(self) -> None:
+        fresh = [
+            p.grad
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not hasattr(p.grad, "_dynamo_static_input_type")
+        ]
+        if fresh and self._grads_marked and not self._warned_realloc:
+            self._warned_realloc = True
+            warnings.warn(
+                f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) were "
+                f"re-allocated since the last step, so marking them static saves nothing; zero "
+                f"them in place with torchcompile_kit.zero_grads(model) or "
+                f"optimizer.zero_grad(set_to_none=False)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        for grad in fresh:
+            torch._dynamo.mark_static_address(grad)
+        self._grads_marked = True
