@@ -8,36 +8,26 @@ in place (``module.compile()``) rather than wrapping them (``torch.compile(modul
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import logging
 import warnings
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .errors import BlockSelectorError, NoRepeatedBlocksError
+from .block_discovery import BlocksArg, discover_blocks, eager_remainder, select_blocks
 from .guard_preflight import preflight_group
-from .integrations.transformers import (
-    disable_cache_in_plain_forwards,
-    no_split_module_names,
-    set_explicit_loss_functions,
-)
+from .integrations.transformers import disable_cache_in_plain_forwards, set_explicit_loss_functions
 
 __all__ = ["BlockGroup", "RegionalPlan", "compile_regional", "find_repeated_blocks", "uncompile"]
 
 logger = logging.getLogger(__name__)
 
-_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 _PLAN_ATTR = "_torchcompile_kit_plan"
 _UNDO_ATTR = "_torchcompile_kit_undo"
-
-Selector = type | str
-BlocksArg = Selector | Iterable[Selector] | Mapping[Selector, Mapping[str, Any]] | None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,9 +108,9 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
     """
     _check_model(model)
     if blocks is None:
-        selected = [(name, "auto", {}) for name in _discover(model)]
+        selected = [(name, "auto", {}) for name in discover_blocks(model)]
     else:
-        selected = _select(model, blocks)
+        selected = select_blocks(model, blocks)
     groups: dict[tuple[str, str], BlockGroup] = {}
     for name, selector, kwargs in selected:
         cls_name = type(model.get_submodule(name)).__name__
@@ -131,7 +121,7 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
             )
         groups[key].names.append(name)
     plan_groups = list(groups.values())
-    return RegionalPlan(groups=plan_groups, eager=_eager_remainder(model, plan_groups))
+    return RegionalPlan(groups=plan_groups, eager=eager_remainder(model, plan_groups))
 
 
 def compile_regional(
@@ -283,7 +273,7 @@ def _compile_region(module: nn.Module, **compile_kwargs: Any) -> None:
     )
 
 
-# --- discovery and selection -------------------------------------------------------------
+# --- checks
 
 
 def _check_model(model: object) -> None:
@@ -302,123 +292,3 @@ def _check_model(model: object) -> None:
 
 def _compiled_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
-
-
-def _is_block_candidate(module: nn.Module) -> bool:
-    # A block is a composite: leaf modules (Linear, Dropout) repeated in a Sequential are not.
-    return not isinstance(module, _CONTAINERS) and next(module.children(), None) is not None
-
-
-def _discover(model: nn.Module) -> list[str]:
-    in_containers: dict[type, int] = defaultdict(int)
-    for module in model.modules():
-        if isinstance(module, _CONTAINERS):
-            for child in module.children():
-                if _is_block_candidate(child):
-                    in_containers[type(child)] += 1
-    classes = {cls for cls, count in in_containers.items() if count >= 2}
-    hints = no_split_module_names(model)
-    if hints:
-        counts: dict[type, int] = defaultdict(int)
-        for module in model.modules():
-            counts[type(module)] += 1
-        classes |= {c for c, n in counts.items() if c.__name__ in hints and n >= 2}
-    names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
-    if not names:
-        raise NoRepeatedBlocksError(
-            f"found no repeated blocks in {type(model).__name__}: no module class occurs twice "
-            "or more inside an nn.ModuleList/ModuleDict/Sequential. Name the blocks to compile, "
-            "e.g. compile_regional(model, blocks=MyLayer), blocks='MyLayer' or "
-            "blocks='layers.*'; or use model.compile() for the whole model."
-        )
-    return names
-
-
-def _outermost(names: Iterable[str]) -> list[str]:
-    kept: list[str] = []
-    for name in names:  # named_modules order: a parent comes before its children
-        if not any(name == k or name.startswith(k + ".") for k in kept):
-            kept.append(name)
-    return kept
-
-
-def _as_selector_list(blocks: BlocksArg) -> list[tuple[Selector, dict[str, Any]]]:
-    if isinstance(blocks, Mapping):
-        out = []
-        for selector, kwargs in blocks.items():
-            if not isinstance(kwargs, Mapping):
-                raise BlockSelectorError(
-                    f"blocks={{{selector!r}: {kwargs!r}}}: the value for each selector must be a "
-                    "dict of torch.compile keyword arguments, e.g. {'mode': 'max-autotune'} or {}."
-                )
-            out.append((selector, dict(kwargs)))
-        return out
-    if isinstance(blocks, (str, type)):
-        return [(blocks, {})]
-    if isinstance(blocks, Iterable):
-        return [(selector, {}) for selector in blocks]
-    raise BlockSelectorError(
-        f"blocks={blocks!r} is not a selector; pass a module class, a class name, a module-path "
-        "pattern such as 'encoder.layer.*', a list of these, or a dict {selector: compile_kwargs}."
-    )
-
-
-def _matches(selector: Selector, name: str, module: nn.Module, class_names: set[str]) -> bool:
-    if isinstance(selector, type):
-        return isinstance(module, selector)
-    if selector in class_names:
-        # by name, subclasses too: FSDP2's fully_shard renames a class to FSDP<name>
-        return any(cls.__name__ == selector for cls in type(module).__mro__)
-    return bool(name) and fnmatch.fnmatchcase(name, selector)
-
-
-def _select(model: nn.Module, blocks: BlocksArg) -> list[tuple[str, str, dict[str, Any]]]:
-    selectors = _as_selector_list(blocks)
-    named = list(model.named_modules())
-    class_names = {cls.__name__ for _, m in named for cls in type(m).__mro__}
-    chosen: dict[str, tuple[str, dict[str, Any]]] = {}
-    for selector, kwargs in selectors:
-        if not isinstance(selector, (str, type)):
-            raise BlockSelectorError(
-                f"blocks selector {selector!r} must be a module class, a class name or a "
-                "module-path pattern (str)."
-            )
-        label = selector.__name__ if isinstance(selector, type) else selector
-        hits = _outermost(n for n, m in named if _matches(selector, n, m, class_names))
-        if not hits:
-            examples = sorted({type(m).__name__ for _, m in named})[:8]
-            raise BlockSelectorError(
-                f"blocks selector {label!r} matches no module of {type(model).__name__}. "
-                f"Class names here include {examples}; module paths look like "
-                f"{[n for n, _ in named[1:4]]} (patterns use fnmatch, e.g. 'encoder.layer.*')."
-            )
-        for name in hits:
-            for other, (other_label, _) in chosen.items():
-                if name == other or name.startswith(other + ".") or other.startswith(name + "."):
-                    raise BlockSelectorError(
-                        f"blocks selectors {other_label!r} and {label!r} overlap at {name!r}; "
-                        "each module may be selected once (nested regions are not supported)."
-                    )
-            chosen[name] = (label, kwargs)
-    order = {name: i for i, (name, _) in enumerate(named)}
-    return [(n, lab, kw) for n, (lab, kw) in sorted(chosen.items(), key=lambda x: order[x[0]])]
-
-
-def _eager_remainder(model: nn.Module, groups: list[BlockGroup]) -> list[str]:
-    blocks = {name for g in groups for name in g.names}
-    holds_block = {name.rsplit(".", i)[0] for name in blocks for i in range(name.count(".") + 1)}
-    eager: list[str] = []
-
-    def visit(prefix: str, module: nn.Module) -> None:
-        for child_name, child in module.named_children():
-            name = f"{prefix}.{child_name}" if prefix else child_name
-            if name in blocks:
-                continue
-            if name in holds_block:
-                visit(name, child)
-            else:
-                eager.append(name)
-
-    if "" not in blocks:
-        visit("", model)
-    return eager
