@@ -418,21 +418,20 @@ class _AdapterGuard:
 
     # wrapped methods ------------------------------------------------------------------------
 
-    def disable_adapter(self, *args: Any, **kwargs: Any) -> Any:
+    def _checked_call(self, method: str, rule_id: str, *args: Any, **kwargs: Any) -> Any:
         _enforce(
-            self._legacy("legacy-disable-adapter", "disable_adapter()"),
+            self._legacy(rule_id, f"{method}()"),
             self.on_violation,
             subject=type(self.model).__name__,
+            stacklevel=4,  # past this helper and the wrapper, to the user's call
         )
-        return self.originals["disable_adapter"](*args, **kwargs)
+        return self.originals[method](*args, **kwargs)
+
+    def disable_adapter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._checked_call("disable_adapter", "legacy-disable-adapter", *args, **kwargs)
 
     def merge_and_unload(self, *args: Any, **kwargs: Any) -> Any:
-        _enforce(
-            self._legacy("legacy-merge-and-unload", "merge_and_unload()"),
-            self.on_violation,
-            subject=type(self.model).__name__,
-        )
-        return self.originals["merge_and_unload"](*args, **kwargs)
+        return self._checked_call("merge_and_unload", "legacy-merge-and-unload", *args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         if "generate-uncompiled" not in self.warned:
