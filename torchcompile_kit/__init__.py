@@ -1,8 +1,9 @@
 """torchcompile_kit: make ``torch.compile`` pay off in real training loops.
 
-Importing the package is cheap: it imports neither torch's compiler stack nor transformers, peft
-or accelerate, and changes no dynamo/inductor setting. Each public name is loaded from its module
-the first time it is used (PEP 562).
+Importing the package is cheap: it imports neither torch nor transformers, peft or accelerate,
+and changes no dynamo/inductor setting. Each public name is loaded from its topic folder
+(``regional``, ``shapes``, ``optim``, ``diagnostics``, ``adapters``, ...) the first time it is
+used (PEP 562); ``docs/architecture.md`` describes the layout.
 
 Example:
     >>> import torchcompile_kit as tck
@@ -31,27 +32,28 @@ _EXPORTS: dict[str, str] = {
     "RegionalPlan": "regional",
     "compile_regional": "regional",
     "find_repeated_blocks": "regional",
+    "fix_loss_function": "regional",
+    "get_regional_plan": "regional",
     "uncompile": "regional",
-    # transformers integration
-    "fix_loss_function": "integrations.transformers",
     # optimizer
     "compile_optimizer": "optim",
+    "foreach_map_adam_step": "optim",
     "zero_grads": "optim",
-    "foreach_map_adam_step": "foreach_adam",
     # shapes
-    "BucketBatchSampler": "bucket_sampler",
-    "PadToBucketCollator": "buckets",
-    "pad_to_bucket": "buckets",
-    "plan_buckets": "bucket_planner",
-    "mark_dynamic_batch": "dynamic",
-    "no_recompiles": "dynamic",
-    "warmup_shapes": "dynamic",
+    "BucketBatchSampler": "shapes",
+    "PadToBucketCollator": "shapes",
+    "mark_dynamic_batch": "shapes",
+    "pad_to_bucket": "shapes",
+    "plan_buckets": "shapes",
+    "warmup_shapes": "shapes",
+    # diagnostics
+    "EquivalenceReport": "diagnostics",
+    "check_compile_equivalence": "diagnostics",
+    "no_recompiles": "diagnostics",
     # adapters
+    "SafetyFinding": "adapters",
     "check_peft_compile_safety": "adapters",
     "compile_peft": "adapters",
-    "check_compile_equivalence": "equivalence",
-    "EquivalenceReport": "equivalence",
-    "SafetyFinding": "adapter_rules",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -1,6 +1,6 @@
 """Version helpers and feature probes for torch and the optional libraries.
 
-Probing for a feature (``has_foreach_map()``) is preferred over comparing versions; the single
+Probing for a feature (``has_set_stance()``; probes of private names live in ``_dynamo``) is preferred over comparing versions; the single
 version helper, :func:`package_version`, exists for rules that are documented by version (peft's
 torch.compile support changed in 0.15).
 """
@@ -14,7 +14,6 @@ import importlib.util
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
-    "has_foreach_map",
     "has_set_stance",
     "is_package_available",
     "package_version",
@@ -63,16 +62,6 @@ def version_at_least(name: str, minimum: str, *, installed: str | Version | None
     else:
         current = Version(".".join(str(p) for p in Version(str(installed)).release))
     return current is not None and current >= Version(minimum)
-
-
-@functools.cache
-def has_foreach_map() -> bool:
-    """Whether ``torch._higher_order_ops.foreach_map`` exists (torch >= 2.7)."""
-    try:
-        from torch._higher_order_ops.foreach_map import foreach_map  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @functools.cache

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..integrations.transformers import fix_loss_function
-from ..regional import compile_regional
+from ..regional import compile_regional, fix_loss_function
 from .report import BenchResult, fresh_compile_state, interleaved_medians, timed
 
 SIZES: dict[str, dict[str, Any]] = {

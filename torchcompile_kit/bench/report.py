@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import _dynamo
 from .._compat import package_version
 
 __all__ = [
@@ -77,13 +78,8 @@ def environment() -> dict[str, Any]:
 @contextlib.contextmanager
 def fresh_compile_state() -> Iterator[None]:
     """A true cold start: dynamo reset and an empty, temporary inductor cache directory."""
-    import torch
-    from torch._inductor.utils import fresh_cache
-
-    torch._dynamo.reset()
-    with fresh_cache():
+    with _dynamo.fresh_inductor_cache():
         yield
-    torch._dynamo.reset()
 
 
 def timed(fn: Callable[[], Any]) -> float:

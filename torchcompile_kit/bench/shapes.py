@@ -17,13 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._dynamo.testing import CompileCounter
-from torch._dynamo.utils import counters
 
-from ..bucket_planner import plan_buckets
-from ..bucket_sampler import BucketBatchSampler
-from ..buckets import PadToBucketCollator
-from ..dynamic import mark_dynamic_batch, warmup_shapes
+from .. import _dynamo
+from ..shapes import BucketBatchSampler, PadToBucketCollator, mark_dynamic_batch, plan_buckets, warmup_shapes
 from .report import BenchResult, fresh_compile_state
 
 __all__ = ["run", "seed_length_mix"]
@@ -164,19 +160,15 @@ def _schemes(lengths: list[int], seed: int) -> list[_Scheme]:
     ]
 
 
-def _limit_hits() -> int:
-    return sum(n for key, n in counters["unimplemented"].items() if "recompile_limit" in key)
-
-
 def _measure(scheme: _Scheme, dataset: list[dict[str, list[int]]]) -> dict[str, Any]:
     with fresh_compile_state(), torch.no_grad():
-        counter = CompileCounter()
+        counter = _dynamo.frame_counting_backend()
         model = torch.compile(_TinyLM(), backend=counter, dynamic=scheme.dynamic)
         step = lambda batch: model(**batch)
         warm = scheme.warmup(dataset)
         if scheme.mark_dynamic:
             mark_dynamic_batch(warm[0], 1)
-        limit_hits = _limit_hits()
+        limit_hits = _dynamo.recompile_limit_hits()
         warmup_shapes(step, warm)
         warm_frames = counter.frame_count
         loader = torch.utils.data.DataLoader(
@@ -188,7 +180,7 @@ def _measure(scheme: _Scheme, dataset: list[dict[str, list[int]]]) -> dict[str, 
             shapes.add(tuple(batch["input_ids"].shape))
             real += int(batch["attention_mask"].sum())
             computed += batch["attention_mask"].numel()
-        eager = _limit_hits() > limit_hits
+        eager = _dynamo.recompile_limit_hits() > limit_hits
     return {
         "scheme": scheme.name,
         "buckets": scheme.buckets,

@@ -11,8 +11,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .bucket_planner import _bucket_for, _check_buckets, _check_positive_int
-from .errors import BatchShapeError, SequenceTooLongError
+from .._checks import check_positive_int
+from .planner import bucket_for, check_buckets
+from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = ["BucketBatchSampler"]
 
@@ -75,10 +76,10 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         rank: int | None = None,
         max_tokens: int | None = None,
     ) -> None:
-        self.buckets = _check_buckets(buckets)
-        self.batch_size = _check_positive_int("batch_size", batch_size)
+        self.buckets = check_buckets(buckets)
+        self.batch_size = check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:
-            _check_positive_int("max_tokens", max_tokens)
+            check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
         values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
         if not values:
             raise BatchShapeError("lengths is empty: pass the token length of every sample")
@@ -89,7 +90,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
                 raise BatchShapeError(
                     f"lengths[{index}] is {length!r}; lengths must be positive ints"
                 )
-            bucket = _bucket_for(length, self.buckets)
+            bucket = bucket_for(length, self.buckets)
             if bucket < 0:
                 raise SequenceTooLongError(
                     f"lengths[{index}] is {length!r}, longer than the last bucket "
@@ -221,7 +222,7 @@ def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, 
         num_replicas = torch.distributed.get_world_size() if distributed else 1
     if rank is None:
         rank = torch.distributed.get_rank() if distributed else 0
-    _check_positive_int("num_replicas", num_replicas)
+    check_positive_int("num_replicas", num_replicas, error=BatchShapeError)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
         raise BatchShapeError(
             f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}"

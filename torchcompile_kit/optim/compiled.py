@@ -26,11 +26,13 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import UnsupportedOptimizerError
+from .. import _dynamo
+from .._checks import check_choice
+from ..errors import UnsupportedOptimizerError
 
 __all__ = ["compile_optimizer", "zero_grads"]
 
-# Optimizers whose compiled step is tested for parity and recompiles (tests/test_optim.py).
+# Optimizers whose compiled step is tested for parity and recompiles (tests/optim/test_compiled.py).
 # Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
 # step branches on `momentum != 0` in Python, which a tensor would turn into a graph break.
 _SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (
@@ -166,11 +168,13 @@ def _check_arguments(
     scheduler: Any,
     compile_kwargs: dict[str, Any],
 ) -> None:
-    if impl not in _IMPLS:
-        raise UnsupportedOptimizerError(
-            f"compile_optimizer: impl={impl!r} is not one of {_IMPLS!r}; use impl='step' (any "
-            f"supported optimizer) or impl='foreach_map' (Adam/AdamW)"
-        )
+    check_choice(
+        "impl",
+        impl,
+        _IMPLS,
+        error=UnsupportedOptimizerError,
+        hint="use impl='step' (any supported optimizer) or impl='foreach_map' (Adam/AdamW)",
+    )
     if not isinstance(optimizer, _SUPPORTED):
         names = ", ".join(cls.__name__ for cls in _SUPPORTED)
         raise UnsupportedOptimizerError(
@@ -220,7 +224,7 @@ def _check_arguments(
 
 def _is_capturable_device(device: torch.device) -> bool:
     # The devices torch.optim's capturable mode accepts (torch/optim/optimizer.py).
-    return device.type in ("cuda", "xpu", "hpu", "xla", torch._C._get_privateuse1_backend_name())
+    return device.type in ("cuda", "xpu", "hpu", "xla", _dynamo.privateuse1_backend_name())
 
 
 class _CompiledStep:
@@ -386,5 +390,5 @@ class _CompiledStep:
                 stacklevel=4,
             )
         for grad in fresh:
-            torch._dynamo.mark_static_address(grad)
+            _dynamo.mark_static_address(grad)
         self._grads_marked = True

@@ -1,19 +1,20 @@
-"""Which modules are blocks: discovery of repeated blocks and the ``blocks=`` selectors."""
+"""Which modules are blocks: discovery of repeated blocks, the ``blocks=`` selectors, the plan."""
 
 from __future__ import annotations
 
 import fnmatch
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-from .errors import BlockSelectorError, NoRepeatedBlocksError
-from .integrations.transformers import no_split_module_names
+from .._checks import check_module
+from ..errors import BlockSelectorError, NoRepeatedBlocksError
+from .plan import BlockGroup, RegionalPlan
+from .transformers_support import no_split_module_names
 
-if TYPE_CHECKING:
-    from .regional import BlockGroup
+__all__ = ["BlocksArg", "discover_blocks", "eager_remainder", "find_repeated_blocks", "select_blocks"]
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -139,3 +140,50 @@ def eager_remainder(model: nn.Module, groups: list[BlockGroup]) -> list[str]:
     if "" not in blocks:
         visit("", model)
     return eager
+
+
+def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> RegionalPlan:
+    """Plan regional compilation without compiling anything.
+
+    Discovery (``blocks=None``) takes every class with two or more instances directly inside an
+    ``nn.ModuleList``, ``nn.ModuleDict`` or ``nn.Sequential`` (leaf modules such as ``nn.Linear``
+    are not blocks), plus the classes a transformers model names in ``_no_split_modules`` that
+    occur at least twice. Only the outermost match is kept (a block inside a block is compiled
+    as part of it). Several stacks (encoder and decoder) are all found.
+
+    Args:
+        model: the model to plan for.
+        blocks: ``None`` for discovery, or a selector overriding it: a class (matches
+            subclasses too), a class name (``"LlamaDecoderLayer"``), a module-path pattern
+            (``"encoder.layer.*"``, fnmatch syntax), a list of these, or a mapping from selectors
+            to per-group ``torch.compile`` keyword arguments.
+
+    Returns:
+        The :class:`RegionalPlan`: ``.blocks`` (qualified names), ``.groups`` by class, ``.eager``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        NoRepeatedBlocksError: ``blocks=None`` and no class repeats.
+        BlockSelectorError: a selector is malformed or matches no module.
+
+    Example:
+        >>> plan = find_repeated_blocks(model)  # doctest: +SKIP
+        >>> plan.blocks[:2]  # doctest: +SKIP
+        ['transformer.h.0', 'transformer.h.1']
+    """
+    check_module("model", model)
+    if blocks is None:
+        selected = [(name, "auto", {}) for name in discover_blocks(model)]
+    else:
+        selected = select_blocks(model, blocks)
+    groups: dict[tuple[str, str], BlockGroup] = {}
+    for name, selector, kwargs in selected:
+        cls_name = type(model.get_submodule(name)).__name__
+        key = (selector, cls_name)
+        if key not in groups:
+            groups[key] = BlockGroup(
+                class_name=cls_name, names=[], selector=selector, compile_kwargs=dict(kwargs)
+            )
+        groups[key].names.append(name)
+    plan_groups = list(groups.values())
+    return RegionalPlan(groups=plan_groups, eager=eager_remainder(model, plan_groups))

@@ -1,149 +1,17 @@
 """The PEFT x torch.compile rule table: which adapter configurations to refuse, warn about or allow.
 
-Each :class:`AdapterRule` names its trigger, the PEFT/torch versions where it applies, its evidence
-(a test in this repository or an upstream issue) and a message that says what to do instead.
-Rules are evaluated against :class:`AdapterFacts`, a plain description of a PEFT model and of the
-planned compile, so the table can be checked without compiling and against versions that are not
-installed (``evaluate_rules(facts, peft_version="0.14.0")``).
+Data only: each :class:`~.schema.AdapterRule` names its trigger, the PEFT/torch versions where it
+applies, its evidence (a test in this repository or an upstream issue) and a message that says
+what to do instead. :mod:`.evaluation` applies the table.
 
 Where the evidence comes from: ``docs/peft.md`` (measured on CPU with torch 2.13 and peft 0.21.2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from .schema import TESTED_PEFT_TYPES, AdapterRule
 
-from packaging.version import Version
-
-from ._compat import version_at_least
-
-__all__ = [
-    "RULES",
-    "AdapterFacts",
-    "AdapterRule",
-    "SafetyFinding",
-    "evaluate_rules",
-    "finding",
-    "rule_by_id",
-    "rule_in_force",
-]
-
-Severity = Literal["refuse", "warn"]
-Policy = Literal["auto", "peft-docs"]
-POLICIES: tuple[str, ...] = ("auto", "peft-docs")
-
-# Methods whose outputs and gradients matched eager here (tests/test_adapters.py matrix), plus
-# VB-LoRA and MiSS, which peft's own tests/test_torch_compile.py covers.
-TESTED_PEFT_TYPES = frozenset(
-    {
-        "LORA",
-        "ADALORA",
-        "BOFT",
-        "IA3",
-        "LN_TUNING",
-        "LOHA",
-        "LOKR",
-        "OFT",
-        "VERA",
-        "HRA",
-        "VBLORA",
-        "MISS",
-    }
-)
-
-
-@dataclass(kw_only=True, slots=True)
-class AdapterFacts:
-    """What the rules look at: the PEFT model as found, and how it is about to be compiled."""
-
-    model_class: str
-    """Class name of the model that was checked (``"PeftModelForCausalLM"``)."""
-    is_peft_model: bool = True
-    """A ``peft.PeftModel`` (or a module carrying a ``peft_config`` dict, as transformers' adapters do)."""
-    is_mixed_model: bool = False
-    """A ``peft.PeftMixedModel`` (several adapter methods at once)."""
-    compiled_modules: list[str] = field(default_factory=list)
-    """Paths of modules already compiled: ``"<model>"`` for a ``torch.compile`` wrapper, else names
-    of modules whose ``.compile()`` was called."""
-    wrapped_before_peft: list[str] = field(default_factory=list)
-    """Paths of ``torch.compile`` wrappers (``_orig_mod``) found *inside* the PEFT model."""
-    peft_types: dict[str, str] = field(default_factory=dict)
-    """Adapter name -> PEFT type (``{"default": "LORA"}``)."""
-    prompt_learning: list[str] = field(default_factory=list)
-    """Adapters that are prompt-learning methods."""
-    dora_adapters: list[str] = field(default_factory=list)
-    lora_embedding_layers: list[str] = field(default_factory=list)
-    """LoRA layers whose base layer is an ``nn.Embedding``."""
-    target_parameters_adapters: list[str] = field(default_factory=list)
-    dropout_adapters: list[str] = field(default_factory=list)
-    """Adapters with a dropout > 0 (``lora_dropout``, ``rank_dropout``, ``module_dropout``)."""
-    quantization: str | None = None
-    """``"bitsandbytes"``, another quant method's name, or ``None``."""
-    gradient_checkpointing: bool = False
-    device_type: str = "cpu"
-    training: bool = False
-    fullgraph: bool = False
-    backend: str = "inductor"
-    freezing: bool = False
-    recompile_limit: int = 8
-
-    @property
-    def n_adapters(self) -> int:
-        return len(self.peft_types)
-
-    def adapters_of(self, *peft_types: str) -> list[str]:
-        return [name for name, kind in self.peft_types.items() if kind in peft_types]
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class AdapterRule:
-    """One row of the rule table."""
-
-    id: str
-    """Stable identifier, shown in every message (``"dora-fullgraph"``)."""
-    severity: Severity
-    """``"refuse"`` raises :class:`~torchcompile_kit.UnsafeAdapterConfigError`; ``"warn"`` warns."""
-    condition: str
-    """The trigger, in words."""
-    evidence: str
-    """A test in this repository, or an upstream issue/PR."""
-    message: str
-    """What goes wrong and what to do instead; ``{detail}`` is replaced by what triggered it."""
-    check: Callable[[AdapterFacts], str | None] | None = None
-    """Static rules: returns the triggering detail, or ``None``. ``None`` for runtime rules,
-    which ``compile_peft``'s guards apply when the operation happens."""
-    peft_before: str | None = None
-    """Applies only when peft is older than this (unless the policy says otherwise)."""
-    torch_since: str | None = None
-    """Applies only from this torch release on."""
-    seed: bool = False
-    """One of the seven items peft's pre-0.15 guide lists as not working; ``policy="peft-docs"``
-    applies these on every peft version."""
-
-    @property
-    def stage(self) -> Literal["static", "runtime"]:
-        return "static" if self.check is not None else "runtime"
-
-    @property
-    def versions(self) -> str:
-        parts = [f"peft < {self.peft_before}"] if self.peft_before else []
-        parts += [f"torch >= {self.torch_since}"] if self.torch_since else []
-        return ", ".join(parts) or "all"
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class SafetyFinding:
-    """A rule that fired: its id, severity and the message with the triggering detail."""
-
-    rule_id: str
-    severity: Severity
-    message: str
-    evidence: str
-
-    def __str__(self) -> str:
-        return f"[{self.rule_id}] {self.message} (evidence: {self.evidence})"
+__all__ = ["RULES"]
 
 
 def _names(items: list[str], limit: int = 4) -> str:
@@ -155,7 +23,7 @@ def _if(condition: bool, detail: str) -> str | None:
     return detail if condition else None
 
 
-_TEST = "tests/test_adapters.py"
+_TEST = "tests/adapters/test_compile.py"
 _SEED_EVIDENCE = (
     "peft docs (torch_compile.md before v0.15) and xfail(strict=True) in peft "
     "tests/test_torch_compile.py, added in huggingface/peft#1725 (v0.12), removed in #2332 (v0.15)"
@@ -439,107 +307,3 @@ RULES: tuple[AdapterRule, ...] = (
         "compile_peft(model) (regional=True), which compiles the blocks generate() runs through.",
     ),
 )
-
-
-def _check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise ValueError(
-            f"policy={policy!r} is not one of {POLICIES}; use 'auto' (rules for the installed "
-            "versions) or 'peft-docs' (also refuse everything peft's pre-0.15 guide lists)."
-        )
-
-
-def rule_in_force(
-    rule: AdapterRule,
-    *,
-    policy: Policy = "auto",
-    peft_version: str | Version | None = None,
-    torch_version: str | Version | None = None,
-) -> bool:
-    """Whether ``rule`` applies under ``policy`` for the given (default: installed) versions.
-
-    Args:
-        rule: a row of :data:`RULES`.
-        policy: ``"auto"`` applies version-ranged rules by version; ``"peft-docs"`` applies the
-            seed guide's items on every peft version.
-        peft_version: evaluate against this declared peft version instead of the installed one.
-        torch_version: likewise for torch.
-
-    Returns:
-        ``True`` when the rule should be checked.
-
-    Raises:
-        ValueError: unknown ``policy``.
-
-    Example:
-        >>> lokr = next(r for r in RULES if r.id == "legacy-lokr")
-        >>> rule_in_force(lokr, peft_version="0.14.0"), rule_in_force(lokr, peft_version="0.15.0")
-        (True, False)
-    """
-    _check_policy(policy)
-    if rule.seed and policy == "peft-docs":
-        return True
-    if rule.peft_before and version_at_least("peft", rule.peft_before, installed=peft_version):
-        return False
-    if rule.torch_since and not version_at_least(
-        "torch", rule.torch_since, installed=torch_version
-    ):
-        return False
-    return True
-
-
-def evaluate_rules(
-    facts: AdapterFacts,
-    *,
-    policy: Policy = "auto",
-    peft_version: str | Version | None = None,
-    torch_version: str | Version | None = None,
-) -> list[SafetyFinding]:
-    """Apply every static rule in force to ``facts``; no warning or error is emitted here.
-
-    Args:
-        facts: the model and compile plan (``torchcompile_kit.adapters.describe_peft_model``).
-        policy: see :func:`rule_in_force`.
-        peft_version: evaluate against this declared peft version instead of the installed one.
-        torch_version: likewise for torch.
-
-    Returns:
-        One :class:`SafetyFinding` per rule that fired, in table order.
-
-    Raises:
-        ValueError: unknown ``policy``.
-
-    Example:
-        >>> facts = AdapterFacts(model_class="PeftModel", peft_types={"default": "LOKR"})
-        >>> [f.rule_id for f in evaluate_rules(facts, peft_version="0.14.0")]
-        ['legacy-lokr']
-    """
-    _check_policy(policy)
-    findings = []
-    for rule in RULES:
-        if rule.check is None or not rule_in_force(
-            rule, policy=policy, peft_version=peft_version, torch_version=torch_version
-        ):
-            continue
-        detail = rule.check(facts)
-        if detail is not None:
-            findings.append(finding(rule, detail))
-    return findings
-
-
-def finding(rule: AdapterRule, detail: str) -> SafetyFinding:
-    """The :class:`SafetyFinding` of ``rule`` fired by ``detail``."""
-    return SafetyFinding(
-        rule_id=rule.id,
-        severity=rule.severity,
-        message=rule.message.format(detail=detail),
-        evidence=rule.evidence,
-    )
-
-
-def rule_by_id(rule_id: str) -> AdapterRule:
-    """The row of :data:`RULES` with this id (``KeyError`` names the known ids)."""
-    for rule in RULES:
-        if rule.id == rule_id:
-            return rule
-    raise KeyError(f"no adapter rule {rule_id!r}; known: {[r.id for r in RULES]}")

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _dynamo
+
 __all__ = ["EquivalenceReport", "TensorDiff", "check_compile_equivalence"]
 
 # (rtol, atol) per dtype: compiled kernels reorder reductions, so these are looser than
@@ -174,12 +176,12 @@ def check_compile_equivalence(
 def _check_uncompiled(model: object) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+    if _dynamo.is_torch_compile_wrapper(model):
         raise ValueError(
             f"model is a torch.compile wrapper ({type(model).__name__}); pass the uncompiled module "
             "(model._orig_mod) and the compile settings via backend=/compile_kwargs=/compile_fn=."
         )
-    compiled = [n or "<model>" for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None)]
+    compiled = [n or "<model>" for n in _dynamo.compiled_module_names(model)]
     if compiled:
         raise ValueError(
             f"model is already compiled in place ({compiled[:4]!r}); a deep copy would still run the "

@@ -21,7 +21,7 @@ from peft import (
 
 from tiny_models import gpt2, opt
 from torchcompile_kit import UnsafeAdapterConfigError, check_peft_compile_safety
-from torchcompile_kit.adapter_rules import RULES, AdapterFacts, evaluate_rules, rule_by_id, rule_in_force
+from torchcompile_kit.adapters import RULES, AdapterFacts, evaluate_rules, rule_by_id, rule_in_force
 from torchcompile_kit.adapters import describe_peft_model
 
 pytestmark = [

@@ -30,7 +30,7 @@ from torchcompile_kit import UnsafeAdapterConfigError, check_compile_equivalence
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),
     pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
-    # expected graph-break warnings of DoRA/LoKr/LoHa: asserted in test_adapter_rules.py
+    # expected graph-break warnings of DoRA/LoKr/LoHa: asserted in tests/adapters/test_rules.py
     pytest.mark.filterwarnings("ignore:\\[(dora|lokr-loha)-.*graph-breaks\\]:UserWarning"),
 ]
 

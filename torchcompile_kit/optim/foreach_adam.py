@@ -1,4 +1,4 @@
-"""A horizontally fused Adam/AdamW step built on ``torch._higher_order_ops.foreach_map``.
+"""A horizontally fused Adam/AdamW step built on torch's ``foreach_map`` (torch >= 2.7).
 
 ``foreach_map(op, *lists)`` applies one pointwise function to every tensor of a list and lets
 inductor fuse the whole list into a few kernels (the "Explicit horizontal fusion with foreach_map"
@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from ._compat import has_foreach_map
-from .errors import UnsupportedOptimizerError
+from .. import _dynamo
+from ..errors import UnsupportedOptimizerError
 
-if has_foreach_map():
-    from torch._higher_order_ops.foreach_map import foreach_map as _foreach_map
-else:  # torch < 2.7: foreach_map_adam_step falls back to torch's foreach Adam
-    _foreach_map = None
+# None on torch < 2.7: foreach_map_adam_step falls back to torch's foreach Adam. Tests switch the
+# probe by setting this to None.
+_foreach_map = _dynamo.foreach_map_op()
 
 __all__ = ["check_foreach_map_optimizer", "foreach_map_adam_step", "make_foreach_map_step"]
 
@@ -155,7 +154,7 @@ def foreach_map_adam_step(
             ("weight_decay", weight_decay),
         )
     }
-    # A module global, not has_foreach_map(): dynamo would trace through its functools.cache.
+    # A module global, not _dynamo.foreach_map_op(): dynamo would trace through its functools.cache.
     if _foreach_map is None:
         _warn_fallback()
         _foreach_fallback(params, grads, exp_avgs, exp_avg_sqs, steps, decoupled, **hyper)
@@ -191,7 +190,7 @@ def _warn_fallback() -> None:
     if not _fallback_warned:
         _fallback_warned = True
         warnings.warn(
-            f"torch {torch.__version__} has no torch._higher_order_ops.foreach_map (torch >= 2.7); "
+            f"torch {torch.__version__} has no foreach_map (torch >= 2.7); "
             f"foreach_map_adam_step runs torch's torch._foreach_* Adam instead (same results, "
             f"no horizontal fusion of the whole update). Upgrade torch to use foreach_map.",
             RuntimeWarning,

@@ -1,7 +1,7 @@
 """Pad to bucket lengths: ``pad_to_bucket`` and the ``PadToBucketCollator``.
 
 Padding each batch to one of a few *bucket* lengths (chosen by
-:func:`~torchcompile_kit.bucket_planner.plan_buckets`) bounds the number of graphs
+:func:`~torchcompile_kit.plan_buckets`) bounds the number of graphs
 ``torch.compile`` builds; the collator pads a batch of feature dicts to its bucket.
 """
 
@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 import torch
 
-from .bucket_planner import _bucket_for, _check_buckets, _check_positive_int, _round_up
-from .errors import BatchShapeError, SequenceTooLongError
+from .._checks import check_positive_int
+from .planner import bucket_for, check_buckets, round_up
+from ..errors import BatchShapeError, SequenceTooLongError
 
 
 def _as_1d(value: Any, where: str) -> torch.Tensor:
@@ -88,7 +89,7 @@ def pad_to_bucket(
         >>> pad_to_bucket([[1, 2, 3], [4]], [4, 8]).tolist()
         [[1, 2, 3, 0], [4, 0, 0, 0]]
     """
-    buckets = _check_buckets(buckets)
+    buckets = check_buckets(buckets)
     _check_padding_side(padding_side)
     if len(sequences) == 0:
         raise BatchShapeError("sequences is empty; pass at least one sequence to pad")
@@ -101,7 +102,7 @@ def pad_to_bucket(
             )
     index = max(range(len(rows)), key=lambda i: rows[i].numel())
     longest = rows[index].numel()
-    length = _bucket_for(longest, buckets)
+    length = bucket_for(longest, buckets)
     if length < 0:
         raise SequenceTooLongError(
             f"sequences[{index}] has length {longest!r}, longer than the last bucket "
@@ -186,8 +187,8 @@ class PadToBucketCollator:
         max_length: int | None = None,
         tokenizer: Any = None,
     ) -> None:
-        self.buckets = None if buckets is None else _check_buckets(buckets)
-        self.multiple_of = _check_positive_int("multiple_of", multiple_of)
+        self.buckets = None if buckets is None else check_buckets(buckets)
+        self.multiple_of = check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
         if tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
             padding_side = getattr(tokenizer, "padding_side", padding_side)
@@ -204,7 +205,7 @@ class PadToBucketCollator:
             )
         _check_padding_side(padding_side)
         if max_length is not None:
-            _check_positive_int("max_length", max_length)
+            check_positive_int("max_length", max_length, error=BatchShapeError)
             if self.buckets is not None and max_length > self.buckets[-1]:
                 raise BatchShapeError(
                     f"max_length={max_length!r} exceeds the last bucket {self.buckets[-1]!r}: "
@@ -240,14 +241,14 @@ class PadToBucketCollator:
             64
         """
         if self.buckets is not None:
-            length = _bucket_for(max(longest, 1), self.buckets)
+            length = bucket_for(max(longest, 1), self.buckets)
             if length < 0:
                 raise SequenceTooLongError(
                     f"a sequence of length {longest!r} is longer than the last bucket "
                     f"{self.buckets[-1]!r}"
                 )
             return length
-        length = _round_up(max(longest, 1), self.multiple_of)
+        length = round_up(max(longest, 1), self.multiple_of)
         return length if self.max_length is None else min(length, self.max_length)
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

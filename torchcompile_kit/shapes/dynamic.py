@@ -1,25 +1,23 @@
-"""Dynamic dims, warm-up and a no-recompile guard: shapes decided before training, not during it.
+"""Dynamic dims and warm-up: shapes decided before training, not during it.
 
 Two ways to keep a variable-length loop from recompiling: mark the varying dim dynamic on *every*
 tensor that carries it (:func:`mark_dynamic_batch`: one graph for all lengths), or pad to a few
 buckets and compile one static graph per bucket up front (:func:`warmup_shapes`). Either way,
-:func:`no_recompiles` then turns a surprise shape into an error instead of a silent slowdown.
+:func:`~torchcompile_kit.no_recompiles` then turns a surprise shape into an error instead of a silent slowdown.
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from ._compat import has_set_stance
-from .errors import BatchShapeError, UnexpectedRecompileError
+from .. import _dynamo
+from ..errors import BatchShapeError
 
-__all__ = ["mark_dynamic_batch", "no_recompiles", "warmup_shapes"]
+__all__ = ["mark_dynamic_batch", "warmup_shapes"]
 
 
 def _tensors(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
@@ -116,7 +114,7 @@ def mark_dynamic_batch(
                     f"{path} has size {size!r} at dim {dim}, outside [min={min!r}, max={max!r}]; "
                     "dynamo treats the range as a hard limit, so widen min/max (or pass None)"
                 )
-            torch._dynamo.mark_dynamic(tensor, dim % tensor.dim(), min=min, max=max)
+            _dynamo.mark_dynamic(tensor, dim % tensor.dim(), min=min, max=max)
     if specialized:
         warnings.warn(
             f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
@@ -167,7 +165,7 @@ def warmup_shapes(
         seen.add(signature)
         fn(batch)
         shapes.append({path: shape for path, shape, _ in signature})
-    limit = torch._dynamo.config.recompile_limit
+    limit = _dynamo.recompile_limit()
     if len(shapes) > limit:
         warnings.warn(
             f"warmup_shapes: {len(shapes)} distinct shapes but torch._dynamo.config."
@@ -177,81 +175,3 @@ def warmup_shapes(
             stacklevel=2,
         )
     return shapes
-
-
-# torch/_dynamo/eval_frame.py raises RuntimeError("Detected recompile when torch.compile stance is
-# 'fail_on_recompile'. ...") with the guard failures indented below, one per line.
-_FAIL_PREFIX = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
-_SIZE_MISMATCH = re.compile(
-    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
-    r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
-)
-_WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)")
-
-
-def _recompile_message(err: RuntimeError) -> str:
-    text = str(err)
-    where = _WHERE.search(text)
-    function = f"{where['fn']!r} (line {where['line']})" if where else "a compiled function"
-    mismatches = [
-        f"tensor {m['name']!r} has size {int(m['actual'])!r} at dim {m['dim']} "
-        f"(compiled for {m['expected']})"
-        for m in _SIZE_MISMATCH.finditer(text)
-    ]
-    if mismatches:
-        what = "; ".join(dict.fromkeys(mismatches))
-    elif "guard failure" in text:
-        what = "a guard failed (see below)"
-    else:
-        what = "it was never compiled before this block"
-    return (
-        f"{function} would recompile inside no_recompiles(): {what}. Warm this shape up first "
-        "(warmup_shapes), pad it to a warmed-up bucket (PadToBucketCollator), or mark the dim "
-        f"dynamic (mark_dynamic_batch).\nDynamo said: {text}"
-    )
-
-
-@contextlib.contextmanager
-def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Iterator[None]:
-    """Inside this block, a compiled function never recompiles (nor compiles for the first time).
-
-    Built on ``torch.compiler.set_stance``; the previous stance is restored on exit. Graphs
-    compiled before the block (e.g. by :func:`warmup_shapes`) still run. Dynamo's error is turned
-    into :class:`~torchcompile_kit.UnexpectedRecompileError` as it leaves the block, so catch it
-    around the ``with``, not inside it.
-
-    Args:
-        on_recompile: ``"error"`` (``"fail_on_recompile"``): raise
-            :class:`~torchcompile_kit.UnexpectedRecompileError` naming the tensor and size that
-            missed; for tests and first runs. ``"eager"`` (``"eager_on_recompile"``): run that call
-            eagerly instead, for production runs that must not stall on a compile.
-
-    Yields:
-        Nothing.
-
-    Raises:
-        UnexpectedRecompileError: with ``on_recompile="error"``, a call needed a new graph.
-        ValueError: ``on_recompile`` is neither ``"error"`` nor ``"eager"``.
-        RuntimeError: this torch has no ``torch.compiler.set_stance`` (torch < 2.6).
-
-    Example:
-        >>> step = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
-        >>> _ = step(torch.ones(4))
-        >>> with no_recompiles():
-        ...     _ = step(torch.ones(4))  # warmed up: runs; step(torch.ones(5)) would raise
-    """
-    stances = {"error": "fail_on_recompile", "eager": "eager_on_recompile"}
-    if on_recompile not in stances:
-        raise BatchShapeError(f"on_recompile must be 'error' or 'eager', got {on_recompile!r}")
-    if not has_set_stance():
-        raise RuntimeError(
-            f"no_recompiles() needs torch.compiler.set_stance (torch >= 2.6); this is torch "
-            f"{torch.__version__!r}: upgrade torch"
-        )
-    with torch.compiler.set_stance(stances[on_recompile]):
-        try:
-            yield
-        except RuntimeError as err:
-            if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(_FAIL_PREFIX):
-                raise
-            raise UnexpectedRecompileError(_recompile_message(err)) from err

@@ -21,19 +21,15 @@ from typing import Any
 
 import torch
 
-from .errors import BatchShapeError
+from .._checks import check_positive_int
+from ..errors import BatchShapeError
 
-__all__ = ["PadToBucketCollator", "pad_to_bucket", "plan_buckets"]
+__all__ = ["bucket_for", "check_buckets", "plan_buckets", "round_up"]
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple``."""
     return -(-value // multiple) * multiple
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BatchShapeError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
@@ -53,10 +49,10 @@ def _as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
     return values
 
 
-def _check_buckets(buckets: Sequence[int]) -> list[int]:
+def check_buckets(buckets: Sequence[int]) -> list[int]:
     """``buckets`` as a strictly ascending list of positive ints, or a clear error.
 
-    Shared with the sampler (not public API).
+    Shared with the padder and the sampler of this folder.
     """
     values = list(buckets)
     if not values:
@@ -71,7 +67,7 @@ def _check_buckets(buckets: Sequence[int]) -> list[int]:
     return values
 
 
-def _bucket_for(length: int, buckets: Sequence[int]) -> int:
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
     """The smallest bucket ``>= length``; ``-1`` when ``length`` exceeds the last bucket."""
     position = bisect.bisect_left(buckets, length)
     return buckets[position] if position < len(buckets) else -1
@@ -113,18 +109,18 @@ def plan_buckets(
         >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, multiple_of=8)
         [8, 32, 200]
     """
-    _check_positive_int("max_buckets", max_buckets)
-    _check_positive_int("multiple_of", multiple_of)
+    check_positive_int("max_buckets", max_buckets, error=BatchShapeError)
+    check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
     values = _as_lengths(lengths)
     if max_length is not None:
-        _check_positive_int("max_length", max_length)
+        check_positive_int("max_length", max_length, error=BatchShapeError)
         values = [min(value, max_length) for value in values]
-    top = _round_up(max(values), multiple_of)
+    top = round_up(max(values), multiple_of)
     if max_length is not None:
         top = min(top, max_length)
     # A boundary is only ever worth placing at the rounded-up value of some length: moving it down
     # to that value covers the same samples with less padding. So the candidates are those values.
-    per_candidate = Counter(min(_round_up(value, multiple_of), top) for value in values)
+    per_candidate = Counter(min(round_up(value, multiple_of), top) for value in values)
     candidates = sorted(per_candidate)
     counts = [per_candidate[c] for c in candidates]
     return _segment(candidates, counts, max_buckets)

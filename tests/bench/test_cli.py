@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torchcompile_kit.__main__ import main
+from torchcompile_kit.cli import main
 from torchcompile_kit.bench import RECIPES
 from torchcompile_kit.bench.report import BenchResult, format_table, interleaved_medians, write_json
 

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _dynamo
+
 __all__ = ["GuardFinding", "find_instance_variants", "preflight_group"]
 
 logger = logging.getLogger(__name__)
@@ -176,17 +178,18 @@ def preflight_group(
         message += f" ({len(counts)} block structures, each compiled on its own, are counted too.)"
     every_block_its_own = any(n >= 3 and v == n for n, v in counts)
     needed = 2 * variants  # each variant may also be seen in train and eval grad modes
-    if every_block_its_own or needed > torch._dynamo.config.recompile_limit:
+    limit = _dynamo.recompile_limit()
+    if every_block_its_own or needed > limit:
         warnings.warn(message, stacklevel=3)
     else:
         logger.info(message)
-    if "recompile_limit" in compile_kwargs or needed <= torch._dynamo.config.recompile_limit:
+    if "recompile_limit" in compile_kwargs or needed <= limit:
         return None
-    if "recompile_limit" not in inspect.signature(torch.compile).parameters:
+    if _dynamo.recompile_limit_kwarg() is None:
         warnings.warn(
-            f"{class_name}: {variants} variants exceed torch._dynamo.config.recompile_limit="
-            f"{torch._dynamo.config.recompile_limit}; this torch cannot raise it per compile call, "
-            "so the last blocks will run eagerly. Fix the per-block state or raise the limit.",
+            f"{class_name}: {variants} variants may exceed dynamo's recompile limit ({limit}); "
+            "this torch cannot raise it per compile call, so the last blocks may run eagerly. "
+            "Fix the per-block state or raise torch._dynamo.config.recompile_limit.",
             stacklevel=3,
         )
         return None

@@ -1,0 +1,28 @@
+"""PEFT under torch.compile: refuse what breaks, compile in place, guard what changes at run time.
+
+The topic's API. Modules: :mod:`.schema` (facts, rules, findings), :mod:`.rule_table` (the table,
+data only), :mod:`.evaluation` (which rules are in force, enforcing them), :mod:`.facts`
+(describing a PEFT model), :mod:`.compile` (``check_peft_compile_safety``, ``compile_peft``) and
+:mod:`.guard` (the runtime checks). peft is imported only when a PEFT model is described.
+"""
+
+from .compile import check_peft_compile_safety, compile_peft
+from .evaluation import evaluate_rules, rule_by_id, rule_in_force
+from .facts import describe_peft_model
+from .rule_table import RULES
+from .schema import AdapterFacts, AdapterRule, SafetyFinding
+
+__all__ = [
+    # top level UX
+    "check_peft_compile_safety",
+    "compile_peft",
+    # the rule table, for tools and tests
+    "RULES",
+    "AdapterFacts",
+    "AdapterRule",
+    "SafetyFinding",
+    "describe_peft_model",
+    "evaluate_rules",
+    "rule_by_id",
+    "rule_in_force",
+]

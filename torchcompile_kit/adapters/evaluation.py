@@ -1,0 +1,177 @@
+"""Applying the rule table: which rules are in force, what fired, and what to do about it.
+
+Rules are evaluated against :class:`~.schema.AdapterFacts`, a plain description of a PEFT model and
+of the planned compile, so the table can be checked without compiling and against versions that
+are not installed (``evaluate_rules(facts, peft_version="0.14.0")``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+from packaging.version import Version
+
+from .._checks import check_choice
+from .._compat import version_at_least
+from ..errors import UnsafeAdapterConfigError
+from .rule_table import RULES
+from .schema import (
+    ON_VIOLATION,
+    POLICIES,
+    AdapterFacts,
+    AdapterRule,
+    OnViolation,
+    Policy,
+    SafetyFinding,
+)
+
+__all__ = [
+    "check_on_violation",
+    "enforce",
+    "evaluate_rules",
+    "finding",
+    "rule_by_id",
+    "rule_in_force",
+]
+
+
+def _check_policy(policy: str) -> None:
+    check_choice(
+        "policy",
+        policy,
+        POLICIES,
+        hint="use 'auto' (rules for the installed versions) or 'peft-docs' (also refuse "
+        "everything peft's pre-0.15 guide lists)",
+    )
+
+
+def rule_in_force(
+    rule: AdapterRule,
+    *,
+    policy: Policy = "auto",
+    peft_version: str | Version | None = None,
+    torch_version: str | Version | None = None,
+) -> bool:
+    """Whether ``rule`` applies under ``policy`` for the given (default: installed) versions.
+
+    Args:
+        rule: a row of :data:`RULES`.
+        policy: ``"auto"`` applies version-ranged rules by version; ``"peft-docs"`` applies the
+            seed guide's items on every peft version.
+        peft_version: evaluate against this declared peft version instead of the installed one.
+        torch_version: likewise for torch.
+
+    Returns:
+        ``True`` when the rule should be checked.
+
+    Raises:
+        ValueError: unknown ``policy``.
+
+    Example:
+        >>> lokr = next(r for r in RULES if r.id == "legacy-lokr")
+        >>> rule_in_force(lokr, peft_version="0.14.0"), rule_in_force(lokr, peft_version="0.15.0")
+        (True, False)
+    """
+    _check_policy(policy)
+    if rule.seed and policy == "peft-docs":
+        return True
+    if rule.peft_before and version_at_least("peft", rule.peft_before, installed=peft_version):
+        return False
+    if rule.torch_since and not version_at_least(
+        "torch", rule.torch_since, installed=torch_version
+    ):
+        return False
+    return True
+
+
+def evaluate_rules(
+    facts: AdapterFacts,
+    *,
+    policy: Policy = "auto",
+    peft_version: str | Version | None = None,
+    torch_version: str | Version | None = None,
+) -> list[SafetyFinding]:
+    """Apply every static rule in force to ``facts``; no warning or error is emitted here.
+
+    Args:
+        facts: the model and compile plan (``torchcompile_kit.adapters.describe_peft_model``).
+        policy: see :func:`rule_in_force`.
+        peft_version: evaluate against this declared peft version instead of the installed one.
+        torch_version: likewise for torch.
+
+    Returns:
+        One :class:`SafetyFinding` per rule that fired, in table order.
+
+    Raises:
+        ValueError: unknown ``policy``.
+
+    Example:
+        >>> facts = AdapterFacts(model_class="PeftModel", peft_types={"default": "LOKR"})
+        >>> [f.rule_id for f in evaluate_rules(facts, peft_version="0.14.0")]
+        ['legacy-lokr']
+    """
+    _check_policy(policy)
+    findings = []
+    for rule in RULES:
+        if rule.check is None or not rule_in_force(
+            rule, policy=policy, peft_version=peft_version, torch_version=torch_version
+        ):
+            continue
+        detail = rule.check(facts)
+        if detail is not None:
+            findings.append(finding(rule, detail))
+    return findings
+
+
+def finding(rule: AdapterRule, detail: str) -> SafetyFinding:
+    """The :class:`SafetyFinding` of ``rule`` fired by ``detail``."""
+    return SafetyFinding(
+        rule_id=rule.id,
+        severity=rule.severity,
+        message=rule.message.format(detail=detail),
+        evidence=rule.evidence,
+    )
+
+
+def rule_by_id(rule_id: str) -> AdapterRule:
+    """The row of :data:`RULES` with this id (``KeyError`` names the known ids)."""
+    for rule in RULES:
+        if rule.id == rule_id:
+            return rule
+    raise KeyError(f"no adapter rule {rule_id!r}; known: {[r.id for r in RULES]}")
+
+
+def check_on_violation(on_violation: str) -> None:
+    """Refuse an unknown ``on_violation`` with the three choices and what each does."""
+    check_choice(
+        "on_violation",
+        on_violation,
+        ON_VIOLATION,
+        hint="use 'error' to refuse, 'warn' to compile anyway with warnings, or 'ignore'",
+    )
+
+
+def enforce(
+    findings: Iterable[SafetyFinding],
+    on_violation: OnViolation,
+    *,
+    subject: str,
+    stacklevel: int = 3,
+) -> None:
+    """Raise, warn or stay quiet about ``findings`` as ``on_violation`` says."""
+    findings = list(findings)
+    if on_violation == "ignore":
+        return
+    refusals = [f for f in findings if f.severity == "refuse"]
+    for f in findings:
+        if f.severity == "warn" or on_violation == "warn":
+            warnings.warn(str(f), UserWarning, stacklevel=stacklevel)
+    if refusals and on_violation == "error":
+        lines = "\n".join(f"  - {f}" for f in refusals)
+        error = UnsafeAdapterConfigError(
+            f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
+            "Fix each one, or pass on_violation='warn' to go ahead anyway."
+        )
+        error.findings = refusals
+        raise error

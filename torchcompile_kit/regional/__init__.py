@@ -1,0 +1,27 @@
+"""Regional compilation: compile the repeated blocks of a model once, not the whole model.
+
+The topic's API. Modules: :mod:`.plan` (the plan and the undo registry, data),
+:mod:`.discovery` (which modules are blocks), :mod:`.preflight` (per-instance state that would
+recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block hints) and
+:mod:`.compile` (compiling in place, and undoing it).
+"""
+
+from .compile import compile_in_place, compile_regional, uncompile
+from .discovery import find_repeated_blocks
+from .plan import BlockGroup, RegionalPlan, get_regional_plan, register_undo
+from .transformers_support import fix_loss_function
+
+__all__ = [
+    # top level UX
+    "compile_regional",
+    "find_repeated_blocks",
+    "fix_loss_function",
+    "get_regional_plan",
+    "uncompile",
+    # the plan
+    "BlockGroup",
+    "RegionalPlan",
+    # for helpers that compile next to a regional compile (compile_peft, integrations)
+    "compile_in_place",
+    "register_undo",
+]

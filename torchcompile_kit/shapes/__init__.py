@@ -1,0 +1,24 @@
+"""Shapes without recompiles: few bucket lengths, batches padded to them, dims marked dynamic.
+
+The topic's API. Modules: :mod:`.planner` (choosing buckets), :mod:`.padding` (the padder and
+the collator), :mod:`.sampler` (batches drawn from one bucket each) and :mod:`.dynamic`
+(marking dims dynamic, compiling every shape up front). ``no_recompiles`` lives in
+``torchcompile_kit.diagnostics``.
+"""
+
+from .dynamic import mark_dynamic_batch, warmup_shapes
+from .padding import PadToBucketCollator, pad_to_bucket
+from .planner import plan_buckets
+from .sampler import BucketBatchSampler
+
+__all__ = [
+    # planning
+    "plan_buckets",
+    # batching
+    "BucketBatchSampler",
+    "PadToBucketCollator",
+    "pad_to_bucket",
+    # dynamic dims and warm-up
+    "mark_dynamic_batch",
+    "warmup_shapes",
+]
