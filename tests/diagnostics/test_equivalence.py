@@ -140,3 +140,77 @@ def test_compiled_model_is_refused(how):
 def test_not_a_module_is_refused():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         check_compile_equivalence(lambda x: x, torch.randn(2))
+
+
+# --- sequences of calls --------------------------------------------------------------------------
+
+
+def _hooked_forward(x):
+    """A step that registers a pre-hook on an inner module, as PEFT's adapter_names= does."""
+
+    def add_hook_then_forward(model):
+        model.up.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+        with torch.no_grad():
+            return model(x)
+
+    return add_hook_then_forward
+
+
+def test_steps_catch_a_graph_reused_across_a_state_change():
+    """dynamo skips hook guards by default: the compiled copy reuses the graph traced before the
+    hook existed. A single-call check cannot see it; the sequence names the step."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    report = check_compile_equivalence(MLP(), steps=[x, _hooked_forward(x), x], backend="eager")
+    assert not report.ok
+    assert report.failed_steps == ["1:add_hook_then_forward", "2:forward"]
+    assert {d.step for d in report.diffs} == {"0:forward", "1:add_hook_then_forward", "2:forward"}
+    assert "first failing step: 1:add_hook_then_forward" in report.summary()
+
+    # the same hook added before the first compiled call is traced: equivalent (after a reset:
+    # the graph cached above would otherwise serve this new MLP too, stale in the same way)
+    torch._dynamo.reset()
+    report = check_compile_equivalence(MLP(), steps=[_hooked_forward(x), x], backend="eager")
+    assert report.ok, report.summary()
+
+
+def test_steps_forward_train_and_callables():
+    from torchcompile_kit import EquivalenceStep
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    scale = torch.tensor(3.0)
+    steps = [
+        EquivalenceStep.forward((x,), name="plain"),
+        EquivalenceStep.train((x,)),
+        EquivalenceStep.forward((x, scale), name="scaled"),
+        lambda model: None,  # nothing to compare is fine
+    ]
+    report = check_compile_equivalence(MLP(), steps=steps, backend="aot_eager")
+    assert report.ok, report.summary()
+    names = {d.name for d in report.diffs}
+    assert {"0:plain", "1:train.loss", "1:train.grad.up.weight", "1:train.param.down.bias", "2:scaled"} <= names
+
+
+def test_a_step_that_raises_on_one_side_only_is_not_ok():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+
+    def raises_when_compiled(model):
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            raise RuntimeError("refused")
+        return model(x)
+
+    def raises_on_both(model):
+        raise KeyError("same")
+
+    report = check_compile_equivalence(MLP(), steps=[raises_on_both, raises_when_compiled], backend="eager")
+    assert report.failed_steps == ["1:raises_when_compiled"]
+    assert "only the compiled run raised: RuntimeError: refused" in report.failures[0].note
+
+
+def test_steps_and_example_inputs_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one of example_inputs"):
+        check_compile_equivalence(MLP(), torch.randn(2, 8), steps=[torch.randn(2, 8)], backend="eager")
+    with pytest.raises(ValueError, match="exactly one of example_inputs"):
+        check_compile_equivalence(MLP(), backend="eager")

@@ -5,13 +5,18 @@ and is wrong (peft's guide: "if you don't see an error, it doesn't necessarily m
 torch.compile worked correctly"). :func:`check_compile_equivalence` runs deep copies of a model
 eagerly and compiled on the same inputs and compares outputs, gradients, parameters after one
 optimizer step, and outputs after that step (which catches weights baked into a graph).
+
+Miscomputes also live *between* calls: a graph traced in one state and reused in another (PEFT's
+``adapter_names=`` after an ordinary forward). ``check_compile_equivalence(model, steps=[...])``
+runs a sequence of batches and callables (:class:`EquivalenceStep`) on both copies and compares
+after every step.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +25,7 @@ from torch import nn
 
 from .. import _dynamo
 
-__all__ = ["EquivalenceReport", "TensorDiff", "check_compile_equivalence"]
+__all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_equivalence"]
 
 # (rtol, atol) per dtype: compiled kernels reorder reductions, so these are looser than
 # torch.testing's defaults; measured inductor/eager gaps on the tiny test models are ~3e-7 (fp32).
@@ -49,7 +54,9 @@ class TensorDiff:
     """Largest ``|compiled - eager| / (atol + rtol * |eager|)``; at most 1 is within tolerance."""
     ok: bool
     note: str = ""
-    """Why the tensors could not be compared elementwise (missing, shape), if so."""
+    """Why the tensors could not be compared elementwise (missing, shape, an exception), if so."""
+    step: str = ""
+    """The step of a sequence (``"2:mixed batch"``) that produced it; ``""`` for a single batch."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,6 +77,11 @@ class EquivalenceReport:
         return [d for d in self.diffs if not d.ok]
 
     @property
+    def failed_steps(self) -> list[str]:
+        """The steps of a sequence with a tensor outside tolerance, in order."""
+        return list(dict.fromkeys(d.step for d in self.failures if d.step))
+
+    @property
     def worst(self) -> TensorDiff | None:
         """The tensor furthest outside (or closest to) its tolerance."""
         return max(self.diffs, key=lambda d: d.ratio, default=None)
@@ -86,6 +98,8 @@ class EquivalenceReport:
                 f"worst: {worst.name} max_abs={worst.max_abs:.3g} max_rel={worst.max_rel:.3g} "
                 f"({worst.ratio:.3g}x tolerance){' ' + worst.note if worst.note else ''}"
             )
+        if self.failed_steps:
+            lines.append(f"first failing step: {self.failed_steps[0]}")
         lines += [f"failed: {d.name}" for d in self.failures[:10]]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -93,10 +107,66 @@ class EquivalenceReport:
     __str__ = summary
 
 
+@dataclass(kw_only=True, frozen=True, slots=True)
+class EquivalenceStep:
+    """One step of a sequence: what to do to each copy, and the name it is reported under.
+
+    ``run(model)`` is called on the eager and on the compiled copy in turn, under the same RNG
+    seed; what it returns (tensors, nested in dicts/tuples/model outputs, or ``None``) is
+    compared. It must do the same to both copies (``model.set_adapter("other")``, a ``with
+    model.disable_adapter():`` forward, ``model.generate(...)``).
+
+    Example:
+        >>> steps = [EquivalenceStep.forward(batch),
+        ...          EquivalenceStep.forward(batch, adapter_names=names, name="mixed"),
+        ...          EquivalenceStep.train(batch)]  # doctest: +SKIP
+    """
+
+    name: str
+    """Shown in the report (``TensorDiff.step`` is ``"<index>:<name>"``)."""
+    run: Callable[[nn.Module], Any]
+    """Called with each copy; returns what to compare."""
+
+    @classmethod
+    def forward(cls, example_inputs: Any, *, name: str = "forward", **call_kwargs: Any) -> EquivalenceStep:
+        """An eval-mode forward without gradients, ``model(**batch, **call_kwargs)`` (or ``*args``)."""
+
+        def run(model: nn.Module) -> Any:
+            _set_mode(model, training=False, dropout=False)
+            with torch.no_grad():
+                return _call(model, example_inputs, **call_kwargs)
+
+        return cls(name=name, run=run)
+
+    @classmethod
+    def train(cls, example_inputs: Any, *, name: str = "train", lr: float = _SGD_LR) -> EquivalenceStep:
+        """A training step with dropout off: loss, backward, SGD on the trainable parameters.
+
+        Compares the loss, every trainable gradient and the parameters after the step; the copy
+        is left in eval mode.
+        """
+
+        def run(model: nn.Module) -> Any:
+            _set_mode(model, training=True, dropout=False)
+            model.zero_grad(set_to_none=True)
+            loss = _loss(_call(model, example_inputs))
+            loss.backward()
+            trainable = {n: p for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+            grads = {n: p.grad.detach().clone() for n, p in trainable.items()}
+            torch.optim.SGD(list(trainable.values()), lr=lr).step()
+            model.zero_grad(set_to_none=True)
+            _set_mode(model, training=False, dropout=False)
+            return {"loss": loss.detach(), "grad": grads,
+                    "param": {n: p.detach().clone() for n, p in trainable.items()}}
+
+        return cls(name=name, run=run)
+
+
 def check_compile_equivalence(
     model: nn.Module,
-    example_inputs: torch.Tensor | tuple[Any, ...] | Mapping[str, Any],
+    example_inputs: torch.Tensor | tuple[Any, ...] | Mapping[str, Any] | None = None,
     *,
+    steps: Sequence[Any] | None = None,
     backend: Any = "inductor",
     compile_kwargs: dict[str, Any] | None = None,
     check_grads: bool = True,
@@ -120,6 +190,10 @@ def check_compile_equivalence(
         model: any uncompiled ``nn.Module``.
         example_inputs: a tensor (``model(x)``), a tuple of positional arguments
             (``model(*args)``) or a dict of keyword arguments (``model(**batch)``, HF style).
+        steps: instead of ``example_inputs``, a sequence run on both copies in order and compared
+            after each step: batches (an eval forward), callables ``fn(model)`` (compared on what
+            they return) and :class:`EquivalenceStep` objects (``.forward``, ``.train``). Both
+            copies start in eval mode; the single-batch checks below are not run.
         backend: ``torch.compile`` backend for the compiled copy.
         compile_kwargs: further ``torch.compile`` keyword arguments (``mode``, ``options``...).
         check_grads: also compare the loss, gradients, one optimizer step and the outputs after it.
@@ -137,14 +211,25 @@ def check_compile_equivalence(
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: ``model`` is already compiled (``torch.compile`` wrapper or ``.compile()``).
+        ValueError: ``model`` is already compiled (``torch.compile`` wrapper or ``.compile()``);
+            neither or both of ``example_inputs`` and ``steps`` given.
 
     Example:
         >>> report = check_compile_equivalence(model, batch, backend="aot_eager")  # doctest: +SKIP
         >>> report.ok, report.worst.name  # doctest: +SKIP
         (True, 'grad.base_model.model.transformer.h.0.attn.c_attn.lora_B.default.weight')
+        >>> report = check_compile_equivalence(peft_model, steps=[batch, mixed_batch],
+        ...                                    compile_fn=compile_peft)  # doctest: +SKIP
+        >>> report.failed_steps  # doctest: +SKIP
+        []
     """
     _check_uncompiled(model)
+    if (example_inputs is None) == (steps is None):
+        raise ValueError(
+            "pass exactly one of example_inputs (one batch: outputs, gradients, a step) and steps "
+            f"(a sequence compared after each step); got example_inputs={type(example_inputs).__name__}, "
+            f"steps={type(steps).__name__}."
+        )
     kwargs = {"backend": backend, **(compile_kwargs or {})}
     report = EquivalenceReport(ok=True, backend=_backend_name(backend))
     reference = copy.deepcopy(model)
@@ -154,6 +239,10 @@ def check_compile_equivalence(
     eager = copy.deepcopy(reference)
     compiled = (compile_fn or _compile_in_place)(copy.deepcopy(reference), **kwargs)
     tolerance = (rtol, atol)
+    if steps is not None:
+        report.diffs += _compare_steps(eager, compiled, [_as_step(s) for s in steps], seed, tolerance)
+        report.ok = all(d.ok for d in report.diffs)
+        return report
 
     eager_out = _run_eval(eager, example_inputs, seed)
     report.diffs += _compare_tree("output", eager_out, _run_eval(compiled, example_inputs, seed), tolerance)
@@ -199,12 +288,52 @@ def _compile_in_place(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return module
 
 
-def _call(model: nn.Module, example_inputs: Any) -> Any:
+def _call(model: nn.Module, example_inputs: Any, **call_kwargs: Any) -> Any:
     if isinstance(example_inputs, Mapping):
-        return model(**example_inputs)
+        return model(**example_inputs, **call_kwargs)
     if isinstance(example_inputs, (tuple, list)):
-        return model(*example_inputs)
-    return model(example_inputs)
+        return model(*example_inputs, **call_kwargs)
+    return model(example_inputs, **call_kwargs)
+
+
+def _as_step(item: Any) -> EquivalenceStep:
+    if isinstance(item, EquivalenceStep):
+        return item
+    if callable(item) and not isinstance(item, (nn.Module, torch.Tensor)):
+        return EquivalenceStep(name=getattr(item, "__name__", "call"), run=item)
+    return EquivalenceStep.forward(item)
+
+
+def _compare_steps(
+    eager: nn.Module, compiled: nn.Module, steps: list[EquivalenceStep], seed: int, tolerance: tuple
+) -> list[TensorDiff]:
+    for model in (eager, compiled):
+        _set_mode(model, training=False, dropout=False)
+    diffs: list[TensorDiff] = []
+    for index, step in enumerate(steps):
+        label = f"{index}:{step.name}"
+        results: list[Any] = []
+        for model in (eager, compiled):
+            with torch.random.fork_rng():
+                torch.manual_seed(seed + index)  # e.g. add_adapter initialises alike in both
+                try:
+                    results.append(("ok", step.run(model)))
+                except Exception as error:  # noqa: BLE001 - reported as a difference
+                    results.append(("raised", f"{type(error).__name__}: {error}"))
+        (eager_kind, eager_value), (compiled_kind, compiled_value) = results
+        if eager_kind == compiled_kind == "ok":
+            step_diffs = _compare_tree(label, eager_value, compiled_value, tolerance)
+        elif eager_kind == compiled_kind and eager_value.split(":")[0] == compiled_value.split(":")[0]:
+            step_diffs = []  # both raised alike: the step is equivalent (and says so in neither)
+        else:
+            side = "compiled" if compiled_kind == "raised" else "eager"
+            raised = compiled_value if side == "compiled" else eager_value
+            step_diffs = [TensorDiff(name=label, max_abs=math.inf, max_rel=math.inf, ratio=math.inf,
+                                     ok=False, note=f"only the {side} run raised: {str(raised)[:300]}")]
+        for diff in step_diffs:
+            diff.step = label
+        diffs += step_diffs
+    return diffs
 
 
 def _set_mode(model: nn.Module, *, training: bool, dropout: bool) -> None:

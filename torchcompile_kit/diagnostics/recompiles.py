@@ -29,27 +29,40 @@ _SIZE_MISMATCH = re.compile(
     r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
 )
 _WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)")
+_FILE = re.compile(r"filename: '(?P<file>[^']*)'")
+# one guard failure per line: "- 0/0: L['self'].training == True  # ..."
+_GUARD = re.compile(r"^\s*- (?:\d+/\d+: )?(?P<guard>.+?)\s*$", re.MULTILINE)
 
 
 def _recompile_message(err: RuntimeError) -> str:
     text = str(err)
     where = _WHERE.search(text)
-    function = f"{where['fn']!r} (line {where['line']})" if where else "a compiled function"
+    file = _FILE.search(text)
+    function = (
+        f"{where['fn']!r} ({file['file'] if file else 'line'}:{where['line']})"
+        if where
+        else "a compiled function"
+    )
     mismatches = [
         f"tensor {m['name']!r} has size {int(m['actual'])!r} at dim {m['dim']} "
         f"(compiled for {m['expected']})"
         for m in _SIZE_MISMATCH.finditer(text)
     ]
+    fix = (
+        "Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
+        "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)"
+    )
     if mismatches:
         what = "; ".join(dict.fromkeys(mismatches))
-    elif "guard failure" in text:
-        what = "a guard failed (see below)"
+    elif _GUARD.search(text):
+        guard = _GUARD.search(text)["guard"].split("  #")[0].strip()  # drop dynamo's source note
+        what = f"guard {guard!r} failed"
+        fix = "Run this variant once before the block, or keep the guarded value fixed"
     else:
         what = "it was never compiled before this block"
     return (
-        f"{function} would recompile inside no_recompiles(): {what}. Warm this shape up first "
-        "(warmup_shapes), pad it to a warmed-up bucket (PadToBucketCollator), or mark the dim "
-        f"dynamic (mark_dynamic_batch).\nDynamo said: {text}"
+        f"{function} would recompile inside no_recompiles(): {what}. {fix}.\n"
+        f"Dynamo said: {text}"
     )
 
 

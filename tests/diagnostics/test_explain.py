@@ -1,0 +1,83 @@
+"""explain_graph_breaks: breaks with user file:line; the caller's compiled state untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounter
+
+from torchcompile_kit import CompileMonitor, explain_graph_breaks
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as handle:
+        return next(
+            i for i, text in enumerate(handle, 1) if marker in text and "_line_of" not in text
+        )
+
+
+def noisy(x):
+    x = x * 2
+    print("noisy")  # PRINT_LINE
+    return x + 1
+
+
+def branchy(x):
+    if x.sum() > 0:  # BRANCH_LINE
+        return x + 1
+    return x - 1
+
+
+class Noisy(nn.Module):
+    def forward(self, x):
+        return noisy(x)
+
+
+def test_breaks_have_reason_location_and_code(capsys):
+    (found,) = explain_graph_breaks(noisy, torch.ones(3))
+    assert "print" in found.reason
+    assert (found.file, found.line) == (__file__, _line_of("# PRINT_LINE"))
+    assert found.code and found.code.startswith("GB")
+    assert found.function == "noisy"
+
+    (branch,) = explain_graph_breaks(branchy, torch.ones(3))
+    assert "Data-dependent branching" in branch.reason
+    assert branch.line == _line_of("# BRANCH_LINE")
+
+
+def test_no_break_is_an_empty_list():
+    assert explain_graph_breaks(lambda x: x.sin() * 2, torch.ones(3)) == []
+
+
+def test_callers_graphs_and_recompile_budget_are_untouched(capsys):
+    counter = CompileCounter()
+    step = torch.compile(noisy, backend=counter, dynamic=False)
+    step(torch.ones(1))
+    frames = counter.frame_count
+    for _ in range(3):
+        explain_graph_breaks(noisy, torch.ones(1))
+    with CompileMonitor() as mon:
+        step(torch.ones(1))  # still cached: no compile
+        for n in range(2, 9):  # 7 new sizes: exactly the caller's budget of 8 graphs per code
+            step(torch.ones(n))
+    assert counter.frame_count == frames + 2 * 7  # two frames (before/after the print) per size
+    assert mon.limit_hits == []
+    assert len(mon.recompiles) == 14
+
+
+def test_module_compiled_in_place_is_explained_and_keeps_its_graph(capsys):
+    model = Noisy()
+    counter = CompileCounter()
+    model.compile(backend=counter)
+    model(torch.ones(2))
+    frames = counter.frame_count
+    (found,) = explain_graph_breaks(model, torch.ones(2))
+    assert found.line == _line_of("# PRINT_LINE")
+    model(torch.ones(2))
+    assert counter.frame_count == frames
+
+
+def test_not_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="expects a function or nn.Module"):
+        explain_graph_breaks(42)

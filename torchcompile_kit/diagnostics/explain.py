@@ -1,0 +1,86 @@
+"""``explain_graph_breaks``: the graph breaks of a function or module on sample inputs.
+
+``torch._dynamo.explain`` answers the same question but resets dynamo, which drops every graph the
+caller compiled. Here the target is compiled afresh (``torch.compile`` with a counting backend of
+its own, in an isolated cache region where torch has ``isolate_recompiles``) and run once under a
+:class:`~torchcompile_kit.CompileMonitor`. The caller's compiled functions keep their graphs, their
+guards and their recompile budget.
+
+What it leaves behind: the isolated compile's cache entries stay attached to the code objects it
+traced (torch has no public way to drop one region); they are never consulted by other
+``torch.compile`` calls and count only toward dynamo's global ``accumulated_recompile_limit``
+(256 by default). On a torch without ``isolate_recompiles`` they share the caller's region and
+use one entry of its recompile budget per traced frame (noted in the result).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _dynamo
+from .monitor import CompileMonitor
+from .trace_records import GraphBreak
+
+__all__ = ["explain_graph_breaks"]
+
+
+def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[GraphBreak]:
+    """Run ``fn_or_module(*args, **kwargs)`` once, compiled, and return its graph breaks.
+
+    Each break has the reason in plain words, the user-code ``file:line``, torch's graph-break
+    code (``GB0059``) where torch gives one, its hints, and the compiled function it happened in.
+    The call really runs (side effects included), with a backend that runs graphs eagerly.
+
+    A module is called through its eager path (hooks included), so blocks compiled in place are
+    traced as part of it, not skipped.
+
+    Args:
+        fn_or_module: a Python function or an ``nn.Module``.
+        *args: sample positional inputs.
+        **kwargs: sample keyword inputs.
+
+    Returns:
+        The distinct breaks, in the order met (``[]`` means one graph, no break).
+
+    Raises:
+        TypeError: ``fn_or_module`` is not callable.
+
+    Example:
+        >>> def f(x):
+        ...     print("step")
+        ...     return x + 1
+        >>> [b.reason.split(":")[0] for b in explain_graph_breaks(f, torch.ones(2))]
+        step
+        ['Failed to trace builtin operator']
+    """
+    if not callable(fn_or_module):
+        raise TypeError(
+            f"explain_graph_breaks expects a function or nn.Module, got "
+            f"{type(fn_or_module).__name__!r}; pass the model or function itself"
+        )
+    target = fn_or_module
+    if isinstance(fn_or_module, nn.Module):
+        module = fn_or_module
+
+        def target(*a: Any, **k: Any) -> Any:  # an eager call, even for a module compiled in place
+            return _dynamo.eager_call(module, *a, **k)
+
+    isolated = _dynamo.isolated_cache_kwarg()
+    # A backend object of our own: a cached graph of the caller's (another backend) never matches,
+    # so the code is really traced and every break is seen again.
+    compiled = torch.compile(target, backend=_dynamo.frame_counting_backend(), **isolated)
+    with CompileMonitor() as monitor:
+        compiled(*args, **kwargs)
+    breaks = list(monitor.graph_breaks)
+    if isinstance(fn_or_module, nn.Module):
+        monitor.attribute(fn_or_module)
+    if not isolated:
+        for found in breaks:
+            found.hints.append(
+                "explain_graph_breaks: this torch has no isolate_recompiles, so the traced frames "
+                "used one entry of their recompile budget"
+            )
+    return breaks

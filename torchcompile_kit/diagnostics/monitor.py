@@ -1,0 +1,450 @@
+"""``CompileMonitor``: a measured record of what dynamo compiled while it was active.
+
+It listens to torch's structured trace (the stream behind ``TORCH_TRACE``/tlparse) with a logging
+handler of its own; adding that handler is the only change it makes, and exactly that handler is
+removed on exit. Nested monitors each add their own, so an inner one sees its own events and the
+outer one sees all. The handler survives ``torch._dynamo.reset()`` and
+``torch._logging.set_logs()`` (which only remove torch's own handlers). Where the trace is missing,
+torch's metrics deque and counters stand in, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _dynamo
+from .recorder import TraceRecorder
+from .trace_records import (
+    RESUME_PREFIX,
+    CompiledFrame,
+    GraphBreak,
+    LimitHit,
+    Recompile,
+    code_label,
+    owner_of,
+)
+
+__all__ = ["CompileMonitor"]
+
+_CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
+_CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
+
+
+class CompileMonitor:
+    """Record every frame compiled, graph break, recompile and recompile-limit hit while active.
+
+    Use it as a context manager, or call :meth:`start`/:meth:`stop` around a training loop. It
+    changes no torch setting. Reading it while it runs is fine (:meth:`snapshot` for a training
+    log).
+
+    Example:
+        >>> f = torch.compile(lambda x: x.sin() + 1, backend="eager")
+        >>> with CompileMonitor() as mon:
+        ...     _ = f(torch.ones(3))
+        >>> mon.snapshot()["graphs"]
+        1
+        >>> print(mon.summary())  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._recorder = TraceRecorder()
+        self._logger: Any = None
+        self._running = False
+        self._start_us = 0
+        self._cache_done: dict[str, int] = defaultdict(int)
+        self._cache_start: dict[str, int] = {}
+        self._breaks_start: dict[str, int] = {}
+        self._notes: list[str] = []
+        self._filled = 0
+        self._trace_missing = False
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def start(self) -> CompileMonitor:
+        """Start recording (again, after :meth:`stop`: the record accumulates). Returns self.
+
+        Raises:
+            RuntimeError: the monitor is already recording.
+
+        Example:
+            >>> mon = CompileMonitor().start()
+            >>> mon.stop()
+        """
+        if self._running:
+            raise RuntimeError("CompileMonitor.start(): already recording; call stop() first")
+        self._running = True
+        self._start_us = time.time_ns() // 1000
+        self._cache_start = _dynamo.compile_cache_counters()
+        self._breaks_start = _dynamo.graph_break_counts()
+        self._logger = _dynamo.trace_logger()
+        if self._logger is not None:
+            self._logger.addHandler(self._recorder)
+            _dynamo.limit_warning_logger().addHandler(self._recorder)
+        else:
+            self._trace_missing = True
+            self._note(
+                "torch's structured trace is unavailable here: frames, recompiles and seconds "
+                "come from torch._dynamo.utils.get_compilation_metrics() (the last 64 compiles "
+                "only) and graph breaks from counters (no file:line, no graph counts per frame)"
+            )
+        return self
+
+    def stop(self) -> None:
+        """Stop recording and remove the handler it added (nothing else is touched).
+
+        Example:
+            >>> mon = CompileMonitor().start()
+            >>> mon.stop()
+        """
+        if not self._running:
+            return
+        try:
+            self._fill_from_weaker_sources()
+        finally:
+            if self._logger is not None:
+                self._logger.removeHandler(self._recorder)
+                _dynamo.limit_warning_logger().removeHandler(self._recorder)
+            for name, value in self._cache_delta().items():
+                self._cache_done[name] += value
+            self._running = False
+            self._logger = None
+
+    def __enter__(self) -> CompileMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the record ---------------------------------------------------------------------------
+
+    @property
+    def frames(self) -> list[CompiledFrame]:
+        """Every frame compile, in order (recompiles included; limit hits are not frames)."""
+        return self._recorder.frames
+
+    @property
+    def graph_breaks(self) -> list[GraphBreak]:
+        """Distinct graph breaks (same line and reason once, with ``count``)."""
+        return self._recorder.graph_breaks
+
+    @property
+    def recompiles(self) -> list[Recompile]:
+        """Every recompile, with the failed guard."""
+        return self._recorder.recompiles
+
+    @property
+    def limit_hits(self) -> list[LimitHit]:
+        """Every recompile-limit hit: that code runs eagerly from then on."""
+        return self._recorder.limit_hits
+
+    @property
+    def notes(self) -> list[str]:
+        """What the record could not see, and where weaker sources stood in."""
+        return list(self._notes)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Running counts, flat and JSON-able, for a training log.
+
+        Returns:
+            ``frames``, ``graphs``, ``graph_breaks`` (distinct), ``recompiles``,
+            ``compile_seconds`` (forward + backward), ``recompile_limit_hits``, ``cache_hits`` and
+            ``cache_misses`` (inductor FX-graph + AOTAutograd caches, over the monitor's life).
+
+        Example:
+            >>> with CompileMonitor() as mon:
+            ...     pass
+            >>> mon.snapshot()["recompiles"]
+            0
+        """
+        if self._running and self._logger is None:
+            self._fill_from_weaker_sources()
+        cache = self.cache()
+        return {
+            "frames": len(self.frames),
+            "graphs": sum(f.graphs for f in self.frames),
+            "graph_breaks": len(self.graph_breaks),
+            "recompiles": len(self.recompiles),
+            "compile_seconds": round(self.compile_seconds(), 6),
+            "recompile_limit_hits": len(self.limit_hits),
+            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
+            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
+        }
+
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling, forward and backward, as torch measured them.
+
+        Example:
+            >>> CompileMonitor().compile_seconds()
+            0.0
+        """
+        total = sum(f.seconds + f.backward_seconds for f in self.frames)
+        return total + self._recorder.unattributed_backward_seconds
+
+    def seconds_by_function(self) -> dict[str, float]:
+        """Compile seconds per compiled function (``label @ file:line``), largest first.
+
+        Example:
+            >>> mon.seconds_by_function()  # doctest: +SKIP
+            {'GPT2Block.forward (via forward_with_checkpointing) @ .../modeling_layers.py:88': 3.4}
+        """
+        totals: dict[str, float] = defaultdict(float)
+        for frame in self.frames:
+            totals[f"{frame.label} @ {frame.location}"] += frame.seconds + frame.backward_seconds
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def cache(self) -> dict[str, int]:
+        """Cache hits and misses (``fxgraph_cache_hit``, ``autograd_cache_miss``, ...) so far.
+
+        Example:
+            >>> with CompileMonitor() as mon:
+            ...     pass
+            >>> mon.cache()["fxgraph_cache_hit"]
+            0
+        """
+        delta = self._cache_delta() if self._running else {}
+        names = set(self._cache_done) | set(delta)
+        return {name: self._cache_done.get(name, 0) + delta.get(name, 0) for name in sorted(names)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The full record, JSON-serialisable.
+
+        Example:
+            >>> import json
+            >>> with CompileMonitor() as mon:
+            ...     pass
+            >>> sorted(json.loads(json.dumps(mon.as_dict())))[:3]
+            ['cache', 'compile_seconds_by_function', 'counts']
+        """
+        return self._record(
+            range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
+        )
+
+    def summary(self) -> str:
+        """A readable table: counts, frames with seconds, breaks, recompiles, limit hits, notes.
+
+        Example:
+            >>> print(CompileMonitor().summary().split(", 0 graph breaks")[0])
+            CompileMonitor: 0 frames, 0 graphs
+        """
+        return _format_summary(self)
+
+    # -- attribution to modules ---------------------------------------------------------------
+
+    def attribute(self, *targets: nn.Module | type) -> None:
+        """Name the module class each frame belongs to (``owner``), e.g. ``GPT2Block``.
+
+        transformers runs a block's ``forward`` through its ``forward_with_checkpointing``
+        wrapper, so the frame torch reports is the wrapper, shared by every block class; the graph's
+        source lines tell which class's ``forward`` it traced.
+
+        Args:
+            targets: models (every submodule's class counts) or module classes.
+
+        Example:
+            >>> mon.attribute(model)  # doctest: +SKIP
+            >>> {f.owner for f in mon.frames}  # doctest: +SKIP
+            {'GPT2Block'}
+        """
+        classes = _classes_of(targets)
+        for frame in self.frames:
+            frame.owner = (
+                owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
+                or frame.owner
+            )
+        for event in [*self.graph_breaks, *self.recompiles]:
+            if event.frame is not None:
+                event.owner = self.frames[event.frame].owner
+        for hit in self.limit_hits:
+            hit.owner = owner_of(hit.function, hit.file, hit.line, [], classes) or hit.owner
+
+    def record_for(
+        self, target: nn.Module | type | torch.optim.Optimizer | Callable[..., Any]
+    ) -> dict[str, Any]:
+        """The part of :meth:`as_dict` belonging to one model, module class, optimizer or function.
+
+        A model or class: frames attributed to its classes (see :meth:`attribute`). An optimizer:
+        frames in ``torch/optim`` and its class's file (what ``compile_optimizer`` compiles). A
+        function: its code and the frames resumed after its graph breaks.
+
+        Example:
+            >>> rec = mon.record_for(optimizer)  # doctest: +SKIP
+            >>> rec["counts"]["recompiles"]  # doctest: +SKIP
+            0
+        """
+        keep = _selector(self, target)
+        frames = [
+            i
+            for i, frame in enumerate(self.frames)
+            if keep(frame.function, frame.file, frame.line, frame.owner)
+        ]
+        chosen = set(frames)
+        return self._record(
+            frames,
+            [b for b in self.graph_breaks if b.frame in chosen],
+            [r for r in self.recompiles if r.frame in chosen],
+            [h for h in self.limit_hits if keep(h.function, h.file, h.line, h.owner)],
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _record(
+        self,
+        frames: Iterable[int],
+        breaks: list[GraphBreak],
+        recompiles: list[Recompile],
+        hits: list[LimitHit],
+    ) -> dict[str, Any]:
+        chosen = [self.frames[i] for i in frames]
+        by_function: dict[str, float] = defaultdict(float)
+        for frame in chosen:
+            by_function[f"{frame.label} @ {frame.location}"] += (
+                frame.seconds + frame.backward_seconds
+            )
+        counts = {
+            **self.snapshot(),
+            "frames": len(chosen),
+            "graphs": sum(f.graphs for f in chosen),
+            "graph_breaks": len(breaks),
+            "recompiles": len(recompiles),
+            "recompile_limit_hits": len(hits),
+            "compile_seconds": round(sum(by_function.values()), 6),
+        }
+        return {
+            "counts": counts,
+            "frames": [f.as_dict() for f in chosen],
+            "graph_breaks": [b.as_dict() for b in breaks],
+            "recompiles": [r.as_dict() for r in recompiles],
+            "limit_hits": [h.as_dict() for h in hits],
+            "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
+            "cache": self.cache(),
+            "notes": self.notes,
+            "source": "compilation metrics (fallback)"
+            if self._trace_missing
+            else "structured trace",
+        }
+
+    def _cache_delta(self) -> dict[str, int]:
+        now = _dynamo.compile_cache_counters()
+        return {name: now[name] - self._cache_start.get(name, 0) for name in now}
+
+    def _note(self, text: str) -> None:
+        if text not in self._notes:
+            self._notes.append(text)
+
+    def _fill_from_weaker_sources(self) -> None:
+        """Add compiles torch's metrics deque holds but the trace did not deliver."""
+        rows = [
+            row
+            for row in _dynamo.compilation_metrics_since(self._start_us)
+            if (str(row.get("compile_id")), row.get("start_time_us"))
+            not in self._recorder.seen_metrics
+        ]
+        for row in rows:
+            self._recorder.add_metrics(row, key=None, from_trace=False)
+        self._filled += len(rows)
+        if rows and self._logger is not None:
+            self._note(
+                f"the structured trace missed {self._filled} compile(s) (was the monitor's handler "
+                "removed from the 'torch.__trace' logger?); they were taken from torch's "
+                "compilation metrics, without graph-break locations"
+            )
+        if self._logger is None:
+            now = _dynamo.graph_break_counts()
+            for reason, count in now.items():
+                added = count - self._breaks_start.get(reason, 0)
+                if added > 0:
+                    self._recorder.add_break(GraphBreak(reason=reason, count=added))
+            self._breaks_start = now
+
+
+def _classes_of(targets: Iterable[nn.Module | type]) -> list[type]:
+    classes: dict[type, None] = {}
+    for target in targets:
+        if isinstance(target, type):
+            classes.setdefault(target, None)
+        else:
+            for module in target.modules():
+                classes.setdefault(type(module), None)
+    return list(classes)
+
+
+def _selector(
+    monitor: CompileMonitor, target: Any
+) -> Callable[[str, str | None, int | None, str | None], bool]:
+    if isinstance(target, torch.optim.Optimizer):
+        optim_dir = os.path.dirname(torch.optim.__file__) + os.sep
+        class_file = inspect.getfile(type(target))
+        return lambda fn, file, line, owner: (
+            bool(file) and (file.startswith(optim_dir) or file == class_file)
+        )
+    if isinstance(target, (nn.Module, type)):
+        monitor.attribute(target)
+        names = {cls.__name__ for cls in _classes_of([target])}
+        return lambda fn, file, line, owner: owner in names
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    if code is None:
+        raise TypeError(
+            f"record_for expects a module, module class, optimizer or Python function; got "
+            f"{type(target).__name__!r}"
+        )
+    last = max((ln for _, _, ln in code.co_lines() if ln), default=code.co_firstlineno)
+
+    def keep(fn: str, file: str | None, line: int | None, owner: str | None) -> bool:
+        if file != code.co_filename or line is None:
+            return False
+        if fn == code.co_name and line == code.co_firstlineno:
+            return True
+        return (
+            fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
+            and code.co_firstlineno <= line <= last
+        )
+
+    return keep
+
+
+def _format_summary(monitor: CompileMonitor) -> str:
+    counts = monitor.snapshot()
+    lines = [
+        (
+            f"CompileMonitor: {counts['frames']} frames, {counts['graphs']} graphs, "
+            f"{counts['graph_breaks']} graph breaks, {counts['recompiles']} recompiles, "
+            f"{counts['recompile_limit_hits']} limit hits, "
+            f"{counts['compile_seconds']:.2f} s compiling; "
+            f"caches: {counts['cache_hits']} hits, {counts['cache_misses']} misses"
+        )
+    ]
+    for hit in monitor.limit_hits:  # loudest first: that code silently runs eagerly now
+        lines.append(f"  !! {hit.message()}")
+    if monitor.frames:
+        lines.append("frames compiled (seconds fwd+bwd, graphs, compile id, code):")
+        for frame in monitor.frames:
+            extra = f"  FAILED: {frame.failed}" if frame.failed else ""
+            lines.append(
+                f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} graph(s)  "
+                f"[{frame.compile_id}]  {frame.label}  ({frame.location}){extra}"
+            )
+    if monitor.graph_breaks:
+        lines.append("graph breaks (user code, reason):")
+        for found in monitor.graph_breaks:
+            code = f" [{found.code}]" if found.code else ""
+            times = f" x{found.count}" if found.count > 1 else ""
+            inside = (
+                f" (in {found.owner or found.function})" if (found.owner or found.function) else ""
+            )
+            lines.append(f"  {found.location}{inside}{times}: {found.reason}{code}")
+    if monitor.recompiles:
+        lines.append("recompiles (code, failed guard):")
+        for again in monitor.recompiles:
+            who = code_label(again.function, again.owner)
+            lines.append(f"  [{again.compile_id}] {who} ({again.file}:{again.line}): {again.guard}")
+    for note in monitor.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

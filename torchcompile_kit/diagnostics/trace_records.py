@@ -1,0 +1,335 @@
+"""What :class:`~torchcompile_kit.CompileMonitor` records, and how torch's words are read.
+
+Data classes for compiled frames, graph breaks, recompiles and recompile-limit hits, and the
+parsers that turn torch's structured-trace payloads into them. The texts parsed here are torch's
+(verified on torch 2.13): a graph-break artifact starts ``Graph break in user code at FILE:LINE``,
+then ``Graph Break Reason:``, the break type, ``Explanation:``/``Hint:`` lines and a link ending in
+the graph-break code (``gb0059.html``); a recompile-limit failure reads ``Dynamo recompile limit
+exceeded ... (currently set to 8) ... Limit type: recompile_limit``. Where a text does not match,
+the raw text is kept rather than guessed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "RESUME_PREFIX",
+    "CompiledFrame",
+    "GraphBreak",
+    "LimitHit",
+    "Recompile",
+    "code_label",
+    "graph_sources",
+    "owner_of",
+    "parse_graph_break",
+    "parse_limit_hit",
+    "short_reason",
+]
+
+RESUME_PREFIX = "torch_dynamo_resume_in_"
+"""Dynamo names the code after a graph break ``torch_dynamo_resume_in_<fn>_at_<line>``."""
+LIMIT_PREFIX = "Dynamo recompile limit exceeded"
+
+
+@dataclass(kw_only=True, slots=True)
+class CompiledFrame:
+    """One frame (code object) dynamo compiled: one entry of its cache."""
+
+    function: str
+    """The code's name (``forward``, ``torch_dynamo_resume_in_forward_at_42``)."""
+    file: str | None = None
+    """File of the code."""
+    line: int | None = None
+    """First line of the code."""
+    compile_id: str = ""
+    """Dynamo's id (``"3/1"``: frame 3, second compile). Restarts after ``reset()``."""
+    graphs: int = 0
+    """Graphs the backend compiled for this frame (0 when every op ran eagerly)."""
+    ops: int | None = None
+    """Operators in the graph (dynamo's ``graph_op_count``)."""
+    seconds: float = 0.0
+    """Forward compile seconds (dynamo + backend), as torch measured them."""
+    backward_seconds: float = 0.0
+    """Backward compile seconds (AOTAutograd compiles the backward on the first backward)."""
+    recompile_reason: str | None = None
+    """The guard that failed when this compile was a recompile, in ``TORCH_LOGS`` words."""
+    failed: str | None = None
+    """Why the compile failed (then the frame runs eagerly), first line of torch's reason."""
+    owner: str | None = None
+    """The module class the frame belongs to (``GPT2Block``), once attributed."""
+    sources: list[tuple[str, int]] = field(default_factory=list)
+    """``(file, line)`` of the user code in the graph; used to attribute wrapper frames."""
+
+    @property
+    def location(self) -> str:
+        """``file:line`` of the code."""
+        return f"{self.file}:{self.line}"
+
+    @property
+    def label(self) -> str:
+        """How the summary names the frame: ``GPT2Block.forward`` or ``f (resumed at line 11)``."""
+        return code_label(self.function, self.owner)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields (``sources`` left out: they are an attribution aid)."""
+        data = asdict(self)
+        data.pop("sources")
+        data["location"] = self.location
+        return data
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphBreak:
+    """A graph break: dynamo stopped the graph at a line of user code and ran it eagerly."""
+
+    reason: str
+    """In plain words: the break type and torch's explanation."""
+    file: str | None = None
+    """User file of the line that broke the graph."""
+    line: int | None = None
+    """User line that broke the graph."""
+    code: str | None = None
+    """torch's graph-break code (``GB0059``), where torch gives one."""
+    hints: list[str] = field(default_factory=list)
+    """torch's hints for this break."""
+    function: str | None = None
+    """The compiled frame the break happened in."""
+    compile_id: str = ""
+    """Dynamo's id of that frame compile."""
+    count: int = 1
+    """How often the same break (line and reason) was met while recording."""
+    frame: int | None = None
+    """Index of that frame in the monitor's ``frames``, where it was recorded."""
+    owner: str | None = None
+    """The module class it belongs to, once attributed."""
+
+    @property
+    def location(self) -> str:
+        """``file:line`` of the user code."""
+        return f"{self.file}:{self.line}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields."""
+        return {**asdict(self), "location": self.location}
+
+
+@dataclass(kw_only=True, slots=True)
+class Recompile:
+    """A frame compiled again because a guard of its earlier graph(s) failed."""
+
+    function: str
+    """The code that recompiled."""
+    file: str | None = None
+    """Its file."""
+    line: int | None = None
+    """Its first line."""
+    compile_id: str = ""
+    """Dynamo's id of the new compile."""
+    reason: str = ""
+    """The failed guard of the most recent graph, in ``TORCH_LOGS=recompiles`` words."""
+    reasons: list[str] = field(default_factory=list)
+    """The failed guards of every earlier graph of this code (most recent first)."""
+    frame: int | None = None
+    """Index of the new frame in the monitor's ``frames``."""
+    owner: str | None = None
+    """The module class it belongs to, once attributed."""
+
+    @property
+    def guard(self) -> str:
+        """The failed guard in one line: ``reason`` without dynamo's stack and padding."""
+        return short_reason(self.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields."""
+        return {**asdict(self), "guard": self.guard, "location": f"{self.file}:{self.line}"}
+
+
+@dataclass(kw_only=True, slots=True)
+class LimitHit:
+    """Dynamo gave up on a code object: from now on it runs eagerly, and torch says nothing more."""
+
+    function: str
+    """The code that hit the limit."""
+    file: str | None = None
+    """Its file."""
+    line: int | None = None
+    """Its first line."""
+    compile_id: str = ""
+    """Dynamo's id of the refused compile."""
+    limit: int | None = None
+    """The limit that was hit (8 by default)."""
+    limit_type: str | None = None
+    """Which limit: ``recompile_limit`` or ``accumulated_recompile_limit``."""
+    last_reason: str | None = None
+    """The guard failure that asked for one compile too many."""
+    owner: str | None = None
+    """The module class it belongs to, once attributed."""
+
+    def message(self) -> str:
+        """A loud one-paragraph explanation with the fix."""
+        return (
+            f"RECOMPILE LIMIT HIT: {self.function} ({self.file}:{self.line}) reached "
+            f"{self.limit_type or 'recompile_limit'}={self.limit}; it now runs EAGERLY for every "
+            f"new variant and torch will not say so again. Last failing guard: "
+            f"{short_reason(self.last_reason)}. Fix the cause (pad shapes to buckets, mark dims "
+            f"dynamic, make per-instance state a tensor) or raise the limit for this function only "
+            f"with "
+            f"torch.compile(..., recompile_limit=N)."
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields."""
+        return {**asdict(self), "location": f"{self.file}:{self.line}"}
+
+
+def short_reason(text: str | None) -> str:
+    """A guard failure in one line: the first line, the padding before its ``#`` comment cut.
+
+    Example:
+        >>> short_reason("0/0: len(args) == 2      # return f(*args)  # m.py:3 in f\\nUser stack")
+        '0/0: len(args) == 2  # return f(*args)  # m.py:3 in f'
+    """
+    first = (text or "").strip().split("\n", 1)[0]
+    return re.sub(r"\s{2,}#", "  #", first)
+
+
+def code_label(function: str, owner: str | None = None) -> str:
+    """A readable name for compiled code: ``GPT2Block.forward``, ``f (resumed at line 11)``.
+
+    Example:
+        >>> code_label("torch_dynamo_resume_in_forward_at_12")
+        'forward (resumed at line 12)'
+    """
+    name = function
+    if name.startswith(RESUME_PREFIX):
+        base, _, at = name[len(RESUME_PREFIX) :].rpartition("_at_")
+        name = f"{base} (resumed at line {at})"
+        return f"{owner}: {name}" if owner else name
+    if owner:  # a wrapper installed as cls.forward shows as the class's forward
+        return f"{owner}.forward" + ("" if name == "forward" else f" (via {name})")
+    return name
+
+
+_BREAK_AT = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)\s*$", re.MULTILINE)
+_TRACEBACK_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_GB_CODE = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
+_LIMIT = re.compile(r"currently set to (?P<limit>\d+)")
+_LIMIT_TYPE = re.compile(r"Limit type: (?P<type>\w+)")
+_GRAPH_SOURCE = re.compile(r"# File: (?P<file>.+?):(?P<line>\d+) in ")
+
+
+def parse_graph_break(payload: str) -> GraphBreak:
+    """Read a ``dynamo_graph_break_reason`` artifact into a :class:`GraphBreak`.
+
+    Example:
+        >>> text = ("Graph break in user code at /m.py:7\\nGraph Break Reason: ...\\n\\n"
+        ...         "Failed to trace builtin operator\\n  Explanation: `print` ...\\n")
+        >>> parse_graph_break(text).location
+        '/m.py:7'
+    """
+    head, _, _ = payload.partition("User code traceback:")
+    where = _BREAK_AT.search(head)
+    if where:
+        file, line = where["file"], int(where["line"])
+    else:  # "cannot properly resume ... skip": the user code is a traceback
+        frames = list(_TRACEBACK_LINE.finditer(head))
+        file, line = (frames[-1]["file"], int(frames[-1]["line"])) if frames else (None, None)
+    lines = head.splitlines()
+    kind, explanation, hints = None, None, []
+    for index, text in enumerate(lines):
+        stripped = text.strip()
+        if stripped.startswith("Explanation:"):
+            explanation = stripped.removeprefix("Explanation:").strip()
+            previous = [t.strip() for t in lines[:index] if t.strip()]
+            kind = previous[-1].removeprefix("Graph Break Reason:").strip() if previous else None
+        elif stripped.startswith("Hint:"):
+            hints.append(stripped.removeprefix("Hint:").strip())
+    if kind and explanation:
+        reason = f"{kind}: {explanation}"
+    else:
+        body = [t.strip() for t in lines if t.strip() and not _BREAK_AT.match(t.strip())]
+        reason = " ".join(body[:2])[:500] or payload.strip()[:500]
+    code = _GB_CODE.search(payload)
+    return GraphBreak(
+        reason=reason, file=file, line=line, code=code[1].upper() if code else None, hints=hints
+    )
+
+
+def parse_limit_hit(fail_reason: str | None) -> tuple[int | None, str | None] | None:
+    """``(limit, limit_type)`` if ``fail_reason`` is a recompile-limit failure, else ``None``.
+
+    Example:
+        >>> parse_limit_hit("Dynamo recompile limit exceeded ... (currently set to 8) ... "
+        ...                 "Limit type: recompile_limit")
+        (8, 'recompile_limit')
+    """
+    if not fail_reason or not fail_reason.startswith(LIMIT_PREFIX):
+        return None
+    limit = _LIMIT.search(fail_reason)
+    kind = _LIMIT_TYPE.search(fail_reason)
+    return (int(limit["limit"]) if limit else None, kind["type"] if kind else None)
+
+
+def graph_sources(payload: str, *, cap: int = 400) -> list[tuple[str, int]]:
+    """The distinct ``(file, line)`` pairs named by ``# File:`` comments of a printed FX graph.
+
+    Example:
+        >>> graph_sources("# File: /m.py:3 in f, code: y = x + 1\\n# File: /m.py:3 in f")
+        [('/m.py', 3)]
+    """
+    seen: dict[tuple[str, int], None] = {}
+    for match in _GRAPH_SOURCE.finditer(payload):
+        seen.setdefault((match["file"], int(match["line"])), None)
+        if len(seen) >= cap:
+            break
+    return list(seen)
+
+
+def owner_of(
+    function: str,
+    file: str | None,
+    line: int | None,
+    sources: list[tuple[str, int]],
+    classes: list[type],
+) -> str | None:
+    """The class among ``classes`` whose ``forward`` the frame ``function@file:line`` runs.
+
+    A frame is a class's own ``forward``, a wrapper installed as ``cls.forward`` (transformers'
+    ``forward_with_checkpointing``: one code object for every block class, told apart by the
+    graph's ``sources`` falling inside the wrapped ``forward``), or code resumed after a graph
+    break inside that ``forward``. ``None`` when no class (or more than one) fits.
+
+    Example:
+        >>> owner_of("forward", __file__, 1, [], [])  # no classes: nobody owns it
+    """
+    if file is None or line is None:
+        return None
+    exact, inside = [], []
+    for cls in classes:
+        forward = getattr(cls, "forward", None)
+        code = getattr(forward, "__code__", None)
+        real = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
+        if code is None or real is None:
+            continue
+        last = max((ln for _, _, ln in real.co_lines() if ln), default=real.co_firstlineno)
+        span = (real.co_filename, real.co_firstlineno, last)
+        if (code.co_name, code.co_filename, code.co_firstlineno) == (function, file, line):
+            exact.append((cls, span))
+        elif file == span[0] and span[1] <= line <= span[2]:
+            inside.append((cls, span))
+    if sources:  # a wrapper (one code for every block class): did the graph trace this forward?
+        exact = [
+            (c, s)
+            for c, s in exact
+            if s[:2] == (file, line) or any(f == s[0] and s[1] <= ln <= s[2] for f, ln in sources)
+        ]
+    if exact:
+        names = {cls.__name__ for cls, _ in exact}
+        return names.pop() if len(names) == 1 else None
+    if inside:  # resumed code: the innermost forward that contains the line
+        return min(inside, key=lambda item: item[1][2] - item[1][1])[0].__name__
+    return None
