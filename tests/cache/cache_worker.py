@@ -1,0 +1,141 @@
+"""A fresh process for the compile-cache tests: one inductor train step, cache saved or loaded.
+
+Run as ``python cache_worker.py MODE ARGS...`` with ``TORCHINDUCTOR_CACHE_DIR`` set by the test;
+prints one JSON line. Modes:
+
+- ``cold OUT``: compile + one step, then ``save_compile_cache(OUT)``.
+- ``warm IN``: ``load_compile_cache(IN)``, one step, the hit counters; then a ``memory://`` round
+  trip in the same process (memory:// lives in one process).
+- ``dist IN SHARED RESULT_DIR``: 2 ranks (gloo, 127.0.0.1, one spawn). Rank 0 loads IN, steps,
+  and both call ``save_compile_cache(SHARED)`` (rank 0 writes); then both ranks load SHARED into
+  their own empty inductor dir and step; each writes ``RESULT_DIR/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def train_step() -> float:
+    """One compiled forward + backward of a seeded MLP on seeded data; the loss."""
+    torch.manual_seed(0)
+    model = MLP()
+    model.compile(backend="inductor")
+    x = torch.randn(8, 16)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return float(loss.detach())
+
+
+def counters() -> dict[str, int]:
+    from torchcompile_kit import _dynamo
+
+    return _dynamo.compile_cache_counters()
+
+
+def cold(out: str) -> dict:
+    import torchcompile_kit as tck
+
+    loss = train_step()
+    saved = tck.save_compile_cache(out)
+    return {
+        "loss": loss,
+        "counters": counters(),
+        "saved": bool(saved),
+        "entries": saved.mega_cache_entries,
+        "kernel_files": saved.kernel_files,
+    }
+
+
+def warm(src: str) -> dict:
+    import torchcompile_kit as tck
+
+    with tck.compile_cache(src, save_on_exit=False) as cache:
+        loss = train_step()
+    loaded = cache.loaded
+    result = {
+        "loss": loss,
+        "loaded": bool(loaded),
+        "reason": loaded.reason,
+        "entries": loaded.mega_cache_entries,
+        "kernel_files": loaded.kernel_files,
+        "stats": loaded.cache_stats() if loaded else counters(),
+        "session_stats": cache.cache_stats(),
+    }
+    memory_saved = tck.save_compile_cache("memory://tck-test/cc.tck")
+    memory_loaded = tck.load_compile_cache("memory://tck-test/cc.tck")
+    result["memory"] = {
+        "saved": bool(memory_saved),
+        "loaded": bool(memory_loaded),
+        "entries": memory_loaded.mega_cache_entries,
+        "reason": memory_loaded.reason,
+    }
+    return result
+
+
+def _dist_rank(rank: int, src: str, shared: str, result_dir: str, port: int) -> None:
+    import torch.distributed as dist
+
+    import torchcompile_kit as tck
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(result_dir, f"inductor-a{rank}")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        if rank == 0:
+            tck.load_compile_cache(src)
+            train_step()
+        saved = tck.save_compile_cache(shared)  # collective: rank 0 writes, all wait
+        # Every rank reads, into an empty inductor dir of its own (a fresh machine's view).
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(result_dir, f"inductor-b{rank}")
+        torch._dynamo.reset()
+        before = counters()
+        loaded = tck.load_compile_cache(shared)
+        loss = train_step()
+        after = counters()
+        result = {
+            "rank": rank,
+            "saved": bool(saved),
+            "save_reason": saved.reason,
+            "loaded": bool(loaded),
+            "load_reason": loaded.reason,
+            "loss": loss,
+            "kernel_files": loaded.kernel_files,
+            "stats": {k: after[k] - before.get(k, 0) for k in after},
+        }
+        with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as handle:
+            json.dump(result, handle)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def dist_main(src: str, shared: str, result_dir: str) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_dist_rank, args=(src, shared, result_dir, port), nprocs=2, join=True)
+    return {"ok": True}
+
+
+if __name__ == "__main__":
+    mode, *args = sys.argv[1:]
+    handler = {"cold": cold, "warm": warm, "dist": dist_main}[mode]
+    print(json.dumps(handler(*args)))

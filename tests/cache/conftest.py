@@ -1,0 +1,51 @@
+"""Compile-cache fixtures: one real cold compile per session, shared by the tests that need it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("cache_worker.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_worker(mode: str, *args: str, inductor_dir: Path, timeout: int = 600) -> dict:
+    """Run ``cache_worker.py MODE ARGS`` in a fresh process with its own inductor cache dir."""
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    out = subprocess.run(
+        [sys.executable, str(WORKER), mode, *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, f"worker {mode} failed:\n{out.stdout}\n{out.stderr}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def cold_artifact(tmp_path_factory) -> tuple[Path, dict]:
+    """A real artifact: a fresh process compiled a tiny MLP train step with inductor and saved."""
+    root = tmp_path_factory.mktemp("cold")
+    path = root / "cold.tck"
+    result = run_worker("cold", str(path), inductor_dir=root / "inductor")
+    assert result["saved"], result
+    return path, result
+
+
+@pytest.fixture
+def inductor_dir(tmp_path, monkeypatch) -> Path:
+    """An empty inductor cache dir for this test (the loads install kernels there)."""
+    directory = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(directory))
+    return directory

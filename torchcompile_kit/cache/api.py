@@ -1,0 +1,343 @@
+"""``save_compile_cache`` / ``load_compile_cache``: one artifact in, one artifact out, never wrong.
+
+A save bundles torch's mega-cache (``torch.compiler.save_cache_artifacts``) with the compiled
+kernel folders of the inductor cache dir, under an environment header and a content hash
+(:mod:`.artifact`), and stores it atomically (:mod:`.storage`). A load verifies the hash, refuses
+an artifact built in another environment (naming the field and both values), installs the
+kernels without exposing partial files, then hot-loads the mega-cache. Whatever goes wrong on a
+load is a :class:`~torchcompile_kit.errors.CompileCacheWarning` and a falsy result: the run goes
+on with a cold compile.
+
+In a distributed job (``torch.distributed`` initialised) rank 0 writes and every rank reads;
+``save_compile_cache`` is then collective (a barrier after the write).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _dynamo
+from . import storage
+from .artifact import (
+    ArtifactRefused,
+    ArtifactUnreadable,
+    collect_kernel_files,
+    install_kernel_files,
+    pack,
+    unpack,
+)
+from .header import HeaderMismatch, current_environment
+
+__all__ = [
+    "CacheLoadResult",
+    "CacheSaveResult",
+    "CompileCacheWarning",
+    "load_compile_cache",
+    "save_compile_cache",
+]
+
+logger = logging.getLogger(__name__)
+
+LARGE_KERNEL_BYTES = 256 * 2**20
+"""Above this many bytes of kernels, a save warns that the inductor dir holds more than this job."""
+
+
+class CompileCacheWarning(UserWarning):
+    """A compile cache was not loaded or saved (corrupt, truncated, other environment, ...).
+
+    A warning, not an error: a cache that cannot be used costs a cold compile, never the run.
+    """
+
+
+@dataclass(kw_only=True, slots=True)
+class CacheLoadResult:
+    """What :func:`load_compile_cache` did; truthy only when something was loaded."""
+
+    path: str
+    """Where the artifact was looked for."""
+    loaded: bool
+    """Whether the artifact's compiled graphs and kernels were made available to inductor."""
+    reason: str = ""
+    """Why nothing was loaded (``""`` when ``loaded``)."""
+    mismatches: list[HeaderMismatch] = field(default_factory=list)
+    """The environment fields that differ, when the artifact was refused for them."""
+    mega_cache_entries: dict[str, int] = field(default_factory=dict)
+    """Mega-cache entries loaded, by kind (``{"inductor": 4, "aot_autograd": 2}``)."""
+    kernel_files: int = 0
+    """Compiled-kernel files placed into the inductor cache dir (files already there excluded)."""
+    artifact_bytes: int = 0
+    """Size of the artifact read."""
+    inductor_cache_dir: str = ""
+    """The inductor cache dir the kernels went to."""
+    counters_at_load: dict[str, int] = field(default_factory=dict, repr=False)
+    """torch's cache counters right after the load; :meth:`cache_stats` subtracts them."""
+
+    def __bool__(self) -> bool:
+        return self.loaded
+
+    def cache_stats(self) -> dict[str, int]:
+        """FX-graph and AOTAutograd cache hits/misses since this load (torch's counters).
+
+        Call it after the first step: a load only places files, the hits happen when a graph is
+        compiled. ``torch._dynamo.reset()`` clears the counters; they then count from zero.
+
+        Returns:
+            ``{"fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit",
+            "autograd_cache_miss"}`` counts.
+
+        Example:
+            >>> result = load_compile_cache("ckpt/compile-cache.tck")  # doctest: +SKIP
+            >>> train_step(batch); result.cache_stats()["fxgraph_cache_hit"]  # doctest: +SKIP
+            4
+        """
+        now = _dynamo.compile_cache_counters()
+        before = self.counters_at_load
+        return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in now.items()}
+
+    def summary(self) -> str:
+        """One line: what was loaded from where, or why not."""
+        if not self.loaded:
+            return f"compile cache {self.path!r} not loaded: {self.reason}"
+        entries = ", ".join(f"{n} {kind}" for kind, n in sorted(self.mega_cache_entries.items()))
+        return (
+            f"compile cache {self.path!r} loaded: {entries or 'no'} mega-cache entries, "
+            f"{self.kernel_files} kernel files into {self.inductor_cache_dir}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-able data (for a benchmark record or a training log)."""
+        data = {name: getattr(self, name) for name in self.__slots__ if name != "counters_at_load"}
+        data["mismatches"] = [str(m) for m in self.mismatches]
+        return data
+
+
+@dataclass(kw_only=True, slots=True)
+class CacheSaveResult:
+    """What :func:`save_compile_cache` did; truthy when the artifact at ``path`` is up to date."""
+
+    path: str
+    """Where the artifact was (or would have been) written."""
+    saved: bool
+    """Whether this call left a current artifact at ``path`` (written, or unchanged)."""
+    reason: str = ""
+    """Why nothing was written (another rank writes, nothing compiled, unchanged, error)."""
+    mega_cache_entries: dict[str, int] = field(default_factory=dict)
+    """Mega-cache entries saved, by kind."""
+    kernel_files: int = 0
+    """Compiled-kernel files bundled."""
+    artifact_bytes: int = 0
+    """Size of the artifact written."""
+    digest: str = ""
+    """sha256 of the artifact bytes (identical compiles give identical artifacts)."""
+
+    def __bool__(self) -> bool:
+        return self.saved
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-able data (for a benchmark record or a training log)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _rank() -> int | None:
+    """This process's rank when ``torch.distributed`` is initialised, else ``None``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None
+
+
+def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True) -> CacheSaveResult:
+    """Save everything inductor compiled (or loaded) in this process to ``path``.
+
+    Bundles torch's mega-cache with the compiled kernel folders of the inductor cache dir (every
+    kernel there: point ``TORCHINDUCTOR_CACHE_DIR`` at a per-job folder to keep it small), under
+    an environment header and a content hash, written atomically. In a distributed job only rank
+    0 writes; every rank must call it (a barrier follows the write, so on return the artifact is
+    there for all ranks).
+
+    Args:
+        path: a local file path or an fsspec URL (``s3://b/k.tck``, ``memory://x``); a folder
+            (existing, or ending in ``/``) gets ``compile-cache.tck`` inside it.
+        barrier: in a distributed job, wait for rank 0's write before returning.
+
+    Returns:
+        A :class:`CacheSaveResult`, falsy when nothing was written (and why).
+
+    Raises:
+        ImportError: ``path`` is a URL and fsspec is not installed
+            (``pip install 'torchcompile-kit[remote]'``).
+
+    Example:
+        >>> train_step(batch)  # compiles  # doctest: +SKIP
+        >>> save_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
+        CacheSaveResult(path='s3://bucket/run-7/compile-cache.tck', saved=True, ...)
+    """
+    return save_if_changed(path, barrier=barrier, unchanged_digest="")
+
+
+def save_if_changed(
+    path: str | os.PathLike[str], *, barrier: bool, unchanged_digest: str
+) -> CacheSaveResult:
+    """:func:`save_compile_cache`, skipping the write when the artifact's sha256 would be
+    ``unchanged_digest`` (nothing new compiled since the last save of ``compile_cache``)."""
+    target = storage.resolve_path(path)
+    storage.check_storage(target)  # on every rank, so a missing fsspec fails everywhere alike
+    rank = _rank()
+    try:
+        if rank not in (None, 0):
+            return CacheSaveResult(path=target, saved=False, reason=f"rank {rank}: rank 0 writes")
+        return _write_artifact(target, unchanged_digest)
+    finally:
+        if rank is not None and barrier:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
+    mega = _dynamo.save_mega_cache()
+    if mega is None:
+        reason = (
+            "nothing was compiled with inductor in this process "
+            "(torch.compiler.save_cache_artifacts returned None)"
+        )
+        if not _dynamo.has_mega_cache():
+            reason = "this torch has no torch.compiler.save_cache_artifacts (torch >= 2.7 needed)"
+        return CacheSaveResult(path=target, saved=False, reason=reason)
+    mega_bytes, entries = mega
+    cache_dir = _dynamo.inductor_cache_dir()
+    kernels = collect_kernel_files(cache_dir)
+    kernel_bytes = sum(len(f.data) for f in kernels)
+    if kernel_bytes > LARGE_KERNEL_BYTES:
+        warnings.warn(
+            f"the compile cache bundles every compiled kernel in {cache_dir!r}: "
+            f"{kernel_bytes / 2**20:.0f} MiB, other runs' kernels included; point "
+            "TORCHINDUCTOR_CACHE_DIR at a folder of this job's own to keep it small.",
+            CompileCacheWarning,
+            stacklevel=4,
+        )
+    contents = {
+        "mega_cache_entries": entries,
+        "mega_cache_bytes": len(mega_bytes),
+        "kernel_files": len(kernels),
+        "kernel_bytes": kernel_bytes,
+    }
+    data = pack(
+        environment=current_environment(),
+        mega_cache=mega_bytes,
+        kernel_files=kernels,
+        contents=contents,
+    )
+    digest = hashlib.sha256(data).hexdigest()
+    result = CacheSaveResult(
+        path=target,
+        saved=True,
+        mega_cache_entries=entries,
+        kernel_files=len(kernels),
+        artifact_bytes=len(data),
+        digest=digest,
+    )
+    if digest == unchanged_digest:
+        result.reason = "unchanged since the last save; not rewritten"
+        return result
+    try:
+        storage.write_bytes(target, data)
+    except Exception as err:  # noqa: BLE001 - a failed save costs the next run a cold compile, not this run
+        result.saved = False
+        result.reason = f"write failed: {type(err).__name__}: {err}"
+        warnings.warn(
+            f"compile cache not saved to {target!r}: {result.reason}; the previous "
+            "artifact (if any) is unchanged.",
+            CompileCacheWarning,
+            stacklevel=3,
+        )
+        return result
+    logger.info(
+        "compile cache saved to %r: %s, %d kernel files, %d bytes",
+        target,
+        entries,
+        len(kernels),
+        len(data),
+    )
+    return result
+
+
+def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
+    """Load a compile cache saved by :func:`save_compile_cache`, if it is whole and fits.
+
+    Call it in a fresh process before the first compiled step. The artifact is verified (length,
+    content hash), its environment header compared field by field with this process (torch and
+    git version, Python, machine, device, CUDA/HIP and GPU names, Triton, CPU ISA and
+    ``ATEN_CPU_CAPABILITY``, thread count); the kernels are installed into the inductor cache dir
+    (staged aside, moved in whole), then the mega-cache is hot-loaded. Every rank of a
+    distributed job reads. The artifact holds pickles: load only from storage you trust.
+
+    Args:
+        path: a local file path or an fsspec URL, as given to :func:`save_compile_cache`.
+
+    Returns:
+        A :class:`CacheLoadResult`, truthy only when something was loaded; ``reason`` and
+        ``mismatches`` say why not. Absent artifacts are silent (a first run); corrupt, truncated,
+        empty or mismatched ones also emit a :class:`CompileCacheWarning`.
+
+    Raises:
+        ImportError: ``path`` is a URL and fsspec is not installed.
+
+    Example:
+        >>> result = load_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
+        >>> print(result.summary())  # doctest: +SKIP
+    """
+    target = storage.resolve_path(path)
+    cache_dir = _dynamo.inductor_cache_dir()
+    result = CacheLoadResult(path=target, loaded=False, inductor_cache_dir=cache_dir)
+    try:
+        data = storage.read_bytes(target)
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 - unreachable storage: a cold compile, not a crash
+        return _not_loaded(result, f"could not be read ({type(err).__name__}: {err})")
+    if data is None:
+        result.reason = "no artifact at this path yet"
+        return result
+    result.artifact_bytes = len(data)
+    try:
+        artifact = unpack(data, current_environment=current_environment())
+    except ArtifactRefused as refused:
+        result.mismatches = refused.mismatches
+        return _not_loaded(
+            result,
+            f"built in another environment ({refused}); save a new one "
+            "from this environment (torch's cache keys would not catch all of it)",
+        )
+    except ArtifactUnreadable as err:
+        return _not_loaded(result, f"ignored: {err}")
+    try:
+        # Kernels first: by the time a cached graph is visible, the kernels it needs are too.
+        result.kernel_files = install_kernel_files(artifact.kernel_files, cache_dir)
+        if artifact.mega_cache is not None:
+            entries = _dynamo.load_mega_cache(artifact.mega_cache)
+            if entries is None:
+                return _not_loaded(result, "torch could not read the mega-cache in it")
+            result.mega_cache_entries = entries
+    except Exception as err:  # noqa: BLE001 - e.g. disk full: a cold compile, not a crash
+        return _not_loaded(result, f"could not be installed ({type(err).__name__}: {err})")
+    result.loaded = True
+    result.counters_at_load = _dynamo.compile_cache_counters()
+    logger.info(result.summary())
+    return result
+
+
+def _not_loaded(result: CacheLoadResult, reason: str) -> CacheLoadResult:
+    result.reason = reason
+    warnings.warn(
+        f"{result.summary()}. Training continues with a cold compile.",
+        CompileCacheWarning,
+        stacklevel=3,
+    )
+    return result
