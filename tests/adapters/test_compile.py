@@ -243,7 +243,7 @@ def test_generate_warns_for_whole_model_compile_only():
     model = compile_peft(lora_gpt2().eval(), regional=False, backend="eager")
     with pytest.warns(UserWarning, match=r"\[generate-uncompiled\]"):
         model.generate(input_ids=batch["input_ids"], max_new_tokens=1, do_sample=False)
-    regional = compile_peft(lora_gpt2().eval(), backend="eager")
+    regional = compile_peft(lora_gpt2().eval(), backend="eager", generate="compiled")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         regional.generate(input_ids=batch["input_ids"], max_new_tokens=1, do_sample=False)

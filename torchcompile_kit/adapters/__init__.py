@@ -2,13 +2,16 @@
 
 The topic's API. Modules: :mod:`.schema` (facts, rules, findings), :mod:`.rule_table` (the table,
 data only), :mod:`.evaluation` (which rules are in force, enforcing them), :mod:`.facts`
-(describing a PEFT model), :mod:`.compile` (``check_peft_compile_safety``, ``compile_peft``) and
-:mod:`.guard` (the runtime checks). peft is imported only when a PEFT model is described.
+(describing a PEFT model), :mod:`.compile` (``check_peft_compile_safety``, ``compile_peft``),
+:mod:`.guard` (the runtime checks), :mod:`.record` (what they decided, as data) and
+:mod:`.cost` (what the hook guards cost). peft is imported only when a PEFT model is described.
 """
 
 from .compile import check_peft_compile_safety, compile_peft
+from .cost import HookGuardCost, measure_hook_guard_cost
 from .evaluation import evaluate_rules, rule_by_id, rule_in_force
 from .facts import describe_peft_model
+from .record import Decision, PeftCompileRecord, get_peft_compile_record
 from .rule_table import RULES
 from .schema import AdapterFacts, AdapterRule, SafetyFinding
 
@@ -16,6 +19,13 @@ __all__ = [
     # top level UX
     "check_peft_compile_safety",
     "compile_peft",
+    "get_peft_compile_record",
+    # what was decided, as data
+    "Decision",
+    "PeftCompileRecord",
+    # what the hook guards cost (counts; seconds on an idle machine)
+    "HookGuardCost",
+    "measure_hook_guard_cost",
     # the rule table, for tools and tests
     "RULES",
     "AdapterFacts",

@@ -13,11 +13,14 @@ from typing import Any
 
 from torch import nn
 
-from ..regional import compile_regional
-from .evaluation import check_on_violation, enforce, evaluate_rules
+from .. import _dynamo
+from .._checks import check_choice
+from ..regional import compile_regional, find_repeated_blocks
+from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
 from .guard import AdapterGuard
-from .schema import OnViolation, Policy, SafetyFinding
+from .record import Decision, GenerateMode, PeftCompileRecord
+from .schema import AdapterFacts, OnViolation, Policy, SafetyFinding
 
 __all__ = ["check_peft_compile_safety", "compile_peft"]
 
@@ -64,13 +67,24 @@ def check_peft_compile_safety(
         Traceback (most recent call last):
         UnsafeAdapterConfigError: refusing to compile PeftModelForCausalLM: 1 rule violated ...
     """
+    return _check(model, fullgraph=fullgraph, training=training, backend=backend, options=options,
+                  policy=policy, on_violation=on_violation)[1]
+
+
+def _check(
+    model: nn.Module,
+    *,
+    extra: list[SafetyFinding] | None = None,
+    decisions: list[Decision] | None = None,
+    on_violation: OnViolation,
+    policy: Policy,
+    **describe: Any,
+) -> tuple[AdapterFacts, list[SafetyFinding]]:
     check_on_violation(on_violation)
-    facts = describe_peft_model(
-        model, fullgraph=fullgraph, training=training, backend=backend, options=options
-    )
-    findings = evaluate_rules(facts, policy=policy)
-    enforce(findings, on_violation, subject=facts.model_class)
-    return findings
+    facts = describe_peft_model(model, **describe)
+    findings = evaluate_rules(facts, policy=policy) + (extra or [])
+    enforce(findings, on_violation, subject=facts.model_class, decisions=decisions)
+    return facts, findings
 
 
 def compile_peft(
@@ -80,21 +94,33 @@ def compile_peft(
     policy: Policy = "auto",
     on_violation: OnViolation = "error",
     hotswap_target_rank: int | None = None,
+    generate: GenerateMode = "eager",
+    hook_guards: bool = True,
     **compile_kwargs: Any,
 ) -> nn.Module:
     """Check a PEFT model, compile it in place, and guard the risky runtime operations.
 
     Compiling in place (regionally by default) keeps ``state_dict()`` keys free of
     ``_orig_mod.``, so ``save_pretrained``, ``load_adapter`` and ``set_adapter`` keep working and
-    checkpoints reload both ways. After compiling, the model:
+    checkpoints reload both ways. No call runs a stale graph: the compiled regions guard on
+    module hooks (PEFT adds pre-hooks for each ``adapter_names=`` call), and adapter state
+    (``set_adapter``, ``disable_adapter()``, merging, adapters added or deleted later) is guarded
+    by dynamo; ``tests/adapters/test_runtime.py`` checks each against eager, interleaved. After
+    compiling, the model:
 
+    - re-checks the rules when adapters were added or deleted since the last call;
     - refuses ``adapter_names=`` in a forward when compiled with ``fullgraph=True``;
     - warns, once, with the count and the fix when it has run in more adapter states (active
       adapters, disabled, merged, ``adapter_names``) than dynamo's ``recompile_limit``, past
       which dynamo silently runs eagerly;
     - on peft < 0.15 (or ``policy="peft-docs"``) refuses ``disable_adapter()``,
       ``merge_and_unload()``, mixed batches and a second adapter;
-    - with ``regional=False``, warns that ``generate()`` does not use the compiled graph.
+    - with ``regional=False``, warns that ``generate()`` does not use the compiled graph;
+    - with ``generate="eager"`` (the default), runs ``generate()``'s blocks eagerly and says so
+      once (rule ``generate-eager``).
+
+    What was decided, at compile time and at each later call, is kept as data:
+    :func:`get_peft_compile_record` (rule ids, verdicts, messages, evidence, adapter states).
 
     Args:
         model: the uncompiled ``PeftModel``, with every adapter you will switch between loaded.
@@ -105,6 +131,14 @@ def compile_peft(
         hotswap_target_rank: prepare LoRA adapters for compiled hotswapping before compiling
             (``peft.utils.hotswap.prepare_model_for_compiled_hotswap`` with this target rank, the
             largest rank you will swap in), so ``hotswap_adapter`` never recompiles.
+        generate: ``"eager"`` runs ``generate()`` with the compiled blocks skipped: a KV-cache
+            decode compiles about 4 graphs per layer (one per ``layer_idx`` for prefill, decode,
+            and each once more when the sequence length turns dynamic), which would exhaust
+            ``recompile_limit``. ``"compiled"`` raises the blocks' limit (for this compile only)
+            by 4 per block so generation runs compiled, at that many compiles. Regional only.
+        hook_guards: guard module hooks in the compiled regions (the fix for ``adapter_names=``
+            reusing a graph traced without PEFT's hooks). ``False`` is dynamo's default and is
+            unsafe with ``adapter_names=``; it exists to measure what the guards cost.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
             ``dynamic``, ``options``).
 
@@ -113,31 +147,47 @@ def compile_peft(
 
     Raises:
         UnsafeAdapterConfigError: see :func:`check_peft_compile_safety`.
-        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``policy`` or
-            ``on_violation``; ``NoRepeatedBlocksError`` when ``regional=True`` finds no blocks.
+        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``policy``,
+            ``on_violation`` or ``generate``; ``NoRepeatedBlocksError`` when ``regional=True``
+            finds no blocks.
 
     Example:
         >>> model = compile_peft(get_peft_model(base, LoraConfig(r=8)))  # doctest: +SKIP
         >>> model.save_pretrained("adapter")  # keys as without compile  # doctest: +SKIP
     """
+    check_choice("generate", generate, ("eager", "compiled"),
+                 hint="'eager' skips the compiled blocks in generate(); 'compiled' compiles them")
     fullgraph = bool(compile_kwargs.get("fullgraph", False))
-    findings = check_peft_compile_safety(
-        model,
-        fullgraph=fullgraph,
-        backend=compile_kwargs.get("backend", "inductor"),
-        options=compile_kwargs.get("options"),
-        policy=policy,
-        on_violation=on_violation,
+    decisions: list[Decision] = []
+    extra = [] if hook_guards else [finding(rule_by_id("hook-guards-off"), "hook_guards=False")]
+    facts, _ = _check(
+        model, fullgraph=fullgraph, backend=compile_kwargs.get("backend", "inductor"),
+        options=compile_kwargs.get("options"), policy=policy, on_violation=on_violation,
+        extra=extra, decisions=decisions,
     )
     if hotswap_target_rank is not None:
         _prepare_hotswap(model, hotswap_target_rank)
+    limit = _dynamo.recompile_limit()
+    if (regional and generate == "compiled" and "recompile_limit" not in compile_kwargs
+            and _dynamo.recompile_limit_kwarg() is not None):
+        # per compile call, never global: room for ~4 graphs per block on top of the usual limit
+        # (a torch without torch.compile(recompile_limit=) keeps the global one: the recompile-limit
+        # rule then warns when generation runs past it)
+        blocks = len(find_repeated_blocks(model).blocks)
+        limit = compile_kwargs["recompile_limit"] = limit + 4 * blocks
+    limit = int(compile_kwargs.get("recompile_limit") or limit)
     if regional:
         compile_regional(model, **compile_kwargs)
     else:
         model.compile(**compile_kwargs)
-    if not any(f.rule_id == "not-peft-model" for f in findings):
+    if facts.is_peft_model:
+        record = PeftCompileRecord(
+            regional=regional, hook_guards=hook_guards, generate=generate, recompile_limit=limit,
+            decisions=decisions, adapters=list(facts.peft_types),
+        )
         AdapterGuard(
-            model, policy=policy, fullgraph=fullgraph, regional=regional, on_violation=on_violation
+            model, policy=policy, fullgraph=fullgraph, regional=regional,
+            on_violation=on_violation, record=record, compile_kwargs=compile_kwargs,
         ).install()
     return model
 

@@ -15,6 +15,7 @@ from packaging.version import Version
 from .._checks import check_choice
 from .._compat import version_at_least
 from ..errors import UnsafeAdapterConfigError
+from .record import Decision, Stage
 from .rule_table import RULES
 from .schema import (
     ON_VIOLATION,
@@ -158,9 +159,26 @@ def enforce(
     *,
     subject: str,
     stacklevel: int = 3,
+    decisions: list[Decision] | None = None,
+    stage: Stage = "compile",
+    operation: str = "compile_peft",
 ) -> None:
-    """Raise, warn or stay quiet about ``findings`` as ``on_violation`` says."""
+    """Raise, warn or stay quiet about ``findings`` as ``on_violation`` says.
+
+    With ``decisions``, what was done about each finding is appended to it first (a
+    :class:`~.record.Decision`), so the record holds refusals too.
+    """
     findings = list(findings)
+    if decisions is not None:
+        for f in findings:
+            verdict = (
+                "ignored"
+                if on_violation == "ignore"
+                else "refused"
+                if f.severity == "refuse" and on_violation == "error"
+                else "warned"
+            )
+            decisions.append(Decision.of(f, verdict=verdict, stage=stage, operation=operation))
     if on_violation == "ignore":
         return
     refusals = [f for f in findings if f.severity == "refuse"]

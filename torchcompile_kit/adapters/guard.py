@@ -1,19 +1,44 @@
-"""Runtime checks on a compiled PEFT model: the operations that are only safe in some contexts."""
+"""Runtime checks on a compiled PEFT model: no stale graph, and the operations only safe in some contexts.
+
+What changes a PEFT model between calls, and what keeps each change from running a stale graph:
+
+- **hooks added per call** (``adapter_names=``: PEFT registers a forward pre-hook on every LoRA
+  layer for the call and removes it after): dynamo does not guard hook dicts by default, so every
+  compiled region is wrapped to compile with hook guards on (``_dynamo.with_module_hook_guards``);
+- **attributes read in forward** (``set_adapter``, ``disable_adapter()``, merge/unmerge, adapters
+  added, deleted or weighted after compiling): dynamo guards module attributes and dict keys since
+  torch 2.5 (inlined ``nn.Module``), so these recompile once per state;
+- **``requires_grad`` flips** (``set_adapter``/``disable_adapter`` freeze and unfreeze adapter
+  weights): part of each parameter's tensor guard;
+- **weights changed in place** (hotswap, a training step, merging): graph inputs, read afresh
+  (except under inductor ``freezing``, refused with training).
+
+``tests/adapters/test_runtime.py`` runs each of them interleaved with plain forwards, a training
+step and ``generate()`` against eager. What this guard decides is recorded in the model's
+:class:`~.record.PeftCompileRecord`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import torch
 from torch import nn
 
 from .. import _dynamo
+from .._compat import has_set_stance
 from ..regional import register_undo
-from .evaluation import enforce, finding, rule_by_id, rule_in_force
+from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
+from .facts import describe_peft_model
+from .record import RECORD_ATTR, PeftCompileRecord
 from .schema import OnViolation, Policy, SafetyFinding
 
 __all__ = ["GUARD_ATTR", "AdapterGuard"]
 
 GUARD_ATTR = "_torchcompile_kit_adapter_guard"
+# re-checked when adapters change after compiling; "already-compiled" is true by then
+_NOT_RECHECKED = frozenset({"already-compiled", "not-peft-model"})
 
 
 class AdapterGuard:
@@ -32,6 +57,8 @@ class AdapterGuard:
         fullgraph: bool,
         regional: bool,
         on_violation: OnViolation,
+        record: PeftCompileRecord,
+        compile_kwargs: dict[str, Any],
     ) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -40,39 +67,49 @@ class AdapterGuard:
         self.fullgraph = fullgraph
         self.regional = regional
         self.on_violation = on_violation
+        self.record = record
+        self.compile_kwargs = compile_kwargs
         # one adapter layer stands for all: set_adapter/disable/merge act on every layer alike
         self.probe = next((m for m in model.modules() if isinstance(m, BaseTunerLayer)), None)
-        self.states: set[tuple[Any, ...]] = set()
         self.warned: set[str] = set()
         self.originals: dict[str, Any] = {}
         self.compiled_call: Any = None
         self.hook: Any = None
+        self.adapters = self._adapter_key()
+        self.known = {(d.rule_id, d.message) for d in record.decisions}
 
     def install(self) -> None:
         model = self.model
         setattr(model, GUARD_ATTR, self)
+        setattr(model, RECORD_ATTR, self.record)
         if self.regional:
+            if self.record.hook_guards:
+                for name in _dynamo.compiled_module_names(model):
+                    module = model.get_submodule(name)
+                    call = _dynamo.get_compiled_call(module)
+                    _dynamo.set_compiled_call(module, _dynamo.with_module_hook_guards(call))
             # the PeftModel's own forward stays eager: a pre-hook runs in Python on every call
             self.hook = model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
         else:
             # a pre-hook would be traced by dynamo (it runs inside the compiled _call_impl), so
             # the check goes in front of the compiled call instead
-            self.compiled_call = _dynamo.get_compiled_call(model)
+            call = _dynamo.get_compiled_call(model)
+            self.compiled_call = _dynamo.with_module_hook_guards(call) if self.record.hook_guards else call
             _dynamo.set_compiled_call(model, self.call_compiled)
-        methods = ["disable_adapter", "merge_and_unload"] + ([] if self.regional else ["generate"])
-        for name in methods:
+        for name in ("disable_adapter", "merge_and_unload", "generate"):
             if hasattr(model, name):
                 self.originals[name] = getattr(model, name)
                 setattr(model, name, getattr(self, name))
         register_undo(model, self.uninstall)
 
     def uninstall(self) -> None:
-        """Remove the checks (run by ``uncompile``, after the compiled call is gone)."""
+        """Remove the checks (run by ``uncompile``, after the compiled calls are gone)."""
         if self.hook is not None:
             self.hook.remove()
         for name in self.originals:
             self.model.__dict__.pop(name, None)  # the class's own method shows again
         self.model.__dict__.pop(GUARD_ATTR, None)
+        self.model.__dict__.pop(RECORD_ATTR, None)
 
     # forward --------------------------------------------------------------------------------
 
@@ -83,7 +120,7 @@ class AdapterGuard:
         self.check_forward(kwargs)
         return self.compiled_call(*args, **kwargs)
 
-    def check_forward(self, kwargs: dict[str, Any]) -> None:
+    def check_forward(self, kwargs: dict[str, Any], operation: str = "forward") -> None:
         found = []
         adapter_names = kwargs.get("adapter_names")
         if adapter_names is not None:
@@ -91,23 +128,47 @@ class AdapterGuard:
             if self.fullgraph:
                 found.append(finding(rule_by_id("mixed-batch-fullgraph"), shown))
             found += self._legacy("legacy-mixed-batch", shown)
-        adapters = list(getattr(self.model, "peft_config", {}))
-        if len(adapters) > 1:
-            found += self._legacy("legacy-multiple-adapters", repr(adapters))
-        self.states.add(self._state(adapter_names))
-        limit = _dynamo.recompile_limit()
-        if len(self.states) > limit and "recompile-limit" not in self.warned:
+        adapters = self._adapter_key()
+        if adapters != self.adapters:
+            found += self._recheck()
+        state = self._state(adapter_names)
+        if state not in self.record.adapter_states:
+            self.record.adapter_states.append(state)
+        states, limit = len(self.record.adapter_states), self.record.recompile_limit
+        if states > limit and "recompile-limit" not in self.warned:
             self.warned.add("recompile-limit")
-            detail = f"{len(self.states)} distinct adapter states (recompile_limit={limit})"
+            detail = f"{states} distinct adapter states (recompile_limit={limit})"
             found.append(finding(rule_by_id("recompile-limit"), detail))
-        enforce(found, self.on_violation, subject=type(self.model).__name__)
+        self._enforce(found, operation)
+        self.adapters = adapters  # only once nothing was refused: a refusal repeats until fixed
+
+    def _recheck(self) -> list[SafetyFinding]:
+        """The static rules again, for adapters added or deleted after compiling."""
+        facts = describe_peft_model(
+            self.model,
+            fullgraph=self.fullgraph,
+            backend=self.compile_kwargs.get("backend", "inductor"),
+            options=self.compile_kwargs.get("options"),
+        )
+        self.record.adapters = list(facts.peft_types)
+        found = [f for f in evaluate_rules(facts, policy=self.policy) if f.rule_id not in _NOT_RECHECKED]
+        return [f for f in found if (f.rule_id, f.message) not in self.known or f.severity == "refuse"]
+
+    def _enforce(self, found: list[SafetyFinding], operation: str, stacklevel: int = 4) -> None:
+        self.known |= {(f.rule_id, f.message) for f in found}
+        enforce(found, self.on_violation, subject=type(self.model).__name__, stacklevel=stacklevel,
+                decisions=self.record.decisions, stage="runtime", operation=operation)
+
+    def _adapter_key(self) -> tuple[tuple[str, int], ...]:
+        return tuple((name, id(config)) for name, config in getattr(self.model, "peft_config", {}).items())
 
     def _state(self, adapter_names: Any) -> tuple[Any, ...]:
         names = tuple(adapter_names) if adapter_names is not None else None
+        grad = torch.is_grad_enabled()
         if self.probe is None:
-            return (names,)
+            return (names, grad)
         probe = self.probe
-        return (tuple(probe.active_adapters), probe.disable_adapters, probe.merged, names)
+        return (tuple(probe.active_adapters), probe.disable_adapters, probe.merged, names, grad)
 
     def _legacy(self, rule_id: str, detail: str) -> list[SafetyFinding]:
         rule = rule_by_id(rule_id)
@@ -116,12 +177,8 @@ class AdapterGuard:
     # wrapped methods ------------------------------------------------------------------------
 
     def _checked_call(self, method: str, rule_id: str, *args: Any, **kwargs: Any) -> Any:
-        enforce(
-            self._legacy(rule_id, f"{method}()"),
-            self.on_violation,
-            subject=type(self.model).__name__,
-            stacklevel=4,  # past this helper and the wrapper, to the user's call
-        )
+        # stacklevel: past enforce, this helper and the wrapper, to the user's call
+        self._enforce(self._legacy(rule_id, f"{method}()"), method, stacklevel=5)
         return self.originals[method](*args, **kwargs)
 
     def disable_adapter(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,12 +188,23 @@ class AdapterGuard:
         return self._checked_call("merge_and_unload", "legacy-merge-and-unload", *args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if "generate-uncompiled" not in self.warned:
+        found = []
+        if not self.regional and "generate-uncompiled" not in self.warned:
             self.warned.add("generate-uncompiled")
             detail = f"a whole-model compiled {type(self.model).__name__}"
-            enforce(
-                [finding(rule_by_id("generate-uncompiled"), detail)],
-                self.on_violation,
-                subject=type(self.model).__name__,
-            )
-        return self.originals["generate"](*args, **kwargs)
+            found.append(finding(rule_by_id("generate-uncompiled"), detail))
+        eager = self.regional and self.record.generate == "eager" and has_set_stance()
+        if eager and "generate-eager" not in self.warned:
+            self.warned.add("generate-eager")
+            found.append(finding(rule_by_id("generate-eager"), f"recompile_limit={self.record.recompile_limit}"))
+        if kwargs.get("adapter_names") is not None and self.fullgraph:
+            found.append(finding(rule_by_id("mixed-batch-fullgraph"), repr(list(kwargs["adapter_names"])[:6])))
+        adapters = self._adapter_key()  # generate() calls the base model: no forward pre-hook
+        if adapters != self.adapters:
+            found += self._recheck()
+        self._enforce(found, "generate")
+        self.adapters = adapters
+        # the blocks' compiled calls are skipped, not dropped: forwards stay compiled after it
+        stance = torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()
+        with stance:
+            return self.originals["generate"](*args, **kwargs)

@@ -24,6 +24,7 @@ def _if(condition: bool, detail: str) -> str | None:
 
 
 _TEST = "tests/adapters/test_compile.py"
+_RUNTIME_TEST = "tests/adapters/test_runtime.py"
 _SEED_EVIDENCE = (
     "peft docs (torch_compile.md before v0.15) and xfail(strict=True) in peft "
     "tests/test_torch_compile.py, added in huggingface/peft#1725 (v0.12), removed in #2332 (v0.15)"
@@ -58,7 +59,9 @@ RULES: tuple[AdapterRule, ...] = (
         evidence=f"{_TEST}::test_already_compiled_model_is_refused_both_ways; peft hotswap.py check_compiled",
         message="the model is already compiled ({detail}); compiling again stacks compilers and hides "
         "which settings apply. Pass the uncompiled model (model._orig_mod, or "
-        "torchcompile_kit.uncompile(model)) and compile it once with compile_peft.",
+        "torchcompile_kit.uncompile(model)) and compile it once with compile_peft. After "
+        "compile_peft, an adapter added later needs no refresh: the compiled blocks pick it up on "
+        "first use (one recompile); to change settings, compile_peft(uncompile(model), ...).",
         check=lambda f: _if(bool(f.compiled_modules), _names(f.compiled_modules)),
     ),
     # --- the seed guide's seven items: broken before peft 0.15 ---------------------------------
@@ -296,6 +299,30 @@ RULES: tuple[AdapterRule, ...] = (
         "recompile_limit of them, so later states run eagerly without an error. Load all adapters "
         "before compile_peft and hotswap them (compile_peft(..., hotswap_target_rank=r)), bucket "
         "batches by adapter, or raise torch._dynamo.config.recompile_limit.",
+    ),
+    AdapterRule(
+        id="generate-eager",
+        severity="warn",
+        condition="generate() on a regionally compiled model with compile_peft(generate='eager')",
+        evidence=f"{_RUNTIME_TEST}::test_generate_runs_eagerly_and_says_so, "
+        "test_generate_compiled_stays_within_its_limit (a 4-layer OPT: 16 block graphs for two "
+        "generate() calls, over the default recompile_limit of 8)",
+        message="generate() runs the compiled blocks eagerly ({detail}): with a KV cache every layer "
+        "compiles its own graphs (transformers indexes the cache with the block's layer_idx; prefill "
+        "and decode shapes differ), about 4 per layer, which would exhaust the recompile limit and "
+        "crowd out the training graphs. Forwards stay compiled. To compile generation too, pass "
+        "compile_peft(..., generate='compiled'): the blocks' limit is raised for it, at the cost of "
+        "about 4 compiles per layer.",
+    ),
+    AdapterRule(
+        id="hook-guards-off",
+        severity="warn",
+        condition="compile_peft(..., hook_guards=False)",
+        evidence=f"{_RUNTIME_TEST}::test_issue_sequence_is_not_ok_with_hook_guards_off (max |diff| "
+        "0.37 after a plain forward then an adapter_names= forward)",
+        message="hook guards are off ({detail}): a forward with adapter_names= after an ordinary one "
+        "(or the reverse) reuses the other's compiled graph and is silently wrong. Use it only to "
+        "measure what the guards cost; leave hook_guards=True otherwise.",
     ),
     AdapterRule(
         id="generate-uncompiled",

@@ -1,0 +1,137 @@
+"""What ``compile_peft`` and its runtime guard decided, as data (no warning text to parse).
+
+:class:`PeftCompileRecord` is kept on the compiled model (:func:`get_peft_compile_record`): how it
+was compiled, every rule that fired (at compile time and at each later call) with what was done
+about it, and the adapter states it has run in. Its measured side comes from a
+:class:`~torchcompile_kit.CompileMonitor`, as for a regional plan (:meth:`PeftCompileRecord.report`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from torch import nn
+
+from ..regional import get_regional_plan
+from .schema import SafetyFinding
+
+if TYPE_CHECKING:
+    from ..diagnostics import CompileMonitor
+
+__all__ = ["RECORD_ATTR", "Decision", "PeftCompileRecord", "get_peft_compile_record"]
+
+RECORD_ATTR = "_torchcompile_kit_peft_record"
+
+Verdict = Literal["refused", "warned", "ignored"]
+Stage = Literal["compile", "runtime"]
+GenerateMode = Literal["eager", "compiled"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Decision:
+    """One rule that fired and what was done about it."""
+
+    rule_id: str
+    """The rule's id (``"mixed-batch-fullgraph"``); the table is ``torchcompile_kit.adapters.RULES``."""
+    severity: Literal["refuse", "warn"]
+    """What the rule asks for."""
+    verdict: Verdict
+    """What was done: ``"refused"`` (raised), ``"warned"`` or ``"ignored"`` (``on_violation``)."""
+    stage: Stage
+    """``"compile"`` (``compile_peft``) or ``"runtime"`` (a call of the compiled model)."""
+    operation: str
+    """What triggered it: ``"compile_peft"``, ``"forward"``, ``"generate"``, ``"disable_adapter"``..."""
+    message: str
+    """The rule's message with the triggering detail."""
+    evidence: str
+    """The test or upstream issue behind the rule."""
+
+    @classmethod
+    def of(cls, finding: SafetyFinding, *, verdict: Verdict, stage: Stage, operation: str) -> Decision:
+        """The decision taken on ``finding``."""
+        return cls(rule_id=finding.rule_id, severity=finding.severity, verdict=verdict, stage=stage,
+                   operation=operation, message=finding.message, evidence=finding.evidence)
+
+
+@dataclass(kw_only=True, slots=True)
+class PeftCompileRecord:
+    """How a PEFT model was compiled and everything its checks decided since.
+
+    Example:
+        >>> model = compile_peft(peft_model, backend="aot_eager")  # doctest: +SKIP
+        >>> record = get_peft_compile_record(model)  # doctest: +SKIP
+        >>> record.verdict, [d.rule_id for d in record.decisions]  # doctest: +SKIP
+        ('ok', [])
+    """
+
+    regional: bool
+    """Blocks compiled one by one (``True``) or the whole ``PeftModel`` (``False``)."""
+    hook_guards: bool
+    """Dynamo guards the module hook dicts inside the compiled regions (the ``adapter_names=``
+    fix); ``False`` only when ``compile_peft(..., hook_guards=False)`` asked for it."""
+    generate: GenerateMode
+    """How ``generate()`` runs the blocks: ``"eager"`` or ``"compiled"``."""
+    recompile_limit: int
+    """Graphs dynamo keeps per compiled region before it runs it eagerly."""
+    decisions: list[Decision] = field(default_factory=list)
+    """Every rule that fired, in order, at compile time and at run time."""
+    adapter_states: list[tuple[Any, ...]] = field(default_factory=list)
+    """The distinct states the model ran in: (active adapters, disabled, merged, adapter_names,
+    training)."""
+    adapters: list[str] = field(default_factory=list)
+    """The adapters loaded when the rules were last checked (compile time, or the first call
+    after one was added or deleted)."""
+
+    @property
+    def verdict(self) -> Literal["refused", "warned", "ok"]:
+        """``"refused"`` if anything was refused, else ``"warned"`` if anything warned, else ``"ok"``."""
+        verdicts = {d.verdict for d in self.decisions}
+        return "refused" if "refused" in verdicts else "warned" if "warned" in verdicts else "ok"
+
+    @property
+    def rule_ids(self) -> list[str]:
+        """The ids of :attr:`decisions`, in order."""
+        return [d.rule_id for d in self.decisions]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain, JSON-able data (``verdict`` included)."""
+        data = asdict(self)
+        data["adapter_states"] = [list(map(_plain, state)) for state in self.adapter_states]
+        data["verdict"] = self.verdict
+        return data
+
+    def report(self, model: nn.Module, monitor: CompileMonitor) -> Any:
+        """The measured side: what the compiled blocks did under ``monitor``.
+
+        Args:
+            model: the model this record belongs to.
+            monitor: a :class:`~torchcompile_kit.CompileMonitor` that recorded while it ran.
+
+        Returns:
+            The regional plan's report (graphs, recompiles with their guard, breaks and
+            recompile-limit hits per block group), or the monitor's own snapshot for a
+            whole-model compile.
+
+        Example:
+            >>> with CompileMonitor() as mon:  # doctest: +SKIP
+            ...     model(**batch)
+            >>> print(get_peft_compile_record(model).report(model, mon))  # doctest: +SKIP
+            OPTDecoderLayer (2 blocks): 1 graph(s) (predicted 1), 0 recompiles, ...  ok
+        """
+        plan = get_regional_plan(model)
+        return plan.report(monitor) if plan is not None and self.regional else monitor.snapshot()
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def get_peft_compile_record(model: nn.Module) -> PeftCompileRecord | None:
+    """The :class:`PeftCompileRecord` of a model compiled by ``compile_peft``, else ``None``.
+
+    Example:
+        >>> get_peft_compile_record(compile_peft(model)).verdict  # doctest: +SKIP
+        'ok'
+    """
+    return getattr(model, RECORD_ATTR, None)
