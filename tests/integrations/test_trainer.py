@@ -1,0 +1,169 @@
+"""HF Trainer with CompileTrainer: trains, resumes with clean keys, 0 recompiles, logs figures."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import tiny_models
+import torch
+from safetensors.torch import load_file
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from torchcompile_kit import (
+    BucketBatchSampler,
+    PadToBucketCollator,
+    UnsupportedOptimizerError,
+    compile_regional,
+)
+from torchcompile_kit.integrations import CompileTrainer
+
+transformers = pytest.importorskip("transformers")
+
+BUCKETS = [8, 16, 32]
+
+
+def lm_dataset(n: int = 16, *, seed: int = 0) -> tuple[list[dict], list[int]]:
+    """A period-4 token cycle (quick to learn) at random phases and lengths, plus a column the
+    model does not take."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 31, (n,), generator=gen).tolist()
+    starts = torch.randint(0, 4, (n,), generator=gen).tolist()
+    rows = []
+    for start, length in zip(starts, lengths):
+        ids = [3 + (start + i) % 4 for i in range(length)]
+        rows.append({"input_ids": ids, "labels": ids, "text": f"row from {start}"})
+    return rows, lengths
+
+
+def training_args(tmp_path: Path, **overrides) -> transformers.TrainingArguments:
+    values = {
+        "output_dir": str(tmp_path),
+        "per_device_train_batch_size": 4,
+        "num_train_epochs": 2,
+        "learning_rate": 0.3,
+        "optim": "sgd",  # compiles in a fraction of AdamW's time; AdamW is tested in tests/optim
+        "lr_scheduler_type": "linear",
+        "logging_steps": 1,
+        "save_strategy": "epoch",
+        "report_to": [],
+        "use_cpu": True,
+        "seed": 0,
+        "disable_tqdm": True,
+    }
+    values.update(overrides)
+    return transformers.TrainingArguments(**values)
+
+
+class _FramesPerEpoch(transformers.TrainerCallback):
+    """Records the block counter's frame count at the end of each epoch."""
+
+    def __init__(self, counter: CompileCounterWithBackend) -> None:
+        self.counter = counter
+        self.frames: list[int] = []
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.frames.append(self.counter.frame_count)
+
+
+def make_trainer(tmp_path: Path, **arg_overrides):
+    rows, lengths = lm_dataset()
+    counter = CompileCounterWithBackend("aot_eager")
+    model = compile_regional(tiny_models.gpt2(), backend=counter)
+    frames = _FramesPerEpoch(counter)
+    args = training_args(tmp_path, **arg_overrides)
+    trainer = CompileTrainer(
+        model=model,
+        args=args,
+        train_dataset=rows,
+        data_collator=PadToBucketCollator(buckets=BUCKETS),
+        train_batch_sampler=BucketBatchSampler(lengths, BUCKETS, batch_size=4, seed=1),
+        compile_optimizer_kwargs={"backend": "eager"},  # wiring: dynamo traces, no AOT
+        callbacks=[frames],
+    )
+    return trainer, frames
+
+
+class _LogConsumer(transformers.TrainerCallback):
+    """A log consumer like a report_to integration: keeps what on_log receives."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.rows.append(dict(logs))
+
+
+def test_trainer_trains_resumes_clean_keys_no_recompiles(tmp_path):
+    trainer, frames = make_trainer(tmp_path)
+    consumer = _LogConsumer()
+    trainer.add_callback(consumer)
+    trainer.train()
+
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    assert len(losses) == len(trainer.get_train_dataloader()) * 2
+    half = len(losses) // 2
+    assert sum(losses[half:]) / half < 0.7 * sum(losses[:half]) / half, losses
+    # every bucket shape was met in epoch 1: epoch 2 compiles nothing
+    assert frames.frames[0] >= 1
+    assert frames.frames == [frames.frames[0]] * 2, frames.frames
+    assert trainer.train_batch_sampler.epoch == 1  # Trainer's set_epoch reached the sampler
+    assert getattr(trainer.optimizer.optimizer.step, "_torchcompile_kit_impl", None) == "step"
+
+    # the monitor's figures reach log_history and every consumer's on_log
+    for row in [*trainer.state.log_history, *consumer.rows]:
+        assert {"compile/graphs", "compile/recompiles", "compile/graph_breaks"} <= set(row)
+    last = trainer.state.log_history[-1]
+    assert last["compile/graphs"] >= 1 and last["compile/recompile_limit_hits"] == 0
+    steps_per_epoch = len(losses) // 2
+    assert trainer.state.log_history[steps_per_epoch]["compile/frames"] == last["compile/frames"]
+
+    checkpoints = sorted(tmp_path.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert len(checkpoints) == 2
+    keys = load_file(str(checkpoints[-1] / "model.safetensors")).keys()
+    assert keys and not [k for k in keys if "_orig_mod" in k]
+    # the compiled optimizer saved plain floats: a plain torch AdamW could load it
+    saved = torch.load(checkpoints[-1] / "optimizer.pt", weights_only=True)
+    assert all(type(g["lr"]) is float for g in saved["param_groups"])
+
+    # resume from the epoch-1 checkpoint in a fresh trainer: it trains the last epoch only
+    resumed, _ = make_trainer(tmp_path)
+    resumed.train(resume_from_checkpoint=str(checkpoints[0]))
+    assert resumed.state.global_step == trainer.state.global_step
+    for (name, a), b in zip(
+        trainer.model.state_dict().items(), resumed.model.state_dict().values()
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_trainer_loader_keeps_trainer_behaviour(tmp_path):
+    trainer, _ = make_trainer(tmp_path)
+    loader = trainer.get_train_dataloader()
+    worker_init = (
+        loader.base_dataloader.worker_init_fn
+        if hasattr(loader, "base_dataloader")
+        else loader.worker_init_fn
+    )
+    assert isinstance(worker_init, functools.partial)
+    assert worker_init.func is transformers.trainer_utils.seed_worker
+    batch = next(iter(loader))
+    assert "text" not in batch  # unused column removed, as Trainer's own loader does
+    assert batch["input_ids"].shape[1] in BUCKETS
+
+
+def test_trainer_refuses_whole_model_compile(tmp_path):
+    model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
+    args = training_args(tmp_path, torch_compile=True, torch_compile_backend="aot_eager")
+    with pytest.raises(ValueError, match="torch_compile=False"):
+        CompileTrainer(model=model, args=args, train_dataset=lm_dataset()[0])
+
+
+def test_trainer_fused_default_optimizer_names_the_fix(tmp_path):
+    model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
+    args = training_args(tmp_path, optim="adamw_torch_fused")
+    trainer = CompileTrainer(
+        model=model, args=args, train_dataset=lm_dataset()[0], compile_optimizer_kwargs={}
+    )
+    with pytest.raises(UnsupportedOptimizerError, match='optim="adamw_torch"'):
+        trainer.create_optimizer()

@@ -1,0 +1,214 @@
+"""HF ``Trainer`` with a regionally compiled model: bucket loader, compiled optimizer, compile logs.
+
+``Trainer(model=compile_regional(model))`` already trains, saves clean keys and resumes. What
+this adds is a mixin, :class:`CompileTrainerMixin` (``CompileTrainer`` is the mixin on
+``transformers.Trainer``), because every piece needs a ``Trainer`` method, not a callback:
+
+* the train loader (``get_train_dataloader``, the documented override): a
+  :class:`~torchcompile_kit.BucketBatchSampler` as ``batch_sampler``, keeping what Trainer's own
+  loader does (unused columns removed, workers seeded, ``set_epoch`` each epoch) and sharded
+  exactly once under several processes. Returning a batch sampler from ``_get_train_sampler``
+  crashes (Trainer passes it as ``sampler=``), and ``group_by_length`` is gone in transformers 5;
+* the optimizer (``create_optimizer``): :func:`~torchcompile_kit.compile_optimizer` on Trainer's
+  own optimizer, driven by Trainer's own scheduler;
+* the compile figures (``log``): ``Trainer.log`` appends to ``log_history`` and then calls every
+  callback, ``report_to`` integrations first, so keys added in a callback's ``on_log`` reach
+  neither; overriding ``log`` reaches every consumer;
+* ``TrainingArguments(torch_compile=True)`` is refused at construction: accelerate would
+  ``torch.compile`` the whole model and the blocks' own graphs would never run.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .. import _dynamo
+from ..diagnostics import CompileMonitor
+from ..errors import BatchShapeError
+from ..optim import compile_optimizer
+from ..regional import get_regional_plan
+from ..shapes import BucketBatchSampler
+from .accelerate import check_sharding, shard_once
+
+__all__ = ["CompileTrainerMixin"]  # and CompileTrainer, built on first access (__getattr__)
+
+_LOG_PREFIX = "compile/"
+
+
+class CompileTrainerMixin:
+    """Mix into ``transformers.Trainer`` (first base) for bucketed, compiled, observed training.
+
+    Args:
+        *args: passed to ``Trainer``.
+        train_batch_sampler: a :class:`~torchcompile_kit.BucketBatchSampler` over
+            ``train_dataset`` (build it after ``TrainingArguments`` so ``num_replicas=None``
+            sees the processes); pair it with ``data_collator=PadToBucketCollator(...)``.
+            ``None``: Trainer's own loader.
+        compile_optimizer_kwargs: ``None`` leaves the optimizer alone; a dict (``{}`` or
+            ``{"backend": "inductor"}``) compiles Trainer's optimizer with
+            :func:`~torchcompile_kit.compile_optimizer` (needs ``optim="adamw_torch"``: the
+            default ``adamw_torch_fused`` is already one kernel).
+        compile_monitor: log ``compile/graphs``, ``compile/recompiles``, ... (the figures of
+            ``torchcompile_kit.diagnostics.CompileMonitor``, counted while ``train`` runs) with
+            every log; ``False`` to skip.
+        **kwargs: passed to ``Trainer``.
+
+    Raises:
+        ValueError: ``args.torch_compile`` is set and the model is regionally compiled.
+        BatchShapeError: ``train_batch_sampler`` is not a ``BucketBatchSampler`` or was built
+            for another number of processes.
+
+    Example:
+        >>> class MyTrainer(CompileTrainerMixin, Trainer): ...  # doctest: +SKIP
+        >>> trainer = CompileTrainer(model=compile_regional(model), args=args,
+        ...     train_dataset=ds, data_collator=PadToBucketCollator(buckets=buckets),
+        ...     train_batch_sampler=BucketBatchSampler(lengths, buckets, batch_size=8),
+        ...     compile_optimizer_kwargs={})  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        train_batch_sampler: BucketBatchSampler | None = None,
+        compile_optimizer_kwargs: dict[str, Any] | None = None,
+        compile_monitor: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        _refuse_whole_model_compile(self.args, self.model)
+        if train_batch_sampler is not None:
+            if not isinstance(train_batch_sampler, BucketBatchSampler):
+                raise BatchShapeError(
+                    f"train_batch_sampler must be a BucketBatchSampler, got "
+                    f"{type(train_batch_sampler).__name__!r}; for another sampler override "
+                    "get_train_dataloader"
+                )
+            check_sharding(train_batch_sampler, self.args.world_size)
+        self.train_batch_sampler = train_batch_sampler
+        self.compile_optimizer_kwargs = compile_optimizer_kwargs
+        self._compiled_optimizer: Any = None
+        self._monitor = CompileMonitor() if compile_monitor else None
+
+    # -- data ------------------------------------------------------------------------------
+
+    def get_train_dataloader(self) -> Any:
+        """Trainer's train loader with the bucket sampler as ``batch_sampler`` (if one was given).
+
+        Returns:
+            The loader, prepared by Trainer's accelerator.
+        """
+        if self.train_batch_sampler is None:
+            return super().get_train_dataloader()
+        from torch.utils.data import DataLoader
+        from transformers.trainer_utils import seed_worker
+        from transformers.utils import is_datasets_available
+
+        dataset, collator = self.train_dataset, self.data_collator
+        # Trainer._get_dataloader's column handling, which it keeps private
+        if is_datasets_available():
+            import datasets
+
+            if isinstance(dataset, datasets.Dataset):
+                dataset = self._remove_unused_columns(dataset, description="Training")
+            else:
+                collator = self._get_collator_with_removed_columns(collator, "Training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, "Training")
+        args = self.args
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.train_batch_sampler,
+            collate_fn=collator,
+            num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor,
+            multiprocessing_context=args.dataloader_multiprocessing_context,
+            in_order=args.dataloader_in_order,
+            worker_init_fn=functools.partial(
+                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+            ),
+        )
+        return shard_once(self.accelerator.prepare(loader), self.train_batch_sampler)
+
+    # -- optimizer -------------------------------------------------------------------------
+
+    def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        """Trainer's optimizer, compiled with ``compile_optimizer_kwargs`` (once).
+
+        Returns:
+            The optimizer (the same object Trainer built).
+
+        Raises:
+            UnsupportedOptimizerError: the optimizer cannot be compiled (the message names the
+                ``TrainingArguments(optim=...)`` fix).
+        """
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.compile_optimizer_kwargs is not None and optimizer is not self._compiled_optimizer:
+            compile_optimizer(optimizer, **self.compile_optimizer_kwargs)
+            self._compiled_optimizer = optimizer
+        return optimizer
+
+    # -- observation -----------------------------------------------------------------------
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train`` with the compile monitor running (when enabled).
+
+        Returns:
+            Trainer's ``TrainOutput``.
+        """
+        if self._monitor is None:
+            return super().train(*args, **kwargs)
+        self._monitor.start()
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._monitor.stop()
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Add the compile figures to ``logs``, then log as Trainer does (every consumer sees them).
+
+        Args:
+            logs: the values to log.
+            *args: passed on (``start_time``).
+            **kwargs: passed on.
+        """
+        if self._monitor is not None:
+            for key, value in self._monitor.snapshot().items():
+                if isinstance(value, (int, float)):
+                    logs[_LOG_PREFIX + key] = value
+        super().log(logs, *args, **kwargs)
+
+
+def _refuse_whole_model_compile(args: Any, model: Any) -> None:
+    if not getattr(args, "torch_compile", False) or model is None:
+        return
+    if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
+        raise ValueError(
+            f"TrainingArguments(torch_compile=True) on a regionally compiled "
+            f"{type(model).__name__}: accelerate would torch.compile the whole model and the "
+            "blocks' own graphs would never run (more graphs, graph breaks, slower). Pass "
+            "TrainingArguments(torch_compile=False) and keep compile_regional(model, ...) "
+            "(put torch_compile_backend/mode into compile_regional's keyword arguments)."
+        )
+
+
+def __getattr__(name: str) -> Any:
+    # CompileTrainer subclasses transformers.Trainer: built on first use, so importing this
+    # module does not import transformers.
+    if name == "CompileTrainer":
+        from transformers import Trainer
+
+        cls = type(
+            "CompileTrainer",
+            (CompileTrainerMixin, Trainer),
+            {
+                "__doc__": "``transformers.Trainer`` with :class:`CompileTrainerMixin`.",
+                "__module__": __name__,
+            },
+        )
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
