@@ -18,6 +18,7 @@ from torchcompile_kit import (
     BucketBatchSampler,
     PadToBucketCollator,
     SequenceTooLongError,
+    expected_padding,
     no_recompiles,
     pad_to_bucket,
     plan_buckets,
@@ -427,6 +428,110 @@ def test_sampler_and_collator_drive_a_dataloader():
         tokens += int(batch["attention_mask"].sum())
     assert seen <= set(sampler.batch_shapes())
     assert tokens == sum(lengths)
+
+
+# ---------------------------------------------------------------- plans that know the batch
+
+
+def sampler_tokens(lengths, buckets, batch_size, *, drop_last=False, max_tokens=None):
+    """(computed, real) tokens of the batches BucketBatchSampler really yields."""
+    sampler = BucketBatchSampler(
+        lengths, buckets, batch_size, drop_last=drop_last, max_tokens=max_tokens, seed=5
+    )
+    computed = real = 0
+    for batch in sampler:
+        computed += len(batch) * bucket_of(max(lengths[i] for i in batch), buckets)
+        real += sum(lengths[i] for i in batch)
+    return computed, real
+
+
+@PROPERTY
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    k=st.integers(1, 4),
+    batch_size=st.integers(1, 7),
+    max_tokens=st.none() | st.integers(1, 80),
+)
+def test_expected_padding_is_what_the_sampler_batches_give(lengths, k, batch_size, max_tokens):
+    buckets = plan_buckets(lengths, max_buckets=k, multiple_of=4)
+    computed, real = sampler_tokens(lengths, buckets, batch_size, max_tokens=max_tokens)
+    predicted = expected_padding(lengths, buckets, batch_size=batch_size, max_tokens=max_tokens)
+    assert predicted == pytest.approx(1 - real / computed, abs=1e-12)
+
+
+@PROPERTY
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=40),
+    k=st.integers(1, 4),
+    batch_size=st.integers(1, 6),
+    multiple_of=st.sampled_from([1, 4, 8]),
+)
+def test_batch_aware_plan_is_optimal_for_the_sampler_batches(lengths, k, batch_size, multiple_of):
+    buckets = plan_buckets(lengths, max_buckets=k, multiple_of=multiple_of, batch_size=batch_size)
+    assert 1 <= len(buckets) <= k and buckets == sorted(set(buckets))
+    assert buckets[-1] >= max(lengths)
+    top = -(-max(lengths) // multiple_of) * multiple_of
+    inner = range(multiple_of, top, multiple_of)
+    least = min(
+        sampler_tokens(lengths, [*chosen, top], batch_size)[0]
+        for size in range(k)
+        for chosen in itertools.combinations(inner, size)
+    )
+    assert sampler_tokens(lengths, buckets, batch_size)[0] == least
+
+
+def test_batch_size_one_plans_as_per_sample():
+    lengths = seed_lengths(3000, seed=2)
+    for k in (2, 5, 8):
+        assert plan_buckets(lengths, max_buckets=k, batch_size=1) == plan_buckets(
+            lengths, max_buckets=k
+        )
+
+
+def test_seed_mix_batches_pad_as_planned():
+    """Issue 13: at batch 64, multiple_of=8, the batches' padding is the plan's (±0.5 pt)."""
+    lengths = seed_lengths(19200)  # the shapes bench's epoch: 300 batches of 64
+    per_sample = plan_buckets(lengths, max_buckets=8, max_length=256)
+    aware = plan_buckets(lengths, max_buckets=8, max_length=256, batch_size=64, drop_last=True)
+    planned = expected_padding(lengths, aware, batch_size=64, drop_last=True)
+    rng = random.Random(0)
+    dataset = [{"input_ids": [rng.randint(3, 99) for _ in range(n)]} for n in lengths]
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=BucketBatchSampler(lengths, aware, 64, drop_last=True, seed=0),
+        collate_fn=PadToBucketCollator(buckets=aware),
+    )
+    real = computed = 0
+    for batch in loader:
+        real += int(batch["attention_mask"].sum())
+        computed += batch["attention_mask"].numel()
+    assert abs((1 - real / computed) - planned) < 0.005
+    # and no worse than the per-sample plan once both are cut into the same batches
+    assert planned <= expected_padding(lengths, per_sample, batch_size=64, drop_last=True)
+    assert len(aware) <= 8 and all(b % 8 == 0 for b in aware)
+
+
+def test_many_candidate_lengths_are_thinned_but_never_worse_than_per_sample():
+    rng = random.Random(3)
+    lengths = [rng.randint(1, 900) for _ in range(4000)]  # ~900 distinct candidates
+    per_sample = plan_buckets(lengths, multiple_of=1)
+    aware = plan_buckets(lengths, multiple_of=1, batch_size=32)
+    assert len(aware) <= 8 and aware[-1] == max(lengths)
+    assert expected_padding(lengths, aware, batch_size=32) <= expected_padding(
+        lengths, per_sample, batch_size=32
+    )
+
+
+def test_batch_options_errors():
+    with pytest.raises(ValueError, match="pass its batch_size too"):
+        plan_buckets([4, 9], drop_last=True)
+    with pytest.raises(ValueError, match="pass its batch_size too"):
+        plan_buckets([4, 9], max_tokens=64)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_buckets([4, 9], batch_size=0)
+    with pytest.raises(SequenceTooLongError, match="max_length=8"):
+        expected_padding([4, 9], [8])
+    assert expected_padding([4, 9], [8], max_length=8) == pytest.approx(1 - 12 / 16)
 
 
 # ---------------------------------------------------------------- end to end with a tiny GPT-2

@@ -3,12 +3,19 @@
 Every new sequence length is a new graph for ``torch.compile`` (until ``recompile_limit``, 8,
 silently drops the model to eager). :func:`plan_buckets` chooses at most ``max_buckets`` lengths
 that waste the fewest padded tokens when batches are grouped by bucket
-(:class:`~torchcompile_kit.bucket_sampler.BucketBatchSampler`); the padder and the collator in
-:mod:`torchcompile_kit.buckets` pad to them.
+(:class:`~torchcompile_kit.BucketBatchSampler`); the padder and the collator of
+:mod:`.padding` pad to them, and :func:`expected_padding` says how much padding a plan gives.
 
 Why the planner assumes grouped batches: with random batches of 64 almost every batch holds one long
 sample, so no choice of buckets gets padding under ~80% on a long-tailed length mix (see
 docs/shapes.md); grouped batches pad each sample only up to its own bucket.
+
+Why it can take the batch size: the sampler fills batches of exactly ``batch_size`` and carries a
+bucket's leftovers (fewer than a batch) up into the next bucket's batches, where they pad to the
+longer bucket. On the seed's mix at batch 64 that adds about 1 point of padding to what a plan
+made per sample promises (15.8% -> 16.9%, docs/shapes.md). Given ``batch_size``, the planner
+minimizes the padding of the batches themselves (the sampler's rule, :func:`carry_rule`), and
+:func:`expected_padding` predicts it exactly (``drop_last=False``).
 """
 
 from __future__ import annotations
@@ -17,14 +24,25 @@ import bisect
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import torch
 
 from .._checks import check_positive_int
-from ..errors import BatchShapeError
+from ..errors import BatchShapeError, SequenceTooLongError
 
-__all__ = ["bucket_for", "check_buckets", "plan_buckets", "round_up"]
+__all__ = [
+    "batch_sizes_for",
+    "bucket_for",
+    "carry_rule",
+    "check_buckets",
+    "expected_padding",
+    "plan_buckets",
+    "round_up",
+]
+
+# The batch-aware DP is O(max_buckets * n^2 * batch_size); above this many candidate lengths the
+# candidates are thinned (counts merged upward, which keeps every plan valid) to bound the time.
+_MAX_BATCHED_CANDIDATES = 384
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -73,20 +91,144 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
     return buckets[position] if position < len(buckets) else -1
 
 
+def batch_sizes_for(buckets: Sequence[int], batch_size: int, max_tokens: int | None) -> list[int]:
+    """The batch size of each bucket: ``batch_size``, or under a token budget
+    ``min(batch_size, max(1, max_tokens // bucket))`` (shared with the sampler)."""
+    if max_tokens is None:
+        return [batch_size] * len(buckets)
+    return [min(batch_size, max(1, max_tokens // bucket)) for bucket in buckets]
+
+
+def carry_rule(carried: int, members: int, size: int) -> tuple[int, int, int]:
+    """The sampler's rule for one bucket, on counts: ``(full_batches, carried_used, members_used)``.
+
+    ``carried`` samples of shorter buckets wait; the bucket has ``members`` samples and batches of
+    ``size``. Each full batch holds at least one member (so it pads to this bucket) and is filled
+    with carried samples first; what is not used is carried up to the next bucket. Shared by
+    :class:`BucketBatchSampler`, :func:`plan_buckets` and :func:`expected_padding`, so that the
+    plan and the batches follow one rule.
+    """
+    full = min((carried + members) // size, members)
+    used_carried = min(carried, full * (size - 1))
+    return full, used_carried, full * size - used_carried
+
+
+def expected_padding(
+    lengths: Iterable[int] | torch.Tensor,
+    buckets: Sequence[int],
+    *,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    max_tokens: int | None = None,
+    max_length: int | None = None,
+) -> float:
+    """The share of computed tokens that are padding, for ``lengths`` padded to ``buckets``.
+
+    Args:
+        lengths: token length of every sample.
+        buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets`.
+        batch_size: ``None``: every sample padded to its own bucket (the per-sample figure).
+            An int: the batches of ``BucketBatchSampler(lengths, buckets, batch_size, ...)``,
+            leftovers carried up and the one partial batch padded to the last bucket, exactly
+            as the sampler makes them (its shuffle changes which samples, not how many).
+        drop_last: the sampler's ``drop_last``: the partial batch is not computed. Which samples
+            it held is random, so their real tokens are estimated from the last bucket's mean.
+        max_tokens: the sampler's ``max_tokens`` (per-bucket batch sizes).
+        max_length: longer lengths count as ``max_length`` (the collator truncates them).
+
+    Returns:
+        Padding share in ``[0, 1)``: ``1 - real_tokens / computed_tokens``.
+
+    Raises:
+        SequenceTooLongError: a length exceeds the last bucket (pass ``max_length``).
+        ValueError: empty or non-positive lengths, bad buckets or sizes.
+
+    Example:
+        >>> expected_padding([4, 8, 8, 8], [8])
+        0.125
+        >>> expected_padding([4, 8, 8, 20], [8, 24], batch_size=2)  # one 8 carried up to 24
+        0.375
+    """
+    values = _as_lengths(lengths)
+    bounds = check_buckets(buckets)
+    if max_length is not None:
+        check_positive_int("max_length", max_length, error=BatchShapeError)
+        values = [min(value, max_length) for value in values]
+    if max(values) > bounds[-1]:
+        raise SequenceTooLongError(
+            f"a length of {max(values)!r} exceeds the last bucket {bounds[-1]!r}; pass "
+            f"max_length={bounds[-1]} if the collator truncates to it"
+        )
+    counts, sums = [0] * len(bounds), [0] * len(bounds)
+    for value in values:
+        position = bisect.bisect_left(bounds, value)
+        counts[position] += 1
+        sums[position] += value
+    real = float(sum(values))
+    if batch_size is None:
+        return 1 - real / sum(c * b for c, b in zip(counts, bounds))
+    check_positive_int("batch_size", batch_size, error=BatchShapeError)
+    if max_tokens is not None:
+        check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
+    computed, last_size = 0, batch_size
+    carry: list[list[int]] = []  # [bucket position, samples] waiting, oldest first
+    for position, (count, size) in enumerate(
+        zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))
+    ):
+        if not count:
+            continue
+        full, used_carried, used = carry_rule(sum(n for _, n in carry), count, size)
+        computed += full * size * bounds[position]
+        _take(carry, used_carried)
+        if count > used:
+            carry.append([position, count - used])
+        last_size = size
+    while carry:  # the partial batch(es), as the sampler cuts them
+        chunk = _take(carry, last_size)
+        if drop_last:
+            real -= sum(n * sums[p] / counts[p] for p, n in chunk)
+        else:
+            computed += sum(n for _, n in chunk) * bounds[max(p for p, _ in chunk)]
+    return 1 - real / computed if computed else 0.0
+
+
+def _take(carry: list[list[int]], count: int) -> list[tuple[int, int]]:
+    """Remove the ``count`` oldest samples from ``carry``; return them as (position, samples)."""
+    taken = []
+    while count and carry:
+        n = min(count, carry[0][1])
+        taken.append((carry[0][0], n))
+        carry[0][1] -= n
+        count -= n
+        if not carry[0][1]:
+            carry.pop(0)
+    return taken
+
+
 def plan_buckets(
     lengths: Iterable[int] | torch.Tensor,
     *,
     max_buckets: int = 8,
     multiple_of: int = 8,
     max_length: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    max_tokens: int | None = None,
 ) -> list[int]:
     """Choose at most ``max_buckets`` padding lengths that minimize the padded tokens.
 
-    The boundaries minimize the total number of tokens computed, ``sum(bucket(length))``, when every
-    batch is drawn from one bucket (:class:`BucketBatchSampler`). The problem is solved exactly by a
-    dynamic program over the length histogram (1-D segmentation with a convex-hull speed-up, linear
-    in the number of distinct lengths per bucket), and ties go to fewer buckets, so the result is
-    deterministic. Fewer than ``max_buckets`` come back when more would not save a token.
+    The boundaries minimize the tokens computed when every batch is drawn from one bucket
+    (:class:`BucketBatchSampler`), solved exactly by a dynamic program over the length
+    histogram; ties go to fewer buckets, so the result is deterministic. Fewer than
+    ``max_buckets`` come back when more would not save a token.
+
+    Without ``batch_size`` the cost is per sample, ``sum(bucket(length))``: right when batches
+    are small next to the buckets' sizes, or for a sample of the lengths. With ``batch_size``
+    (and the sampler's ``drop_last``/``max_tokens``) the cost is that of the sampler's batches:
+    a bucket's leftovers (fewer than a batch) are carried up and pad to the next bucket, so a
+    bucket with few samples costs more than its samples alone. Pass the lengths of the whole
+    dataset then, exactly those the sampler gets: the leftovers depend on the counts.
+    :func:`expected_padding` with the same arguments gives the padding of the plan.
 
     Args:
         lengths: token length of every sample (or of a representative sample of them), ``>= 1``.
@@ -97,20 +239,31 @@ def plan_buckets(
             as* ``max_length`` because they are expected to be truncated to it, e.g. by
             ``PadToBucketCollator(max_length=...)``; the planner itself never drops a sample.
             ``None``: the last bucket is the longest length rounded up to ``multiple_of``.
+        batch_size: the sampler's ``batch_size``; ``None`` plans per sample.
+        drop_last: the sampler's ``drop_last`` (the partial batch costs nothing but its samples
+            go untrained); only with ``batch_size``.
+        max_tokens: the sampler's token budget (per-bucket batch sizes); only with ``batch_size``.
 
     Returns:
         Strictly ascending boundaries; the last is ``>=`` every (truncated) length.
 
     Raises:
-        ValueError: ``lengths`` is empty or holds a non-positive or non-int length, or an argument
-            is not a positive int.
+        ValueError: ``lengths`` is empty or holds a non-positive or non-int length, an argument
+            is not a positive int, or ``drop_last``/``max_tokens`` come without ``batch_size``.
 
     Example:
         >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, multiple_of=8)
         [8, 32, 200]
+        >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, batch_size=2)
+        [16, 32, 200]
     """
     check_positive_int("max_buckets", max_buckets, error=BatchShapeError)
     check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
+    if batch_size is None and (drop_last or max_tokens is not None):
+        raise BatchShapeError(
+            f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the sampler's batches; "
+            "pass its batch_size too, e.g. plan_buckets(lengths, batch_size=64, drop_last=True)"
+        )
     values = _as_lengths(lengths)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)
@@ -123,7 +276,104 @@ def plan_buckets(
     per_candidate = Counter(min(round_up(value, multiple_of), top) for value in values)
     candidates = sorted(per_candidate)
     counts = [per_candidate[c] for c in candidates]
-    return _segment(candidates, counts, max_buckets)
+    plan = _segment(candidates, counts, max_buckets)
+    if batch_size is None:
+        return plan
+    check_positive_int("batch_size", batch_size, error=BatchShapeError)
+    if max_tokens is not None:
+        check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
+    sums = Counter()
+    for value in values:
+        sums[min(round_up(value, multiple_of), top)] += value
+    if len(candidates) > _MAX_BATCHED_CANDIDATES:
+        candidates = _thin(candidates, counts, keep=plan)
+        counts = [0] * len(candidates)
+        lengths_sum = [0] * len(candidates)
+        for candidate, count in per_candidate.items():
+            position = bisect.bisect_left(candidates, candidate)
+            counts[position] += count
+            lengths_sum[position] += sums[candidate]
+    else:
+        lengths_sum = [sums[c] for c in candidates]
+    sizes = batch_sizes_for(candidates, batch_size, max_tokens)
+    return _segment_batched(candidates, counts, lengths_sum, sizes, max_buckets, drop_last)
+
+
+def _thin(candidates: list[int], counts: list[int], *, keep: list[int]) -> list[int]:
+    """About ``_MAX_BATCHED_CANDIDATES`` candidates, evenly spaced in sample count, plus ``keep``."""
+    step = sum(counts) / _MAX_BATCHED_CANDIDATES
+    chosen, seen, mark = set(keep), 0, step
+    for candidate, count in zip(candidates, counts):
+        seen += count
+        if seen >= mark:
+            chosen.add(candidate)
+            mark = (seen // step + 1) * step
+    chosen.add(candidates[-1])
+    return sorted(chosen)
+
+
+def _segment_batched(
+    candidates: list[int],
+    counts: list[int],
+    lengths_sum: list[int],
+    sizes: list[int],
+    max_buckets: int,
+    drop_last: bool,
+) -> list[int]:
+    """Exact DP on the sampler's batches: the state also holds how many samples are carried up.
+
+    Positions ``1..n`` stand for ``candidates[0..n-1]``; position 0 is the start (nothing covered,
+    nothing carried). ``best[p, r]`` is the least cost covering every sample up to position ``p``
+    with a boundary there and ``r`` samples carried up. From ``(q, r)`` the ``m`` samples of
+    ``(q, p]`` give ``carry_rule(r, m, size)``'s full batches, padded to ``candidates[p-1]``, and
+    carry ``r + m - full * size`` on. At the last position the leftovers become the partial batch
+    (padded to the last bucket) or, with ``drop_last``, untrained samples, charged their real
+    tokens (estimated from the segment's mean), so the cost is padding + a constant. Carried
+    counts stay below the largest batch size, so that bounds ``r``. Integer keys (cost, source)
+    make every minimum exact and deterministic; ties keep fewer boundaries.
+    """
+    n, width = len(candidates), max(sizes)
+    value = torch.tensor(candidates, dtype=torch.int64)
+    cum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(counts).cumsum(0)])
+    cum_len = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(lengths_sum).cumsum(0)])
+    size = torch.tensor(sizes, dtype=torch.int64)
+    carried = torch.arange(width)
+    states = (n + 1) * width
+    none = torch.iinfo(torch.int64).max
+    best = torch.full((n + 1, width), none, dtype=torch.int64)
+    best[0, 0] = 0
+    parents = []
+    for _ in range(min(max_buckets, n)):
+        new_best, parent = best.clone(), torch.full((n + 1, width), -1, dtype=torch.int64)
+        for p in range(1, n + 1):
+            members = (cum[p] - cum[:p]).unsqueeze(1)  # samples in (q, p], one row per q
+            total = carried + members
+            full = torch.minimum(total // size[p - 1], members)
+            left = total - full * size[p - 1]
+            cost = best[:p] + full * size[p - 1] * value[p - 1]
+            if p == n:
+                cost += left * (
+                    (cum_len[p] - cum_len[:p]).unsqueeze(1) // members if drop_last else value[-1]
+                )
+            source = torch.arange(p).unsqueeze(1) * width + carried
+            key = torch.where(best[:p] == none, none, cost * states + source)
+            reached = torch.full((width,), none, dtype=torch.int64)
+            reached = reached.scatter_reduce(0, left.flatten(), key.flatten(), "amin")
+            better = (reached != none) & (reached // states < best[p])
+            new_best[p] = torch.where(better, reached // states, best[p])
+            parent[p] = torch.where(better, reached % states, -1)
+        best = new_best
+        parents.append(parent)
+    # walk back from the cheapest end state at the forced last boundary
+    boundaries = []
+    p, r, layer = n, int(best[n].argmin()), len(parents) - 1
+    while p > 0:
+        while parents[layer][p, r] < 0:
+            layer -= 1
+        boundaries.append(candidates[p - 1])
+        p, r = divmod(int(parents[layer][p, r]), width)
+        layer -= 1
+    return boundaries[::-1]
 
 
 def _segment(candidates: list[int], counts: list[int], max_buckets: int) -> list[int]:

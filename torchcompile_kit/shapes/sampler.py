@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._checks import check_positive_int
-from .planner import bucket_for, check_buckets
+from .planner import batch_sizes_for, bucket_for, carry_rule, check_buckets
 from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = ["BucketBatchSampler"]
@@ -38,19 +38,29 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
-        buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets`; each length
-            must fit the last bucket.
+        buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets` given the same
+            ``batch_size`` (and ``drop_last``, ``max_tokens``), so that the plan counts the carried
+            leftovers; each length must fit the last bucket.
         batch_size: samples per batch (with ``max_tokens``: the largest batch size).
         shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
         seed: base seed; the epoch's order is drawn from ``seed + epoch`` (see :meth:`set_epoch`).
         num_replicas: number of DDP ranks; ``None`` reads ``torch.distributed`` when initialized,
-            else 1. Under ``accelerate``/HF ``Trainer``, which shard batch samplers themselves, pass
-            ``num_replicas=1, rank=0``.
+            else 1. Exactly one party may shard: this sampler (``num_replicas`` = world size) or
+            ``accelerate`` (``num_replicas=1, rank=0``; its ``BatchSamplerShard`` deals the
+            batches out), never both, or each rank sees a quarter of the data on 2 ranks.
+            ``torchcompile_kit.integrations`` (``prepare_bucket_dataloader``,
+            ``CompileTrainer``) check this and make accelerate's wrapper a pass-through when
+            the sampler shards.
         rank: this process's rank; ``None`` reads ``torch.distributed`` when initialized, else 0.
         max_tokens: a token budget: bucket ``b`` gets batches of
             ``min(batch_size, max(1, max_tokens // b))`` samples, so ``batch × length`` stays near
             constant while the number of shapes stays one per bucket.
+
+    Attributes:
+        batch_size: the size of every batch when all are equal, else ``None`` (``max_tokens``,
+            or a partial batch): accelerate shards by it and must not trust a varying one.
+        batch_sizes: the batch size of each bucket.
 
     Raises:
         SequenceTooLongError: a length exceeds the last bucket.
@@ -77,7 +87,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         max_tokens: int | None = None,
     ) -> None:
         self.buckets = check_buckets(buckets)
-        self.batch_size = check_positive_int("batch_size", batch_size, error=BatchShapeError)
+        check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:
             check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
         values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
@@ -99,15 +109,19 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
                 )
             self._bucket_of.append(self.buckets.index(bucket))
             self._members[self._bucket_of[-1]].append(index)
-        self.batch_sizes = [
-            self.batch_size if max_tokens is None else min(self.batch_size, max(1, max_tokens // b))
-            for b in self.buckets
-        ]
+        self.batch_sizes = batch_sizes_for(self.buckets, batch_size, max_tokens)
         self.num_replicas, self.rank = _resolve_replicas(num_replicas, rank)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
         self.epoch = 0
+        # `batch_size` means "every batch but the last has this size" to torch's BatchSampler and
+        # to accelerate's BatchSamplerShard, which shards by it and silently drops batches of
+        # another size (half the samples, unequal batch counts per rank: a DDP hang). Ours vary
+        # with max_tokens and the partial batch is shuffled in anywhere, so then it is None, as
+        # for transformers' own BatchRebalanceSampler.
+        sizes = {len(batch) for batch in self._global_batches(None)}
+        self.batch_size: int | None = sizes.pop() if len(sizes) == 1 else None
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next iteration's order from ``seed + epoch`` (call before each epoch).
@@ -132,16 +146,14 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         """
         batches: list[list[int]] = []
         carry: list[int] = []
-        last_size = self.batch_size
+        last_size = self.batch_sizes[-1]
         for members, size in zip(self._members, self.batch_sizes):
             if not members:
                 continue
             last_size = size
             if generator is not None:
                 members = [members[i] for i in torch.randperm(len(members), generator=generator)]
-            full = min((len(carry) + len(members)) // size, len(members))
-            n_carried = min(len(carry), full * (size - 1))
-            used = full * size - n_carried
+            full, n_carried, used = carry_rule(len(carry), len(members), size)
             fill = carry[:n_carried] + members[full:used]
             batches.extend(
                 [members[j], *fill[j * (size - 1) : (j + 1) * (size - 1)]] for j in range(full)

@@ -1,0 +1,1 @@
+"""Tests of torchcompile_kit.tuning (the `tune` command and API)."""

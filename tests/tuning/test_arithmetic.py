@@ -1,0 +1,109 @@
+"""The arithmetic of tune: predicted totals, break-even steps, ranking and the reason."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from torchcompile_kit.tuning import (
+    CandidateResult,
+    Cost,
+    break_even_steps,
+    predicted_total,
+    rank_candidates,
+)
+from torchcompile_kit.tuning.arithmetic import cost_from_metrics
+from torchcompile_kit.tuning.report import recommendation_reason
+
+WARMUP = 5
+
+
+def measured(name, *, compile_s, step_s, verdict="pass", restart=False, spikes=()):
+    """A candidate as the runner would have measured it (warm-up = compile + 5 steps)."""
+    return CandidateResult(
+        name=name,
+        recipe=name,
+        description=name,
+        status="ok",
+        restart=restart,
+        verdict="eager" if name == "eager" else verdict,
+        metrics={
+            "warmup_s": compile_s + WARMUP * step_s,
+            "warmup_steps": WARMUP,
+            "steps_per_s": 1 / step_s,
+            "step_times_s": [step_s] * 20 + list(spikes),
+        },
+    )
+
+
+def field():
+    return [
+        measured("eager", compile_s=0.0, step_s=0.1),
+        measured("regional", compile_s=30.0, step_s=0.05),
+        measured("full", compile_s=120.0, step_s=0.04),
+        # fastest of all, but it computes something else: never recommended
+        measured("wrong", compile_s=1.0, step_s=0.01, verdict="fail"),
+        # not checked (budget): never recommended either
+        measured("unchecked", compile_s=1.0, step_s=0.01, verdict="unchecked"),
+        CandidateResult(name="pruned", recipe="full", description="", status="pruned", reason="r"),
+    ]
+
+
+def test_cost_model_from_the_runners_metrics():
+    cost = cost_from_metrics(
+        warmup_s=12.0, warmup_steps=5, step_s=0.1, step_times_s=[0.1, 2.1, 0.1]
+    )
+    assert cost.compile_s == pytest.approx(11.5)
+    assert cost.recompile_s == pytest.approx(2.0)  # the 2.1 s step compiled a new graph
+    assert predicted_total(cost, 100) == pytest.approx(11.5 + 2.0 + 10.0)
+
+
+def test_break_even_against_eager():
+    eager = Cost(compile_s=0.5, recompile_s=0.0, step_s=0.1)
+    assert break_even_steps(Cost(compile_s=30.5, recompile_s=0.0, step_s=0.05), eager) == 600
+    assert break_even_steps(Cost(compile_s=30.0, recompile_s=0.0, step_s=0.2), eager) == math.inf
+    assert break_even_steps(Cost(compile_s=0.0, recompile_s=0.0, step_s=0.05), eager) == 0
+
+
+@pytest.mark.parametrize(
+    ("steps_planned", "expected"),
+    [(100, "eager"), (599, "eager"), (2_000, "regional"), (10_000, "full")],
+)
+def test_the_run_length_decides_the_recommendation(steps_planned, expected):
+    ranked, best = rank_candidates(field(), steps_planned)
+    assert best.name == expected
+    assert ranked[0].name == expected
+    assert "wrong" not in [r.name for r in ranked[:3]]
+    assert ranked[-1].name == "pruned"  # not measured: last
+    regional = next(r for r in ranked if r.name == "regional")
+    assert regional.break_even_steps == 600
+    assert regional.predicted_total_s == pytest.approx(30.0 + steps_planned * 0.05)
+    assert next(r for r in ranked if r.name == "full").break_even_steps == 2_000
+
+
+def test_a_wrong_or_unchecked_candidate_is_never_recommended():
+    for steps in (10, 10**9):
+        _, best = rank_candidates(field(), steps)
+        assert best.name not in ("wrong", "unchecked")
+
+
+def test_warm_restarts_count_only_with_warm_start():
+    results = field()[:3] + [measured("full-warm", compile_s=10.0, step_s=0.04, restart=True)]
+    assert rank_candidates(results, 10_000)[1].name == "full"
+    assert rank_candidates(results, 10_000, warm_start=True)[1].name == "full-warm"
+
+
+def test_the_reason_names_the_break_even_steps():
+    ranked, best = rank_candidates(field(), 2_000)
+    reason = recommendation_reason(best, ranked, 2_000)
+    assert reason.startswith("regional: 2x eager per step, pays back its 30 s compile after ~600")
+    assert "full (2.5x per step) needs 2,000 steps" not in reason  # 2,000 is not > 2,000
+    ranked, best = rank_candidates(field(), 1_500)
+    reason = recommendation_reason(best, ranked, 1_500)
+    assert "full (2.5x per step) needs 2,000 steps to pay back its compile time" in reason
+    assert "wrong" in reason  # named as computing different numbers
+    ranked, best = rank_candidates(field(), 100)
+    assert recommendation_reason(best, ranked, 100).startswith(
+        "eager: no compiled recipe pays back its compile time within 100 steps"
+    )

@@ -1,0 +1,131 @@
+"""tune end to end: candidates in their own processes, the gate, the budget, the outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchcompile_kit import _dynamo
+from torchcompile_kit.bench import ModelSpecError
+from torchcompile_kit.tuning import format_table, tune
+
+from . import models
+
+MODELS = Path(__file__).with_name("models.py")
+
+
+def test_the_budget_is_respected_and_skips_say_why(tmp_path):
+    result = tune(
+        f"{MODELS}:build",
+        steps_planned=1000,
+        budget_s=0.5,
+        backend="eager",
+        candidates=["eager", "regional", "full"],
+        out_dir=tmp_path,
+    )
+    assert result.recommendation is None
+    assert {c.status for c in result.candidates} == {"skipped"}
+    assert all(c.reason.startswith("budget:") for c in result.candidates), format_table(result)
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert saved["recommendation"] is None
+    assert [c["name"] for c in saved["candidates"]] == ["eager", "regional", "full"]
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="unknown candidate"):
+        tune(f"{MODELS}:build", steps_planned=10, candidates=["turbo"])
+    with pytest.raises(ValueError, match="steps_planned"):
+        tune(f"{MODELS}:build", steps_planned=0)
+    with pytest.raises(ModelSpecError, match="module-level function"):
+        tune(lambda: models.build(), steps_planned=10)
+    with pytest.raises(ModelSpecError, match="not 'module:function'"):
+        tune("no_colon_here", steps_planned=10)
+
+
+@pytest.mark.slow
+def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
+    # steps_planned so large that any faster compiled recipe would win on the arithmetic
+    result = tune(
+        f"{MODELS}:build",
+        steps_planned=10**9,
+        backend=models.PERTURB_BACKEND,
+        candidates=["eager", "full", "regional"],
+        out_dir=tmp_path,
+    )
+    assert result.recommendation == "eager", format_table(result)
+    for name in ("full", "regional"):
+        candidate = result.candidate(name)
+        assert candidate.status == "ok" and candidate.verdict == "fail"
+        assert "tolerance" in candidate.offending
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert saved["recommendation"] == "eager"
+    assert {c["name"]: c["verdict"] for c in saved["candidates"]} == {
+        "eager": "eager",
+        "full": "fail",
+        "regional": "fail",
+    }
+    assert "computes different numbers" in result.reason
+    assert (tmp_path / "tune.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_graph_breaks_are_shown_and_the_printed_snippet_reproduces_the_setup(tmp_path, monkeypatch):
+    # steps_planned large enough that nothing is pruned as unable to win
+    result = tune(
+        f"{MODELS}:build_with_break",
+        steps_planned=10**6,
+        backend="eager",
+        candidates=["eager", "full"],
+        out_dir=tmp_path,
+    )
+    full = result.candidate("full")
+    assert full.status == "ok" and full.verdict == "pass"
+    assert full.graph_breaks >= 1  # ranked, with its breaks
+    table = format_table(result)
+    row = next(line for line in table.splitlines() if " full " in line)
+    assert f"  {full.graph_breaks}  " in row
+    assert result.steps_planned == 10**6
+    # the snippet runs as printed and sets up the recommended recipe
+    assert (tmp_path / "recommended.py").read_text() == result.snippet
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "recommended"}  # set up only; as a script it would train
+    exec(compile(result.snippet, "recommended.py", "exec"), namespace)  # noqa: S102 - the point
+    compiled = _dynamo.compiled_module_names(namespace["model"])
+    assert compiled == ([] if result.recommendation == "eager" else [""])
+    if result.recommendation == "full":
+        assert "fullgraph=False" in result.snippet  # it breaks: no fullgraph=True
+    assert torch.isfinite(namespace["train_step"](namespace["make_batch"](0)))
+
+
+def test_the_command_line(tmp_path, capsys):
+    from torchcompile_kit.cli import main
+
+    assert main(["tune", "--candidates", "turbo"]) == 2
+    assert "unknown candidate(s) ['turbo']" in capsys.readouterr().err
+    assert main(["tune", "--steps-planned", "0"]) == 2
+    out = tmp_path / "out"
+    status = main(
+        [
+            "tune",
+            "--model",
+            f"{MODELS}:build",
+            "--steps-planned",
+            "50",
+            "--budget",
+            "0.01",
+            "--candidates",
+            "eager",
+            "full",
+            "--out",
+            str(out),
+            "--backend",
+            "eager",
+        ]
+    )
+    assert status == 0
+    saved = json.loads((out / "tune.json").read_text())
+    assert saved["recommendation"] is None and saved["steps_planned"] == 50
+    assert "budget:" in capsys.readouterr().err  # progress lines say why each was skipped

@@ -1,0 +1,33 @@
+"""``tune``: on the user's own model and data, the fastest recipe that is still correct.
+
+The topic's API. Modules: :mod:`.candidates` (the recipes tried), :mod:`.arithmetic` (predicted
+totals and break-even steps), :mod:`.runs` (each candidate in its own process, via the bench's
+runner), :mod:`.gate` (the correctness check), :mod:`.ranking` (the recommendation),
+:mod:`.tuner` (``tune`` itself), :mod:`.result` (what it found), :mod:`.report` and
+:mod:`.snippet` (how it shows it), and
+:mod:`.examples` (``--model`` factories: the tiny Llama-style decoder, the captioner).
+"""
+
+
+from .arithmetic import Cost, break_even_steps, predicted_total
+from .candidates import CANDIDATES, Candidate, candidate_names
+from .ranking import rank_candidates
+from .report import format_table
+from .result import CandidateResult, TuneResult
+from .tuner import tune
+
+__all__ = [
+    # top level UX
+    "CandidateResult",
+    "TuneResult",
+    "format_table",
+    "tune",
+    # candidates and arithmetic
+    "CANDIDATES",
+    "Candidate",
+    "Cost",
+    "break_even_steps",
+    "candidate_names",
+    "predicted_total",
+    "rank_candidates",
+]

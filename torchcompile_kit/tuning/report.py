@@ -1,0 +1,234 @@
+"""How ``tune`` shows what it found: the ranked table, the reason, and a chart.
+
+The reason names the recommendation's per-step gain and when it pays back its compile time, and
+for each faster compiled recipe that loses, how many steps it would need ("regional: 1.4x eager,
+pays back its compile after ~300 steps; full needs 2,100 steps to pay back its compile time").
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from ..shapes import expected_padding, plan_buckets
+from .result import CandidateResult, TuneResult
+
+__all__ = ["bucket_notes", "format_table", "recommendation_reason", "write_chart"]
+
+
+def _num(value: float | None, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "never"
+    return format(value, fmt)
+
+
+def _steps(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "never" if math.isinf(value) else f"{int(value):,}"
+
+
+def format_table(result: TuneResult) -> str:
+    """The ranked table as fixed-width text (one row per candidate).
+
+    Args:
+        result: a :class:`TuneResult`.
+
+    Returns:
+        The table, with a header line; the recommendation is marked with ``*``.
+
+    Example:
+        >>> print(format_table(result))  # doctest: +SKIP
+    """
+    header = (
+        "#",
+        "candidate",
+        "status",
+        "check",
+        "compile s",
+        "step ms",
+        "x eager",
+        "break-even",
+        f"total s @{result.steps_planned:,}",
+        "graphs",
+        "recomp",
+        "breaks",
+        "note",
+    )
+    rows = [header]
+    for rank, c in enumerate(result.candidates, 1):
+        mark = "*" if c.name == result.recommendation else ""
+        note = c.offending if c.verdict == "fail" else (c.reason or "")
+        if c.restart and c.status == "ok":
+            note = note or "warm restart (loads a saved cache)"
+        rows.append(
+            (
+                f"{rank}{mark}",
+                c.name,
+                c.status,
+                c.verdict,
+                _num(c.compile_s, ".1f"),
+                _num(None if c.step_s is None else c.step_s * 1e3, ".2f"),
+                _num(c.speedup, ".2f"),
+                _steps(c.break_even_steps),
+                _num(c.predicted_total_s, ".1f"),
+                _num(c.graphs, "d"),
+                _num(c.recompiles, "d"),
+                _num(c.graph_breaks, "d"),
+                note[:90],
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
+    lines = []
+    for row in rows:
+        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
+        lines.append("  ".join([*cells, str(row[-1])]).rstrip())
+    lines.insert(1, "-" * min(160, len(lines[0])))
+    return "\n".join(lines)
+
+
+def recommendation_reason(
+    chosen: CandidateResult | None, candidates: list[CandidateResult], steps_planned: int
+) -> str:
+    """One or two sentences: why ``chosen`` wins a run of ``steps_planned`` steps.
+
+    Args:
+        chosen: the recommended candidate (``None``: nothing could be measured).
+        candidates: every candidate (measured ones carry their costs).
+        steps_planned: the planned run length.
+
+    Returns:
+        The reason.
+
+    Example:
+        >>> recommendation_reason(None, [], 100)
+        'nothing could be measured: no candidate ran (see the table for the reasons)'
+    """
+    if chosen is None:
+        return "nothing could be measured: no candidate ran (see the table for the reasons)"
+    losers = [
+        c
+        for c in candidates
+        if c is not chosen
+        and c.eligible
+        and c.speedup is not None
+        and c.speedup > 1
+        and c.break_even_steps is not None
+        and c.break_even_steps > steps_planned
+    ]
+    wrong = [c for c in candidates if c.verdict == "fail"]
+    if chosen.verdict == "eager":
+        text = (
+            f"{chosen.name}: no compiled recipe pays back its compile time within "
+            f"{steps_planned:,} steps"
+        )
+    elif chosen.speedup is None:  # eager itself did not run: nothing to compare with
+        text = f"{chosen.name}: the lowest predicted total for {steps_planned:,} steps (eager not measured)"
+    elif not chosen.break_even_steps:
+        text = (
+            f"{chosen.name}: {chosen.speedup:.2g}x eager per step, and its one-off cost is no more "
+            "than eager's: ahead from the first step"
+        )
+    else:
+        text = (
+            f"{chosen.name}: {chosen.speedup:.2g}x eager per step, pays back its "
+            f"{chosen.compile_s:.0f} s compile after ~{_steps(chosen.break_even_steps)} steps "
+            f"(of {steps_planned:,} planned)"
+        )
+    for c in sorted(losers, key=lambda c: c.break_even_steps)[:2]:
+        text += (
+            f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} steps to "
+            "pay back its compile time"
+        )
+    if wrong:
+        text += "; not recommended because it computes different numbers: " + ", ".join(
+            c.name for c in wrong
+        )
+    return text
+
+
+def write_chart(result: TuneResult, path: str | Path) -> Path | None:
+    """Predicted wall time against steps for every measured candidate (PNG, headless).
+
+    Lines cross at the break-even points; the dashed line is ``steps_planned``.
+
+    Args:
+        result: a :class:`TuneResult`.
+        path: the PNG to write.
+
+    Returns:
+        ``path``, or ``None`` when matplotlib is not installed or nothing was measured.
+
+    Example:
+        >>> write_chart(result, "tune.png")  # doctest: +SKIP
+    """
+    measured = [c for c in result.candidates if c.status == "ok" and c.step_s is not None]
+    if not measured:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    horizon = max(2 * result.steps_planned, 10)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for c in measured:
+        style = "--" if c.restart else ("-" if c.verdict != "fail" else ":")
+        width = 2.5 if c.name == result.recommendation else 1.2
+        overhead = (c.compile_s or 0.0) + (c.recompile_s or 0.0)
+        ax.plot(
+            [0, horizon],
+            [overhead, overhead + horizon * c.step_s],
+            style,
+            lw=width,
+            label=c.name + (" (wrong results)" if c.verdict == "fail" else ""),
+        )
+    ax.axvline(result.steps_planned, color="grey", ls="--", lw=1)
+    ax.set_xlabel("training steps")
+    ax.set_ylabel("predicted wall time, s")
+    ax.set_title(f"tune: recommendation {result.recommendation} for {result.steps_planned:,} steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bucket_notes(lengths: list[int] | None, batch_size: int) -> list[str]:
+    """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings).
+
+    Args:
+        lengths: the dataset's lengths (the ``--model`` factory's third item), or ``None``.
+        batch_size: samples per batch.
+
+    Returns:
+        One note, or none without lengths.
+
+    Example:
+        >>> bucket_notes(None, 64)
+        []
+    """
+    if not lengths:
+        return []
+    buckets = plan_buckets(lengths, max_buckets=8, batch_size=batch_size, drop_last=True)
+    in_buckets = expected_padding(lengths, buckets, batch_size=batch_size, drop_last=True)
+    shuffled = random.Random(0).sample(lengths, len(lengths))
+    real = computed = 0
+    for i in range(0, len(shuffled) - batch_size + 1, batch_size):  # random, pad to longest (x8)
+        chunk = shuffled[i : i + batch_size]
+        real += sum(chunk)
+        computed += len(chunk) * -(-max(chunk) // 8) * 8
+    longest = f"{1 - real / computed:.1%}" if computed else "-"
+    note = (
+        f"your lengths ({len(lengths):,}, batch {batch_size}): plan_buckets(batch_size="
+        f"{batch_size}) gives {buckets} with {in_buckets:.1%} padding in BucketBatchSampler "
+        f"batches, vs {longest} for random batches padded to their longest (multiple of 8), "
+        "from counts; the bucket recipe itself is measured only on the built-in captioner"
+    )
+    return [note]

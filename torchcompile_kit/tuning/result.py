@@ -1,0 +1,119 @@
+"""What ``tune`` found: every candidate's measurements and verdict, and the recommendation."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["CandidateResult", "TuneResult"]
+
+Status = Literal["ok", "failed", "skipped", "pruned"]
+Verdict = Literal["pass", "fail", "unchecked", "eager"]
+
+
+@dataclass(kw_only=True, slots=True)
+class CandidateResult:
+    """One candidate: how it ran, what it costs for the planned run, whether it is correct."""
+
+    name: str
+    """Candidate name (``"regional"``)."""
+    recipe: str
+    """The bench recipe that ran it."""
+    description: str
+    """One line: what it does."""
+    status: Status
+    """``ok``; ``failed`` (raised or crashed); ``skipped`` (cannot run here, or no budget left);
+    ``pruned`` (its compile alone exceeded the best predicted total: it cannot win)."""
+    verdict: Verdict = "unchecked"
+    """Correctness gate: ``pass``, ``fail``, ``unchecked`` (not run: budget or status) or
+    ``eager`` (nothing compiled, nothing to check)."""
+    reason: str | None = None
+    """Why it failed, was skipped or pruned."""
+    offending: str | None = None
+    """The gate's offending tensor (or error) when ``verdict == "fail"``."""
+    restart: bool = False
+    """A warm restart from a saved compile cache (see ``Candidate.restart``)."""
+    compile_s: float | None = None
+    """One-off seconds before steady speed (cold, or warm for a restart)."""
+    recompile_s: float | None = None
+    """Seconds of recompiles seen in the steady steps."""
+    step_s: float | None = None
+    """Median steady step, seconds."""
+    speedup: float | None = None
+    """Eager's step time / this step time."""
+    predicted_total_s: float | None = None
+    """``compile_s + recompile_s + steps_planned * step_s``."""
+    break_even_steps: float | None = None
+    """Steps after which it beats eager in total (``inf``: never; 0: from the start)."""
+    graphs: int | None = None
+    """Graphs compiled in the measured run (``CompileMonitor``)."""
+    recompiles: int | None = None
+    """Recompiles in the measured run."""
+    graph_breaks: int | None = None
+    """Distinct graph breaks (measured run, else the gate's compile)."""
+    gate_s: float | None = None
+    """Seconds the correctness check took."""
+    wall_s: float | None = None
+    """Seconds its process took (start-up, build, compile, measurement)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The bench runner's raw metrics (losses, step times, padding, memory ...)."""
+
+    @property
+    def eligible(self) -> bool:
+        """Measured and not shown wrong (``restart`` is decided by ``tune``'s ``warm_start``)."""
+        return self.status == "ok" and self.verdict in ("pass", "eager")
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneResult:
+    """The outcome of :func:`torchcompile_kit.tuning`."""
+
+    recommendation: str | None
+    """The chosen candidate's name (``None`` when nothing could be measured)."""
+    reason: str
+    """Why, in one or two sentences, with the break-even numbers."""
+    snippet: str
+    """Ready-to-paste code that applies the recommendation with this library's helpers."""
+    steps_planned: int
+    """The run length the arithmetic is for."""
+    candidates: list[CandidateResult]
+    """Every candidate, ranked: eligible by predicted total first, then the rest."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Model spec, backend, budget, versions, device, date."""
+    notes: list[str] = field(default_factory=list)
+    """What else the run found (bucket plan from the user's lengths, missing features ...)."""
+    verification: dict[str, Any] | None = None
+    """With ``verify=True``: the recommended recipe run for ``steps_planned`` steps,
+    ``predicted_s``, ``measured_s`` and their ratio."""
+    elapsed_s: float = 0.0
+    """Seconds ``tune`` took."""
+
+    def candidate(self, name: str) -> CandidateResult:
+        """The result of candidate ``name`` (``KeyError`` if it was not considered)."""
+        for result in self.candidates:
+            if result.name == name:
+                return result
+        raise KeyError(f"no candidate {name!r}; have {[c.name for c in self.candidates]!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (``inf`` becomes the string ``"inf"``)."""
+        return _jsonable(asdict(self))
+
+    def write_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_dict` to ``path`` and return it."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

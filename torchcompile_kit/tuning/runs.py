@@ -1,0 +1,201 @@
+"""Running candidates: each in its own fresh process, within the budget, pruned when it cannot win.
+
+Every run goes through the bench's :func:`~torchcompile_kit.bench.run_recipe_isolated` (an empty
+inductor cache per run; warm restarts load the cache their cold run saved), so ``tune`` has no
+runner of its own. What this module adds is the time limit of each run: the budget left, and,
+once a candidate has been measured, the time after which another cannot win any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..bench import RECIPES, run_recipe_isolated
+from .arithmetic import predicted_total
+from .candidates import Candidate
+from .ranking import cost_of
+from .result import CandidateResult
+
+__all__ = ["OVERRIDES", "measure_candidate", "verify_run"]
+
+# tune lets graph breaks happen (and counts them) instead of failing on them: fullgraph=True is
+# written into the snippet only when the measured run had none
+OVERRIDES = {"fullgraph": False}
+_NO_LIMIT_S = 7 * 24 * 3600.0  # a longer time limit is no limit (and overflows select())
+
+
+def measure_candidate(
+    candidate: Candidate,
+    spec: str | None,
+    preset: str,
+    backend: str,
+    steps: int | None,
+    warmup_steps: int | None,
+    steps_planned: int,
+    warm_start: bool,
+    runs: Path,
+    left: Callable[[], float],
+    emit: Callable[[dict], None],
+    done: list[CandidateResult],
+) -> CandidateResult:
+    """Run one candidate in its own process (or say why not) and append its result to ``done``.
+
+    Args:
+        candidate: the candidate.
+        spec: the ``--model`` spec (``None``: the captioner).
+        preset: the captioner preset and default step counts.
+        backend: the ``torch.compile`` backend.
+        steps: steady steps to time (``None``: the preset's).
+        warmup_steps: warm-up steps (``None``: the preset's).
+        steps_planned: the planned run (for pruning).
+        warm_start: warm restarts count for the planned run.
+        runs: the runner's ``out_dir``.
+        left: seconds of budget left.
+        emit: progress callback.
+        done: the candidates so far (this one is appended).
+
+    Returns:
+        The candidate's result (``ok``, ``failed``, ``skipped`` or ``pruned``, with the reason).
+    """
+    result = CandidateResult(
+        name=candidate.name,
+        recipe=candidate.recipe,
+        description=candidate.description,
+        status="skipped",
+        restart=candidate.restart,
+        verdict="eager" if candidate.gate is None else "unchecked",
+    )
+    done.append(result)
+    result.reason = _cannot_run(candidate, spec, done)
+    eager = next((r for r in done if r.name == "eager" and r.status == "ok"), None)
+    floor = eager.wall_s if eager is not None else 0.0
+    if result.reason is None and left() <= floor:
+        result.reason = (
+            f"budget: {max(left(), 0):.0f} s left, and one run takes at least ~{floor:.0f} s here "
+            "(eager's run)"
+        )
+    if result.reason is not None:
+        emit(
+            {
+                "event": "candidate",
+                "name": candidate.name,
+                "status": "skipped",
+                "reason": result.reason,
+            }
+        )
+        return result
+    timeout, bound = left(), None
+    best = _best_so_far(done, steps_planned, warm_start)
+    if candidate.gate is not None and best is not None and eager is not None:
+        measured = float(eager.metrics.get("warmup_s") or 0.0) + sum(
+            eager.metrics.get("step_times_s") or []
+        )
+        startup = max(0.0, eager.wall_s - measured)  # process start, imports, model build
+        bound = startup + best[1] + floor
+        timeout = min(timeout, bound)
+    emit({"event": "candidate", "name": candidate.name, "status": "running"})
+    run = run_recipe_isolated(
+        candidate.recipe,
+        spec=spec,
+        preset=preset,
+        steps=steps,
+        out_dir=runs,
+        backend=backend,
+        timeout_s=None if timeout > _NO_LIMIT_S else timeout,
+        warmup_steps=warmup_steps,
+        compile_overrides=OVERRIDES if candidate.gate is not None else None,
+    )
+    result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
+    result.reason = run.reason or run.error
+    if run.status == "failed" and "timed out" in (run.error or ""):
+        if bound is not None and timeout == bound:
+            result.status = "pruned"
+            result.reason = (
+                f"cannot win: not done after {timeout:.0f} s, when {best[0]} is predicted to finish "
+                f"all {steps_planned:,} steps in {best[1]:.0f} s"
+            )
+        else:
+            result.status = "skipped"
+            result.reason = f"budget: stopped after {timeout:.0f} s when the budget ran out"
+    for key in ("graphs", "recompiles", "graph_breaks"):
+        value = result.metrics.get(key)
+        setattr(result, key, int(value) if isinstance(value, (int, float)) else None)
+    emit(
+        {
+            "event": "candidate",
+            "name": candidate.name,
+            "status": result.status,
+            "reason": result.reason,
+        }
+    )
+    return result
+
+
+def _cannot_run(candidate: Candidate, spec: str | None, done: list[CandidateResult]) -> str | None:
+    if candidate.recipe not in RECIPES:
+        return f"the bench has no recipe {candidate.recipe!r} in this version"
+    if candidate.captioner_only and spec is not None:
+        return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
+    source = RECIPES[candidate.recipe].cache_from
+    if source is not None and not any(r.recipe == source and r.status == "ok" for r in done):
+        return f"needs the compile cache of {source!r}, which did not run"
+    return None
+
+
+def _best_so_far(
+    done: list[CandidateResult], steps_planned: int, warm_start: bool
+) -> tuple[str, float] | None:
+    """(name, predicted total) of the cheapest measured candidate so far (before any check)."""
+    best = None
+    for result in done:
+        if result.status != "ok" or (result.restart and not warm_start):
+            continue
+        total = predicted_total(cost_of(result), steps_planned)
+        if best is None or total < best[1]:
+            best = (result.name, total)
+    return best
+
+
+def verify_run(
+    chosen: CandidateResult,
+    by_name: dict[str, Candidate],
+    spec: str | None,
+    preset: str,
+    backend: str,
+    steps_planned: int,
+    runs: Path,
+) -> dict[str, Any]:
+    """Run the recommendation for the planned steps; predicted vs measured total wall time.
+
+    Returns:
+        ``status``, and when ok ``predicted_s``, ``measured_s`` (warm-up, cache load and every
+        steady step) and ``ratio`` (predicted / measured).
+    """
+    warmup = int(chosen.metrics.get("warmup_steps") or 1)
+    run = run_recipe_isolated(
+        by_name[chosen.name].recipe,
+        spec=spec,
+        preset=preset,
+        out_dir=runs,
+        backend=backend,
+        steps=max(1, steps_planned - warmup),
+        warmup_steps=warmup,
+        compile_overrides=OVERRIDES if by_name[chosen.name].gate is not None else None,
+    )
+    if run.status != "ok":
+        return {"status": run.status, "error": run.error or run.reason}
+    measured = (
+        float(run.metrics["warmup_s"])
+        + float(run.metrics.get("cache_load_s") or 0.0)
+        + sum(run.metrics.get("step_times_s") or [])
+    )
+    return {
+        "status": "ok",
+        "recipe": chosen.name,
+        "steps": steps_planned,
+        "predicted_s": chosen.predicted_total_s,
+        "measured_s": measured,
+        "ratio": chosen.predicted_total_s / measured if measured else None,
+    }
