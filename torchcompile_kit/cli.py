@@ -1,15 +1,42 @@
-"""Command line: ``torchcompile-kit bench [RECIPE ...] [--size small|full] [--json PATH]``.
+"""Command line: ``torchcompile-kit bench | report | micro | tune`` (also ``python -m torchcompile_kit``).
 
-Also ``python -m torchcompile_kit``. Nothing in the package imports this module.
+- ``bench [RECIPE ...]``: the seed post's experiment on this machine, recipe by recipe, each in its
+  own process with an empty inductor cache; a table, ``results.json`` and PNG charts in ``--out``.
+- ``report DIR [DIR2]``: the table and charts again from saved results; two runs side by side.
+- ``micro regional|shapes|optimizer``: the older single-topic micro-benchmarks.
+- ``tune --model M:F --steps-planned N``: the fastest correct recipe for your run (``torchcompile_kit.tuning``).
+
+Nothing in the package imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
+from pathlib import Path
 
-from .bench import RECIPES
+from .bench.recipes import RECIPES
+
+_MICRO = {
+    "regional": "cold compile vs one-block floor, eager / full / regional, GPT-2 12-24 layers",
+    "shapes": "padding, shapes and recompiles per padding scheme, a whole epoch (eager backend)",
+    "optimizer": "AdamW step time: for-loop, foreach, fused, compile_optimizer (step, foreach_map)",
+}
+
+
+def _recipe_list() -> str:
+    lines = []
+    for group in dict.fromkeys(r.group for r in RECIPES.values()):
+        lines.append(f"  {group}:")
+        for r in RECIPES.values():
+            if r.group == group:
+                flag = "+" if not r.default else "*" if r.heavy_on else " "
+                lines.append(f"   {flag} {r.name:18s} {r.description}")
+    lines.append("  (+ = opt-in: name it, or --all; * = opt-in on CPU, where its compile takes minutes)")
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,52 +47,275 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser(
         "bench",
-        help="run benchmark recipes side by side and print ratios",
-        description="Recipes:\n"
-        + "\n".join(f"  {name:10s} {desc}" for name, (_, desc) in RECIPES.items()),
+        help="run the seed's torch.compile experiment recipe by recipe (table, results.json, charts)",
+        description="Recipes (each runs in its own process with an empty inductor cache):\n" + _recipe_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument(
-        "recipes",
-        nargs="*",
-        metavar="RECIPE",
-        help=f"which recipes to run (default: all of {', '.join(RECIPES)})",
-    )
-    bench.add_argument(
-        "--size",
-        choices=("small", "full"),
-        default="small",
-        help="small: minutes on a 2-core CPU (default); full: the sizes quoted in docs/benchmarks.md",
-    )
-    bench.add_argument(
-        "--json",
-        default="bench-results.json",
-        metavar="PATH",
-        help="where to write the results with versions and machine (default: %(default)s)",
-    )
+    bench.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to run (default: the default set)")
+    bench.add_argument("--list", action="store_true", help="list the recipes and exit")
+    bench.add_argument("--all", action="store_true", help="run every recipe, opt-in ones included")
+    bench.add_argument("--ddp", action="store_true", help="also run DDP with 2 processes (gloo on CPU)")
+    bench.add_argument("--preset", default=None, metavar="{tiny,seed}",
+                       help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or seed (the seed's sizes; default on CUDA)")
+    bench.add_argument("--steps", type=int, default=None, help="steady steps to time per recipe (default: the preset's)")
+    bench.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="where results.json, charts and logs go (default: %(default)s)")
+    bench.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                       help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md")
+    bench.add_argument("--timeout", type=float, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
+    bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
+    # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
+    bench.add_argument("--backend", default=None, help=argparse.SUPPRESS)
+
+    report = sub.add_parser("report", help="re-render the table and charts of saved results (two side by side)")
+    report.add_argument("runs", nargs="+", metavar="DIR", help="a bench --out directory (or its results.json); two to compare")
+    report.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    report.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
+    report.add_argument("--charts-dir", default=None, metavar="DIR", help="where to write charts (default: the first DIR)")
+
+    micro = sub.add_parser("micro", help="the single-topic micro-benchmarks",
+                           description="\n".join(f"  {k:10s} {v}" for k, v in _MICRO.items()),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    micro.add_argument("names", nargs="+", choices=list(_MICRO), metavar="NAME", help=f"one of {', '.join(_MICRO)}")
+    micro.add_argument("--size", choices=("small", "full"), default="small", help="small: minutes on a 2-core CPU; full: the docs' sizes")
+    micro.add_argument("--json", default="micro-results.json", metavar="PATH", help="where to write the JSON (default: %(default)s)")
+
+    tune = sub.add_parser("tune", help="find the fastest recipe that is still correct for your model and run length",
+                          description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
+                          "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.")
+    tune.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                      help="your model, as for bench --model (default: the bench's captioner at --preset)")
+    tune.add_argument("--steps-planned", type=int, default=1000, metavar="N", help="steps of the run you plan (default: %(default)s)")
+    tune.add_argument("--budget", type=float, default=30.0, metavar="MINUTES", help="time tune may spend (default: %(default)s)")
+    tune.add_argument("--out", default="tune-results", metavar="DIR", help="tune.json, tune.png, recommended.py, logs (default: %(default)s)")
+    tune.add_argument("--candidates", nargs="+", default=None, metavar="NAME", help="candidates to consider (default: all)")
+    tune.add_argument("--preset", default="tiny", choices=("tiny", "seed"), help="captioner sizes and default step counts")
+    tune.add_argument("--steps", type=int, default=None, help="steady steps timed per candidate (default: the preset's)")
+    tune.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
+    tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
+    tune.add_argument("--verify", action="store_true", help="then run the recommendation for N steps: predicted vs measured total")
+    tune.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # test switch, as for bench
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    unknown = [r for r in args.recipes if r not in RECIPES]
-    if unknown:
-        print(
-            f"torchcompile-kit bench: unknown recipe(s) {unknown!r}; choose from {list(RECIPES)}",
-            file=sys.stderr,
-        )
-        return 2
-    from .bench.report import format_table, write_json
+def _error(message: str) -> int:
+    print(f"torchcompile-kit: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_out_dir(out: str) -> str | None:
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".tck-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"--out {out!r} is not a writable directory ({err.strerror or err}); pass another --out DIR"
+    return None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench.recipes import (
+        UnknownRecipeError,
+        check_preset,
+        check_recipe_names,
+        default_recipe_names,
+        with_dependencies,
+    )
+
+    if args.list:
+        print(_recipe_list())
+        return 0
+    for flag in ("steps", "warmup_steps"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return _error(f"--{flag.replace('_', '-')} must be a positive int, got {value!r}")
+    import torch
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    preset = args.preset or ("seed" if device_type == "cuda" else "tiny")
+    try:
+        check_preset(preset)
+        names = check_recipe_names(args.recipes)
+    except UnknownRecipeError as err:
+        return _error(str(err))
+    if not names:
+        names = list(RECIPES) if args.all else default_recipe_names(device_type=device_type)
+    if args.ddp and "ddp" not in names:
+        names.append("ddp")
+    planned = with_dependencies(names)
+    added = [n for n in planned if n not in names]
+    if (message := _check_out_dir(args.out)) is not None:
+        return _error(message)
+    if args.model:
+        from .bench.model_spec import ModelSpecError, load_model_spec
+
+        try:
+            load_model_spec(args.model)  # fail fast here rather than once per recipe
+        except ModelSpecError as err:
+            return _error(str(err))
+    if added:
+        print(f"also running {added} (the warm recipes load the cache it saves)", file=sys.stderr)
+    return _run_bench(args, planned, preset)
+
+
+def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
+    from .bench.charts import charts_available, write_charts
+    from .bench.progress import BenchProgress
+    from .bench.report import format_results
+    from .bench.results import build_results, now, write_results
+    from .bench.runner import run_recipe_isolated
+
+    started = now()
+    backend = args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
+    results = []
+    with BenchProgress(total_recipes=len(names)) as progress:
+        for name in names:
+            on_event = progress.start(name)
+            result = run_recipe_isolated(
+                name, spec=args.model, preset=preset, steps=args.steps, warmup_steps=args.warmup_steps,
+                out_dir=args.out, backend=backend, timeout_s=args.timeout, on_event=on_event,
+            )
+            results.append(result)
+            progress.finish(name, _summary(result))
+    settings = {
+        "preset": preset,
+        "steps": args.steps or _preset_value(preset, "steps"),
+        "warmup_steps": args.warmup_steps or _preset_value(preset, "warmup_steps"),
+        "backend": backend,
+        "model": args.model or f"captioner:{preset}",
+        "recipes": names,
+        "command": "torchcompile-kit " + shlex.join(args.argv),
+    }
+    document = build_results(results, settings=settings, started=started)
+    path = write_results(args.out, document)
+    print(format_results(document, markdown=args.markdown))
+    print(f"\nresults: {path}")
+    if not args.no_charts:
+        charts = write_charts(document, args.out)
+        if charts:
+            print("charts: " + ", ".join(str(c) for c in charts))
+        elif not charts_available():
+            print("charts: not written (matplotlib is not installed: pip install -e '.[bench]')")
+    return 0
+
+
+def _preset_value(preset: str, key: str) -> int:
+    from .bench.captioner import PRESETS
+
+    return getattr(PRESETS[preset], key)
+
+
+def _summary(result) -> str:
+    if result.status == "ok":
+        m = result.metrics
+        return f"ok: warm-up {m.get('warmup_s') or 0:.1f} s, {m.get('steps_per_s') or 0:.2f} steps/s"
+    if result.status == "skipped":
+        return f"skipped: {result.reason}"
+    first = (result.error or "").strip().splitlines()
+    return f"FAILED: {first[0] if first else ''}"[:200]
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .bench.charts import write_charts, write_comparison_chart
+    from .bench.report import format_comparison, format_results
+    from .bench.results import ResultsFileError, load_results
+
+    if len(args.runs) > 2:
+        return _error(f"report takes one or two result directories, got {len(args.runs)}: {args.runs!r}")
+    try:
+        documents = [load_results(run) for run in args.runs]
+    except ResultsFileError as err:
+        return _error(str(err))
+    charts_dir = Path(args.charts_dir or (args.runs[0] if Path(args.runs[0]).is_dir() else Path(args.runs[0]).parent))
+    for run, document in zip(args.runs, documents):
+        if len(documents) > 1:
+            print(f"### {run}")
+        print(format_results(document, markdown=args.markdown))
+        print()
+    if len(documents) == 2:
+        labels = [Path(run).name or run for run in args.runs]
+        if labels[0] == labels[1]:
+            labels = ["A", "B"]
+        print(format_comparison(*documents, labels=labels, markdown=args.markdown))
+    if not args.no_charts:
+        if (message := _check_out_dir(str(charts_dir))) is not None:
+            return _error(message)
+        charts = write_charts(documents[0], charts_dir) if len(documents) == 1 else []
+        if len(documents) == 2:
+            chart = write_comparison_chart(*documents, charts_dir / "comparison.png", labels=labels)
+            charts = [chart] if chart else []
+        if charts:
+            print("charts: " + ", ".join(str(c) for c in charts))
+    return 0
+
+
+def _micro(args: argparse.Namespace) -> int:
+    from .bench.timing import format_table, write_json
 
     results = []
-    for name in args.recipes or list(RECIPES):
-        module = importlib.import_module(RECIPES[name][0])
+    for name in args.names:
+        module = importlib.import_module(f"torchcompile_kit.bench.{name}")
         result = module.run(size=args.size)
         print(format_table(result), flush=True)
         print(flush=True)
         results.append(result)
-    path = write_json(args.json, results)
-    print(f"results written to {path}")
+    print(f"results written to {write_json(args.json, results)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``torchcompile-kit``; returns the exit status (2 for a usage error).
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success (also when a recipe failed: it is a row of the table), 2 on bad arguments.
+
+    Example:
+        >>> main(["bench", "--list"])  # doctest: +SKIP
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "tune":
+        return _tune(args)
+    return _micro(args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .tuning import candidate_names, format_table, tune
+
+    if args.steps_planned < 1 or args.budget <= 0:
+        return _error(f"--steps-planned must be >= 1 and --budget > 0 minutes, got {args.steps_planned!r}, {args.budget!r}")
+    unknown = sorted(set(args.candidates or ()) - set(candidate_names()))
+    if unknown:
+        return _error(f"unknown candidate(s) {unknown!r}; choose from {candidate_names()!r}")
+    problem = _check_out_dir(args.out)
+    if problem:
+        return _error(problem)
+
+    def show(event: dict) -> None:
+        reason = f" - {event['reason']}" if event.get("reason") else ""
+        print(f"[tune] {event['event']} {event['name']}: {event['status']}{reason}", file=sys.stderr, flush=True)
+
+    try:
+        result = tune(args.model, steps_planned=args.steps_planned, budget_s=60 * args.budget, out_dir=args.out,
+                      backend=args.backend, preset=args.preset, candidates=args.candidates, warm_start=args.warm_start,
+                      steps=args.steps, warmup_steps=args.warmup_steps, verify=args.verify, on_event=show)
+    except ValueError as err:
+        return _error(str(err))
+    print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")
+    if result.verification:
+        print(f"verification: {result.verification}")
+    print(f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py")
     return 0
 
 

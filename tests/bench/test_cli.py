@@ -1,63 +1,88 @@
-"""The `torchcompile-kit` command line and the shared benchmark report."""
+"""The `torchcompile-kit` command line: argument checks and their messages (nothing is run)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
+from torchcompile_kit.bench.recipes import RECIPES, default_recipe_names, with_dependencies
 from torchcompile_kit.cli import main
-from torchcompile_kit.bench import RECIPES
-from torchcompile_kit.bench.report import BenchResult, format_table, interleaved_medians, write_json
 
 
-def test_unknown_recipe_is_refused(capsys):
-    assert main(["bench", "nonsense"]) == 2
-    assert "unknown recipe(s) ['nonsense']" in capsys.readouterr().err
+def _fails(argv, capsys, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err, err
 
 
-def test_help_lists_every_recipe():
+def test_list_shows_every_recipe_and_marks_opt_in(capsys):
+    assert main(["bench", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, recipe in RECIPES.items():
+        (line,) = [line for line in lines if line.lstrip(" +*").startswith(f"{name} ")]
+        assert line.lstrip().startswith("+") == (not recipe.default), line
+
+
+def test_help_works_through_python_m():
     out = subprocess.run(
         [sys.executable, "-m", "torchcompile_kit", "bench", "--help"],
         capture_output=True, text=True, check=True,
     ).stdout
-    for name in RECIPES:
-        assert name in out
-    assert "--size" in out
+    assert "--preset" in out and "--model" in out and "buckets" in out
+    assert "--backend" not in out  # the test switch stays out of the help
 
 
-def test_every_recipe_module_has_run():
-    import importlib
-
-    for module_name, _ in RECIPES.values():
-        assert callable(importlib.import_module(module_name).run)
+def test_unknown_recipe(capsys, tmp_path):
+    _fails(["bench", "nonsense", "--out", str(tmp_path)], capsys, "unknown recipe(s) ['nonsense']")
 
 
-def test_table_and_json(tmp_path):
-    result = BenchResult(
-        recipe="demo",
-        title="t",
-        columns=["variant", "ms"],
-        rows=[{"variant": "a", "ms": 1.23456}, {"variant": "long name", "ms": None}],
-        summary=["ratio 2.0"],
-    )
-    lines = format_table(result).splitlines()
-    assert lines[0] == "== demo: t"
-    assert lines[1].index("ms") == lines[3].index("1.235") == len("long name") + 2
-    assert lines[-1] == "ratio 2.0"
-    payload = json.loads(write_json(tmp_path / "sub" / "r.json", [result]).read_text())
-    assert payload["results"][0]["rows"][0]["ms"] == pytest.approx(1.23456)
-    assert {"torch", "transformers", "peft", "device", "date", "git_commit"} <= set(
-        payload["environment"]
+def test_unknown_preset(capsys, tmp_path):
+    _fails(["bench", "eager", "--preset", "huge", "--out", str(tmp_path)], capsys, "unknown preset 'huge'")
+
+
+def test_steps_must_be_positive(capsys, tmp_path):
+    _fails(["bench", "eager", "--steps", "0", "--out", str(tmp_path)], capsys, "--steps must be a positive int")
+
+
+def test_unwritable_out(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    _fails(["bench", "eager", "--out", str(blocker / "sub")], capsys, "is not a writable directory")
+
+
+def test_model_that_does_not_import(capsys, tmp_path):
+    _fails(
+        ["bench", "eager", "--model", "no_such_module_xyz:build", "--out", str(tmp_path)],
+        capsys, "importing 'no_such_module_xyz' failed",
     )
 
 
-def test_interleaved_medians_runs_every_variant_in_turn():
-    calls: list[str] = []
-    medians = interleaved_medians(
-        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2, iters=2
+def test_model_that_returns_the_wrong_thing(capsys, tmp_path):
+    _fails(
+        ["bench", "eager", "--model", "tests.bench.user_models:returns_model_only", "--out", str(tmp_path)],
+        capsys, "must return (model, make_batch)",
     )
-    assert calls == ["a", "a", "b", "b", "a", "a", "b", "b"]
-    assert set(medians) == {"a", "b"} and all(m >= 0 for m in medians.values())
+
+
+def test_report_needs_a_results_file(capsys, tmp_path):
+    _fails(["report", str(tmp_path)], capsys, "no results at")
+    (tmp_path / "results.json").write_text('{"rows": []}')
+    _fails(["report", str(tmp_path)], capsys, "is not a torchcompile-kit bench results file")
+
+
+def test_default_set_and_dependencies():
+    cpu = default_recipe_names(device_type="cpu")
+    cuda = default_recipe_names(device_type="cuda")
+    assert "reduce-overhead" not in cpu and "reduce-overhead" in cuda
+    assert not any(RECIPES[name].world_size > 1 for name in cpu)
+    # a warm recipe brings the cold one that saves its cache, and runs after it
+    assert with_dependencies(["regional-warm"]) == ["regional", "regional-warm"]
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_is_described(name):
+    recipe = RECIPES[name]
+    assert recipe.description and recipe.group in {"static", "dynamic", "warm-up", "distributed"}
+    assert recipe.cache_from is None or RECIPES[recipe.cache_from].save_cache

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchcompile_kit.bench.optimizer import SIZES, measure, run
-from torchcompile_kit.bench.report import format_table
+from torchcompile_kit.bench.timing import format_table
 
 
 def test_measure_tiny_runs_every_variant_and_they_agree():

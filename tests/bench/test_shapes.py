@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchcompile_kit.bench.report import format_table
 from torchcompile_kit.bench.shapes import run, seed_length_mix
+from torchcompile_kit.bench.timing import format_table
 
 
 def test_seed_length_mix_has_the_documented_proportions():

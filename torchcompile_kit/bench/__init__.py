@@ -1,24 +1,40 @@
-"""The benchmark command: ``torchcompile-kit bench [RECIPE ...] [--size small|full]``.
+"""The benchmark command's machinery: ``torchcompile-kit bench`` runs the seed post's experiment.
 
-Each recipe lives in its own module with a ``run(*, size: str) -> BenchResult`` function; the
-command runs the chosen recipes (all of them by default), prints one table per recipe and writes
-one JSON file that records the versions, the machine, the date and the git commit.
+Modules, one concept each:
+
+- :mod:`.captioner`: the seed's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``seed``;
+- :mod:`.recipes`: the recipe table (the seed's rows), built on the library's public helpers;
+- :mod:`.model_spec`: ``--model module:function``, the user's model;
+- :mod:`.batches`: each recipe's batches (padding schemes, buckets);
+- :mod:`.runner`: one recipe in its own fresh process (``run_recipe_isolated``);
+- :mod:`.execute`: what that process runs; :mod:`.metrics`: what it measures;
+- :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output;
+- :mod:`.timing` + :mod:`.regional`, :mod:`.shapes`, :mod:`.optimizer`: the older
+  micro-benchmarks (``torchcompile-kit micro``).
+
+Only the command line and ``tune`` import this package; nothing below it does.
 """
 
-from __future__ import annotations
+from .batches import batch_stream
+from .captioner import PRESETS, build_captioner, seed_length_mix
+from .model_spec import ModelSpec, ModelSpecError, load_model_spec, loss_of, parse_model_spec
+from .recipes import RECIPES, Recipe, RecipeContext
+from .runner import RecipeResult, run_recipe_isolated
 
-# recipe name -> (module, one-line description). Modules are imported only when run.
-RECIPES: dict[str, tuple[str, str]] = {
-    "regional": (
-        "torchcompile_kit.bench.regional",
-        "cold compile and steady step: eager vs full torch.compile vs compile_regional",
-    ),
-    "shapes": (
-        "torchcompile_kit.bench.shapes",
-        "padding, distinct shapes and recompiles: pad-to-max / multiple-of-32 / buckets",
-    ),
-    "optimizer": (
-        "torchcompile_kit.bench.optimizer",
-        "optimizer step time: for-loop, foreach, fused, compile_optimizer (step, foreach_map)",
-    ),
-}
+__all__ = [
+    "PRESETS",
+    "RECIPES",
+    "ModelSpec",
+    "ModelSpecError",
+    "Recipe",
+    "RecipeContext",
+    "RecipeResult",
+    # also used by tune: the captioner and its batches for the correctness check, the loss
+    "batch_stream",
+    "build_captioner",
+    "load_model_spec",
+    "loss_of",
+    "parse_model_spec",
+    "run_recipe_isolated",
+    "seed_length_mix",
+]

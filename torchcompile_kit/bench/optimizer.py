@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..optim import compile_optimizer
-from .report import BenchResult, fresh_compile_state, interleaved_medians, timed
+from .timing import BenchResult, fresh_compile_state, interleaved_medians, timed
 
 SIZES: dict[str, dict[str, Any]] = {
     # ~20 tensors, 42k params: both inductor compiles take seconds, not minutes

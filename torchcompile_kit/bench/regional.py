@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..regional import compile_regional, fix_loss_function
-from .report import BenchResult, fresh_compile_state, interleaved_medians, timed
+from .timing import BenchResult, fresh_compile_state, interleaved_medians, timed
 
 SIZES: dict[str, dict[str, Any]] = {
     "small": {"layers": (4,), "hidden": 64, "batch": 2, "seq": 32, "rounds": 3, "iters": 3},

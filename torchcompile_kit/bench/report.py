@@ -1,137 +1,151 @@
-"""What every benchmark recipe shares: the result type, timing, fresh compile state, reporting."""
+"""The tables of a bench run: one per group (static, dynamic, warm-up, distributed), and two runs
+side by side (before/after, CPU/GPU). Text for the terminal, Markdown for docs.
+
+``torchcompile-kit report DIR [DIR2]`` re-renders them from saved ``results.json`` files.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import json
-import os
-import platform
-import statistics
-import subprocess
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import _dynamo
-from .._compat import package_version
+__all__ = ["format_comparison", "format_results", "render_table"]
 
-__all__ = [
-    "BenchResult",
-    "environment",
-    "format_table",
-    "fresh_compile_state",
-    "interleaved_medians",
-    "timed",
-    "write_json",
+# (column label, metric key, format)
+_COLUMNS: list[tuple[str, str, str]] = [
+    ("warm-up s", "warmup_s", "{:.1f}"),
+    ("steps/s", "steps_per_s", "{:.2f}"),
+    ("× base", "speedup", "{:.2f}"),
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("graphs", "graphs", "{}"),
+    ("recompiles", "recompiles", "{}"),
+    ("breaks", "graph_breaks", "{}"),
+    ("padding", "padding", "{:.0%}"),
+    ("peak MB", "peak_memory_mb", "{:.0f}"),
+    ("|Δloss|", "loss_max_abs_diff", "{:.1e}"),
 ]
+_GROUP_TITLES = {
+    "static": "static shapes (pad to max); × base = steps/s ÷ eager",
+    "dynamic": "dynamic shapes (variable caption length); × base = steps/s ÷ eager-longest",
+    "warm-up": "warm-up (cold vs warm compile); × base = steps/s ÷ eager",
+    "distributed": "distributed",
+}
 
 
-@dataclass(kw_only=True, slots=True)
-class BenchResult:
-    """One recipe's measurements."""
-
-    recipe: str
-    """Recipe name (``"regional"``)."""
-    title: str
-    """One line saying what was measured, on what."""
-    columns: list[str]
-    """Column order of the printed table."""
-    rows: list[dict[str, Any]]
-    """One dict per variant; keys are the columns."""
-    summary: list[str] = field(default_factory=list)
-    """Lines printed under the table: ratios and targets met or missed."""
-    config: dict[str, Any] = field(default_factory=dict)
-    """The sizes and settings the recipe ran with."""
-
-
-def environment() -> dict[str, Any]:
-    """Versions, machine and commit, recorded with every result."""
-    import torch
-
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "–"
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit or None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": device,
-        "torch": torch.__version__,
-        **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")},
-    }
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
 
 
-@contextlib.contextmanager
-def fresh_compile_state() -> Iterator[None]:
-    """A true cold start: dynamo reset and an empty, temporary inductor cache directory."""
-    with _dynamo.fresh_inductor_cache():
-        yield
+def render_table(header: Sequence[str], body: Sequence[Sequence[str]], *, markdown: bool = False) -> str:
+    """Aligned text (or Markdown) table.
 
+    Args:
+        header: column labels.
+        body: rows of cells (strings).
+        markdown: a GitHub Markdown table instead of aligned text.
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds one call of ``fn`` takes (CUDA synchronized when available)."""
-    import torch
+    Returns:
+        The table, lines joined with newlines.
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
-
-
-def interleaved_medians(
-    variants: dict[str, Callable[[], Any]], *, rounds: int = 5, iters: int = 5
-) -> dict[str, float]:
-    """Median seconds per call of each variant, measured interleaved.
-
-    Each round runs every variant ``iters`` times in turn, so load from other processes hits all
-    variants alike; the result is the median over all rounds and iterations.
+    Example:
+        >>> print(render_table(["a", "b"], [["1", "22"]]))
+        a  b
+        -  --
+        1  22
     """
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].extend(timed(fn) for _ in range(iters))
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)
-
-
-def format_table(result: BenchResult) -> str:
-    """The result as an aligned text table followed by its summary lines."""
-    header = result.columns
-    body = [[_cell(row.get(col)) for col in header] for row in result.rows]
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
-    lines = [f"== {result.recipe}: {result.title}"]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body)
-    lines.extend(result.summary)
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in body]
     return "\n".join(lines)
 
 
-def write_json(path: str | os.PathLike[str], results: list[BenchResult]) -> Path:
-    """Write the results and the environment to ``path`` (parents created)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment(), "results": [asdict(r) for r in results]}
-    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    return out
+def _status_note(row: Mapping[str, Any]) -> str:
+    if row["status"] == "skipped":
+        return f"skipped: {row.get('reason') or ''}"
+    if row["status"] == "failed":
+        first = (row.get("error") or "").strip().splitlines()
+        return f"FAILED: {first[0] if first else ''}"[:160]
+    return ""
+
+
+def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> str:
+    """The run's tables, one per group, with the setup line and failures/skips under each.
+
+    Args:
+        document: a results document (:mod:`.results`).
+        markdown: Markdown tables (for docs) instead of aligned text.
+
+    Returns:
+        The text.
+    """
+    env, settings = document.get("environment", {}), document.get("settings", {})
+    out = [
+        (f"torchcompile-kit bench — {settings.get('model', '?')}, preset {settings.get('preset')}, "
+        f"{settings.get('warmup_steps')} warm-up + {settings.get('steps')} steps, backend "
+        f"{settings.get('backend')}; {env.get('device')}, torch {env.get('torch')}, "
+        f"{env.get('date', '')[:10]}, commit {env.get('git_commit')}")
+    ]
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in document["rows"]:
+        groups.setdefault(row.get("group") or "custom", []).append(row)
+    header = ["recipe", *(label for label, _, _ in _COLUMNS)]
+    for group, rows in groups.items():
+        body, notes = [], []
+        for row in rows:
+            metrics = row.get("metrics") or {}
+            if row["status"] == "ok":
+                body.append([row["name"], *(_cell(metrics.get(key), fmt) for _, key, fmt in _COLUMNS)])
+                notes += [f"{row['name']}: {note}" for note in metrics.get("notes", [])]
+            else:
+                body.append([row["name"], *(["–"] * len(_COLUMNS))])
+                notes.append(f"{row['name']}: {_status_note(row)}")
+        out += ["", f"== {group}: {_GROUP_TITLES.get(group, '')}".rstrip(": "), render_table(header, body, markdown=markdown)]
+        out += [f"  {note}" for note in notes]
+    return "\n".join(out)
+
+
+def format_comparison(
+    first: Mapping[str, Any], second: Mapping[str, Any], *, labels: Sequence[str] = ("A", "B"), markdown: bool = False
+) -> str:
+    """Two runs side by side: warm-up seconds and steps/s of each recipe, and B ÷ A.
+
+    Args:
+        first: results document A.
+        second: results document B.
+        labels: names of the two columns groups (e.g. directory names).
+        markdown: Markdown instead of aligned text.
+
+    Returns:
+        The table, with one line per run saying what it ran on.
+    """
+    a_rows = {row["name"]: row for row in first["rows"]}
+    b_rows = {row["name"]: row for row in second["rows"]}
+    names = list(a_rows) + [n for n in b_rows if n not in a_rows]
+    a, b = labels
+    header = ["recipe", f"warm-up s {a}", f"warm-up s {b}", f"{b} ÷ {a}", f"steps/s {a}", f"steps/s {b}", f"{b} ÷ {a}"]
+    body = []
+    for name in names:
+        cells = [name]
+        for key, fmt in (("warmup_s", "{:.1f}"), ("steps_per_s", "{:.2f}")):
+            va = (a_rows.get(name, {}).get("metrics") or {}).get(key)
+            vb = (b_rows.get(name, {}).get("metrics") or {}).get(key)
+            cells += [_cell(va, fmt), _cell(vb, fmt), _cell(vb / va if va and vb else None, "{:.2f}")]
+        body.append(cells)
+    lines = []
+    for label, doc in ((a, first), (b, second)):
+        env, settings = doc.get("environment", {}), doc.get("settings", {})
+        lines.append(
+            f"{label}: {settings.get('model')}, preset {settings.get('preset')}, {env.get('device')}, "
+            f"torch {env.get('torch')}, {env.get('date', '')[:10]}, commit {env.get('git_commit')}"
+        )
+    return "\n".join([*lines, "", render_table(header, body, markdown=markdown)])

@@ -19,8 +19,15 @@ from typing import Any
 import torch
 
 from .. import _dynamo
-from ..shapes import BucketBatchSampler, PadToBucketCollator, mark_dynamic_batch, plan_buckets, warmup_shapes
-from .report import BenchResult, fresh_compile_state
+from ..shapes import (
+    BucketBatchSampler,
+    PadToBucketCollator,
+    mark_dynamic_batch,
+    plan_buckets,
+    warmup_shapes,
+)
+from .captioner import seed_length_mix  # the seed's caption-length mix, shared with `bench`
+from .timing import BenchResult, fresh_compile_state
 
 __all__ = ["run", "seed_length_mix"]
 
@@ -28,29 +35,6 @@ BATCH_SIZE = 64
 MAX_LENGTH = 256
 VOCAB = 128
 _SIZES = {"small": 30, "full": 300}  # batches per epoch
-
-
-def seed_length_mix(n: int, *, seed: int = 0) -> list[int]:
-    """``n`` lengths from the seed's mix: 90% U[5,31], 9% U[33,63], 1% U[65,255].
-
-    Args:
-        n: how many lengths.
-        seed: seed of the ``random.Random`` that draws them.
-
-    Returns:
-        The lengths, in draw order.
-
-    Example:
-        >>> len(seed_length_mix(10))
-        10
-    """
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        u = rng.random()
-        low, high = (5, 31) if u < 0.9 else (33, 63) if u < 0.99 else (65, 255)
-        out.append(rng.randint(low, high))
-    return out
 
 
 class _TinyLM(torch.nn.Module):

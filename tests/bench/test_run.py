@@ -1,0 +1,144 @@
+"""`bench` end to end with the cheap backend, `report`, failures as rows, and process isolation.
+
+Recipes run in this process (``TORCHCOMPILE_KIT_BENCH_INPROCESS=1``, the documented test switch)
+except in the isolation tests, which pay a process start each: the non-slow budget allows few.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from torchcompile_kit.bench.results import load_results
+from torchcompile_kit.bench.runner import INPROCESS_ENV, run_recipe_isolated
+from torchcompile_kit.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+METRICS = {"warmup_s", "steps_per_s", "tokens_per_s", "graphs", "recompiles", "graph_breaks",
+           "padding", "peak_memory_mb", "losses"}
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    monkeypatch.setenv(INPROCESS_ENV, "1")
+
+
+def _bench(out, *args):
+    return main(["bench", *args, "--steps", "2", "--warmup-steps", "1", "--backend", "eager", "--out", str(out)])
+
+
+def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _bench(out, "eager", "eager-longest", "reduce-overhead", "--preset", "tiny") == 0
+    printed = capsys.readouterr().out
+    assert "== static" in printed and "== dynamic" in printed and "reduce-overhead" in printed
+    doc = load_results(out)
+    rows = {row["name"]: row for row in doc["rows"]}
+    assert list(rows) == ["eager", "reduce-overhead", "eager-longest"]  # table order
+    assert rows["eager"]["status"] == rows["eager-longest"]["status"] == "ok"
+    assert rows["reduce-overhead"]["status"] == "skipped" and "CUDA" in rows["reduce-overhead"]["reason"]
+    static, longest = rows["eager"]["metrics"], rows["eager-longest"]["metrics"]
+    assert METRICS <= set(static)
+    assert static["graphs"] == 0 and static["speedup"] == 1.0
+    # the seed's length mix: padding to max wastes most tokens, to the longest far fewer
+    assert static["padding"] > 0.7 and longest["padding"] < static["padding"]
+    assert len(longest["losses"]) == 3 and longest["loss_max_abs_diff"] < 1e-4  # same samples
+    assert {"torch", "device", "git_commit", "date"} <= set(doc["environment"])
+    assert doc["settings"]["backend"] == "eager" and doc["settings"]["preset"] == "tiny"
+    for chart in ("warmup.png", "throughput.png"):
+        assert (out / chart).read_bytes()[:8] == PNG_MAGIC
+
+    # report re-renders the saved file, alone and next to a second run
+    (out / "warmup.png").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "== static" in capsys.readouterr().out and (out / "warmup.png").stat().st_size > 0
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    data = json.loads((other / "results.json").read_text())
+    data["rows"][0]["metrics"]["steps_per_s"] *= 2
+    (other / "results.json").write_text(json.dumps(data))
+    assert main(["report", str(out), str(other), "--markdown"]) == 0
+    side = capsys.readouterr().out
+    eager_line = [line for line in side.splitlines() if line.startswith("| eager |")][-1]
+    assert eager_line.rstrip(" |").endswith("2.00")  # steps/s other ÷ run
+    assert (out / "comparison.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
+    out = tmp_path / "run"
+    assert _bench(out, "eager", "full", "mark-dynamic", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
+    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    for name in ("full", "mark-dynamic"):
+        metrics = rows[name]["metrics"]
+        assert rows[name]["status"] == "ok", rows[name]["error"]
+        assert metrics["graphs"] == 1 and metrics["recompiles"] == 0 and metrics["graph_breaks"] == 0
+        assert metrics["loss_max_abs_diff"] < 1e-5 and metrics["speedup"] > 0
+
+
+def test_a_failing_recipe_is_a_row_and_the_run_goes_on(in_process, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = _bench(out, "full", "eager", "--model", "tests.bench.user_models:compile_hostile", "--no-charts")
+    assert code == 0
+    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    assert rows["full"]["status"] == "failed"
+    assert "refuses to be compiled" in rows["full"]["error"]
+    assert rows["eager"]["status"] == "ok" and rows["eager"]["metrics"]["steps_per_s"] > 0
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_user_model_buckets_need_the_lengths(in_process, tmp_path):
+    out = tmp_path / "run"
+    assert _bench(out, "buckets", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
+    (row,) = load_results(out)["rows"]
+    assert row["status"] == "skipped" and "(model, make_batch, lengths)" in row["reason"]
+    out = tmp_path / "with-lengths"
+    spec = "tests.bench.user_models:tiny_lm_with_lengths"
+    assert _bench(out, "buckets", "multiple-of-32", "--model", spec, "--no-charts") == 0
+    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    assert rows["buckets"]["status"] == rows["multiple-of-32"]["status"] == "ok"
+    assert rows["buckets"]["metrics"]["graphs"] == 1  # every batch re-padded to the one bucket
+
+
+def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(INPROCESS_ENV, raising=False)
+    events = []
+    result = run_recipe_isolated(
+        "mark-dynamic", spec="tests.bench.user_models:tiny_lm", steps=2, warmup_steps=1,
+        out_dir=tmp_path, backend="eager", on_event=events.append,
+    )
+    assert result.status == "ok", result.error
+    assert result.metrics["graphs"] == 1 and result.metrics["recompiles"] == 0
+    assert result.settings["model"] == "tests.bench.user_models:tiny_lm"
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
+    request = json.loads((tmp_path / "_work" / "mark-dynamic" / "request.json").read_text())
+    assert request["backend"] == "eager" and (tmp_path / "logs" / "mark-dynamic.log").is_file()
+
+
+@pytest.mark.slow
+def test_captioner_compiled_recipes_with_a_cheap_backend(in_process, tmp_path):
+    """The seed's model through dynamo: full, mark-dynamic and the nested hybrid (aot_eager)."""
+    out = tmp_path / "run"
+    code = main(["bench", "eager", "full", "nested", "--steps", "2", "--warmup-steps", "1",
+                 "--backend", "aot_eager", "--out", str(out), "--no-charts"])
+    assert code == 0
+    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    for name in ("full", "nested"):
+        assert rows[name]["status"] == "ok", rows[name]["error"]
+        assert rows[name]["metrics"]["graphs"] == 1 and rows[name]["metrics"]["graph_breaks"] == 0
+        assert rows[name]["metrics"]["loss_max_abs_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
+    """Inductor for real: the cold recipe saves the library's cache, the warm one loads it."""
+    monkeypatch.delenv(INPROCESS_ENV, raising=False)
+    spec = "tests.bench.user_models:tiny_lm"
+    cold = run_recipe_isolated("full", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
+    assert cold.status == "ok", cold.error
+    assert cold.metrics["cache_saved"] is True
+    warm = run_recipe_isolated("full-warm", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
+    assert warm.status == "ok", warm.error
+    assert warm.metrics["cache_loaded"] is True
+    assert warm.metrics["monitor"]["cache_hits"] >= 1

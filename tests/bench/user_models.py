@@ -1,0 +1,62 @@
+"""Model factories for ``--model`` tests: tiny, fast, and some deliberately wrong."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB = 32
+
+
+class TinyLM(nn.Module):
+    """Embedding + linear head; returns the loss itself (the contract allows it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.embed(input_ids))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def make_batch(step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, VOCAB, (4, 12), generator=gen)
+    return {"input_ids": ids, "labels": ids}
+
+
+def tiny_lm():
+    torch.manual_seed(0)
+    return TinyLM(), make_batch
+
+
+def tiny_lm_with_lengths():
+    torch.manual_seed(0)
+    return TinyLM(), make_batch, [12] * 64
+
+
+class _CompileHostile(TinyLM):
+    def forward(self, input_ids, labels):
+        if torch.compiler.is_compiling():
+            raise RuntimeError("this model refuses to be compiled")
+        return super().forward(input_ids, labels)
+
+
+def compile_hostile():
+    """Runs eagerly, raises under torch.compile: compiled recipes fail, eager ones do not."""
+    torch.manual_seed(0)
+    return _CompileHostile(), make_batch
+
+
+def returns_model_only():
+    return TinyLM()
+
+
+def make_batch_not_a_dict():
+    return TinyLM(), lambda step: [1, 2, 3]
+
+
+def raises():
+    raise OSError("weights not found")

@@ -1,0 +1,195 @@
+"""The seed's toy model and data: an image captioner (ViT encoder + GPT-2 decoder) on captions of
+variable length, built from configs with random weights and data made in code (nothing downloads).
+
+The seed post (``/work/shared/seeds/torch_compile_training_post.txt``) trains a
+``VisionEncoderDecoderModel`` (default ``ViTConfig`` + default ``GPT2Config``, vocab 1024,
+``use_cache=False``, the unused pooler removed) on random 224×224 images and random captions whose
+lengths follow a mix: 90% in [5,31], 9% in [33,63], 1% in [65,255]; batch 64; Adam. The ``seed``
+preset keeps those sizes; ``tiny`` scales the architecture down so that a whole bench run fits in
+minutes on a 2-core CPU. Dropout is set to 0 in both, so eager and compiled runs take the same
+steps and their losses can be compared (the seed keeps the default 0.1; dropout does not change the
+graph's shape or cost much).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "PRESETS",
+    "CaptionerPreset",
+    "build_captioner",
+    "caption_samples",
+    "seed_length_mix",
+]
+
+PAD_ID = 0
+START_ID = 1
+END_ID = 2
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CaptionerPreset:
+    """Sizes of the captioner and of the run."""
+
+    name: str
+    """``"tiny"`` or ``"seed"``."""
+    image_size: int
+    """Side of the square random images (the seed: 224)."""
+    patch_size: int
+    """ViT patch side (the seed: 16)."""
+    hidden: int
+    """Hidden size of both the encoder and the decoder (the seed: 768)."""
+    layers: int
+    """Layers in the encoder and in the decoder each (the seed: 12)."""
+    heads: int
+    """Attention heads (the seed: 12)."""
+    vocab: int
+    """Decoder vocabulary (the seed: 1024)."""
+    max_length: int
+    """Longest caption, the pad-to-max length (the seed: 256)."""
+    batch_size: int
+    """Samples per step (the seed: 64)."""
+    warmup_steps: int
+    """Steps timed as warm-up from a cold start (the seed: 20)."""
+    steps: int
+    """Steady steps timed after warm-up (the seed: 100)."""
+    max_buckets: int
+    """``plan_buckets(max_buckets=)`` of the bucket recipe (the seed's recompile limit: 8)."""
+
+
+PRESETS: dict[str, CaptionerPreset] = {
+    # Small enough that one inductor compile of the whole model takes tens of seconds on 2 cores,
+    # and steady steps take milliseconds; the length mix and max length stay the seed's, so the
+    # shape and padding behaviour of every recipe is the seed's.
+    "tiny": CaptionerPreset(
+        name="tiny", image_size=32, patch_size=8, hidden=64, layers=2, heads=2, vocab=1024,
+        max_length=256, batch_size=8, warmup_steps=5, steps=20, max_buckets=4,
+    ),
+    "seed": CaptionerPreset(
+        name="seed", image_size=224, patch_size=16, hidden=768, layers=12, heads=12, vocab=1024,
+        max_length=256, batch_size=64, warmup_steps=20, steps=100, max_buckets=8,
+    ),
+}
+
+
+def seed_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[int]:
+    """``n`` caption lengths from the seed's mix: 90% U[5,31], 9% U[33,63], 1% U[65,max-1].
+
+    Args:
+        n: how many lengths.
+        seed: seed of the ``random.Random`` that draws them.
+        max_length: the longest caption plus one (the seed: 256, so long captions are [65,255]).
+
+    Returns:
+        The lengths, in draw order.
+
+    Example:
+        >>> len(seed_length_mix(10))
+        10
+    """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        low, high = (5, 31) if u < 0.9 else (33, 63) if u < 0.99 else (65, max_length - 1)
+        out.append(rng.randint(low, high))
+    return out
+
+
+def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
+    """The seed's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, random weights, train mode.
+
+    Args:
+        preset: the sizes.
+        seed: ``torch.manual_seed`` before the weights are drawn, so every recipe starts from
+            the same weights.
+
+    Returns:
+        The model (``use_cache=False``, pooler removed, dropout 0).
+
+    Example:
+        >>> model = build_captioner(PRESETS["tiny"])  # doctest: +SKIP
+    """
+    import torch
+    from transformers import (
+        GPT2Config,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+    )
+
+    encoder = ViTConfig(
+        hidden_size=preset.hidden,
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        intermediate_size=4 * preset.hidden,
+        image_size=preset.image_size,
+        patch_size=preset.patch_size,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    decoder = GPT2Config(
+        vocab_size=preset.vocab,
+        n_positions=preset.max_length,
+        n_embd=preset.hidden,
+        n_layer=preset.layers,
+        n_head=preset.heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=START_ID,
+        eos_token_id=END_ID,
+        use_cache=False,
+    )
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder.use_cache = False
+    config.decoder_start_token_id = START_ID
+    config.pad_token_id = PAD_ID
+    config.eos_token_id = END_ID
+    torch.manual_seed(seed)
+    model = VisionEncoderDecoderModel(config=config)
+    model.encoder.pooler = None  # unused; its parameters would get no gradient
+    return model.train()
+
+
+def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` samples like the seed's ``FakeDataset``: a random image and a random caption.
+
+    Each sample holds ``pixel_values`` (3×S×S), ``decoder_input_ids`` (START + caption),
+    ``decoder_attention_mask`` (ones) and ``labels`` (caption + END), all of one length drawn from
+    :func:`seed_length_mix`, so any collator (``PadToBucketCollator`` pads ids and mask with 0 and
+    ``labels`` with -100) gives the seed's batches.
+
+    Args:
+        preset: the sizes.
+        n: number of samples.
+        seed: seed of the lengths, tokens and images.
+
+    Returns:
+        The samples, in order.
+
+    Example:
+        >>> samples = caption_samples(PRESETS["tiny"], 16)  # doctest: +SKIP
+    """
+    import torch
+
+    lengths = seed_length_mix(n, seed=seed, max_length=preset.max_length)
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for length in lengths:
+        caption = torch.randint(3, preset.vocab, (length - 1,), generator=gen)
+        labels = torch.cat([caption, torch.tensor([END_ID])])
+        inputs = torch.cat([torch.tensor([START_ID]), caption])
+        image = torch.randn(3, preset.image_size, preset.image_size, generator=gen)
+        samples.append(
+            {
+                "pixel_values": image,
+                "decoder_input_ids": inputs,
+                "decoder_attention_mask": torch.ones(length, dtype=torch.long),
+                "labels": labels,
+            }
+        )
+    return samples

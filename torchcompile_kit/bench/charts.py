@@ -1,0 +1,115 @@
+"""PNG charts of a bench run: warm-up seconds and steps/s per recipe (headless matplotlib).
+
+matplotlib is an optional extra (``pip install -e ".[bench]"``); without it no chart is written
+and the caller says so. The ``Agg`` backend is selected on a private figure, so no display is
+needed and the user's global matplotlib backend is not changed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._compat import is_package_available
+
+__all__ = ["charts_available", "write_charts", "write_comparison_chart"]
+
+_GROUP_COLORS = {"static": "#4C72B0", "dynamic": "#55A868", "warm-up": "#C44E52", "distributed": "#8172B2"}
+
+
+def charts_available() -> bool:
+    """Whether matplotlib is installed (charts are written only then)."""
+    return is_package_available("matplotlib")
+
+
+def _figure(height_rows: int) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 1.2 + 0.35 * max(height_rows, 1)), dpi=110)
+    FigureCanvasAgg(figure)  # headless: no pyplot, no global backend switch
+    return figure
+
+
+def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: str, path: Path) -> Path | None:
+    ok = [r for r in rows if r["status"] == "ok" and (r.get("metrics") or {}).get(key)]
+    if not ok:
+        return None
+    names = [r["name"] for r in ok][::-1]
+    values = [r["metrics"][key] for r in ok][::-1]
+    colors = [_GROUP_COLORS.get(r.get("group"), "#937860") for r in ok][::-1]
+    figure = _figure(len(ok))
+    axes = figure.add_subplot(1, 1, 1)
+    bars = axes.barh(names, values, color=colors)
+    axes.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=3, fontsize=8)
+    axes.set_title(title, fontsize=10)
+    axes.set_xlabel(xlabel)
+    axes.margins(x=0.15)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def write_charts(document: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write ``warmup.png`` and ``throughput.png`` for a results document.
+
+    Args:
+        document: a results document (:mod:`.results`).
+        out_dir: where to write them.
+
+    Returns:
+        The files written (empty without matplotlib or without ok rows).
+
+    Example:
+        >>> write_charts(load_results("bench-results"), "bench-results")  # doctest: +SKIP
+    """
+    if not charts_available():
+        return []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings, env = document.get("settings", {}), document.get("environment", {})
+    where = f"{settings.get('model')}, {env.get('device')}, torch {env.get('torch')}"
+    written = [
+        _bar_chart(document["rows"], "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
+        _bar_chart(document["rows"], "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
+    ]
+    return [path for path in written if path is not None]
+
+
+def write_comparison_chart(
+    first: Mapping[str, Any], second: Mapping[str, Any], path: str | os.PathLike[str], *, labels: Sequence[str] = ("A", "B")
+) -> Path | None:
+    """Two runs side by side: grouped bars of warm-up seconds and steps/s per recipe.
+
+    Args:
+        first: results document A.
+        second: results document B.
+        path: the PNG to write.
+        labels: legend names of A and B.
+
+    Returns:
+        ``path``, or ``None`` without matplotlib or without a recipe both ran.
+    """
+    if not charts_available():
+        return None
+    a_rows = {r["name"]: r for r in first["rows"] if r["status"] == "ok"}
+    b_rows = {r["name"]: r for r in second["rows"] if r["status"] == "ok"}
+    names = [n for n in a_rows if n in b_rows]
+    if not names:
+        return None
+    figure = _figure(2 * len(names))
+    for column, (key, title) in enumerate((("warmup_s", "warm-up s"), ("steps_per_s", "steps/s"))):
+        axes = figure.add_subplot(1, 2, column + 1)
+        positions = range(len(names))
+        for offset, (label, rows) in zip((-0.2, 0.2), zip(labels, (a_rows, b_rows))):
+            values = [rows[n]["metrics"].get(key) or 0 for n in names]
+            axes.barh([p + offset for p in positions], values, height=0.4, label=label)
+        axes.set_yticks(list(positions), names if column == 0 else [""] * len(names))
+        axes.invert_yaxis()
+        axes.set_title(title, fontsize=10)
+    figure.axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    return Path(path)

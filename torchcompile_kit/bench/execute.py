@@ -1,0 +1,280 @@
+"""Inside a recipe's process: build the model and batches, apply the recipe, measure, report.
+
+:func:`execute_request` is what ``python -m torchcompile_kit.bench.execute REQUEST.json`` runs
+(:mod:`.runner` starts it in a fresh process). It turns every outcome into a
+:class:`~.runner.RecipeResult`: ``skipped`` when a requirement is missing here (with the reason),
+``failed`` with the exception when the recipe raises, ``ok`` with the metrics otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .batches import batch_stream, seq_keys
+from .captioner import PRESETS, build_captioner
+from .metrics import measure_training
+from .model_spec import ModelSpec, load_model_spec, loss_of
+from .outcome import RecipeResult, emit_event
+from .recipes import RECIPES, Recipe, RecipeContext
+
+__all__ = ["execute_request", "missing_requirement", "public_feature"]
+
+
+def public_feature(name: str) -> Any:
+    """``torchcompile_kit.<name>`` if the package exports it yet, else ``None``.
+
+    The bench codes against the public names of helpers other parts of the library provide
+    (``CompileMonitor``, ``save_compile_cache``); a recipe that needs a missing one is skipped
+    with the reason instead of faking numbers.
+    """
+    import torchcompile_kit
+
+    try:
+        return getattr(torchcompile_kit, name)
+    except (AttributeError, ImportError):
+        return None
+
+
+def missing_requirement(
+    recipe: Recipe, *, device_type: str, spec: str | None, backend: str = "inductor"
+) -> str | None:
+    """Why ``recipe`` cannot run here, or ``None`` when it can.
+
+    Args:
+        recipe: the recipe.
+        device_type: ``"cpu"`` or ``"cuda"``.
+        spec: the ``--model`` spec (``None``: the captioner).
+        backend: the compile backend of the run.
+
+    Returns:
+        A sentence for the skipped row, or ``None``.
+    """
+    if "cuda" in recipe.requires and device_type != "cuda":
+        return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
+    if "cache" in recipe.requires and public_feature("load_compile_cache") is None:
+        return "not available yet: torchcompile_kit.load_compile_cache is not exported"
+    if "nested" in recipe.requires:
+        from .. import _dynamo
+
+        if not _dynamo.has_nested_compile_region():
+            return "needs torch.compiler.nested_compile_region (torch >= 2.8)"
+        if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
+            return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
+    if recipe.world_size > 1:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return "torch.distributed is not available in this torch build"
+    return None
+
+
+def _missing_lengths(recipe: Recipe, spec: ModelSpec) -> str | None:
+    if recipe.data == "buckets" and spec.make_batch is not None and not spec.lengths:
+        return (
+            "plans buckets from the dataset's lengths; return them from the --model function "
+            "as a third item: (model, make_batch, lengths)"
+        )
+    return None
+
+
+class _Skip(Exception):
+    """A requirement found missing once the model is built: the row is skipped, with the reason."""
+
+
+def _device() -> Any:
+    import torch
+
+    if torch.cuda.is_available():
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def _spec(request: dict[str, Any]) -> ModelSpec:
+    if request["spec"]:
+        return load_model_spec(request["spec"])
+    preset = PRESETS[request["preset"]]
+    return ModelSpec(source=f"captioner:{preset.name}", model=build_captioner(preset), make_batch=None)
+
+
+@contextlib.contextmanager
+def _distributed(recipe: Recipe, device: Any) -> Iterator[None]:
+    if recipe.world_size == 1:
+        yield
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def execute_request(request: dict[str, Any]) -> RecipeResult:
+    """Run the recipe a runner request names, in this process, and return its result.
+
+    Args:
+        request: the JSON the runner wrote (recipe, spec, preset, steps, warmup_steps, backend,
+            compile_overrides, cache_dir, result_path).
+
+    Returns:
+        The :class:`RecipeResult`; exceptions of the recipe become ``failed`` results.
+    """
+    recipe = RECIPES[request["recipe"]]
+    preset = PRESETS[request["preset"]]
+    device = _device()
+    settings = {
+        "preset": preset.name,
+        "backend": request["backend"],
+        "compile_overrides": request["compile_overrides"],
+        "device": str(device),
+        "model": request["spec"] or f"captioner:{preset.name}",
+        "data": recipe.data,
+        "world_size": recipe.world_size,
+    }
+    result = RecipeResult(name=recipe.name, status="skipped", group=recipe.group, settings=settings)
+    reason = missing_requirement(
+        recipe, device_type=device.type, spec=request["spec"], backend=request["backend"]
+    )
+    if reason is not None:
+        result.reason = reason
+        return result
+    try:
+        with _distributed(recipe, device):
+            result.metrics = _run(recipe, request, device, settings)
+        result.status = "ok"
+    except _Skip as skip:
+        result.reason = str(skip)
+    except Exception as err:  # a failing recipe is a row with its error, not a crashed bench
+        result.status = "failed"
+        tail = "".join(traceback.format_exception(err)[-6:])
+        result.error = f"{type(err).__name__}: {err}"[:2000] + "\n" + tail[-3000:]
+    return result
+
+
+def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    preset = PRESETS[request["preset"]]
+    steps = request["steps"] or preset.steps
+    warmup_steps = request["warmup_steps"] or preset.warmup_steps
+    settings.update(steps=steps, warmup_steps=warmup_steps)
+    notes: list[str] = []
+    cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
+    emit_event(event="phase", phase="build")
+    spec = _spec(request)
+    if (reason := _missing_lengths(recipe, spec)) is not None:
+        raise _Skip(reason)
+    if "encoder_decoder" in recipe.requires and not (
+        hasattr(spec.model, "encoder") and hasattr(spec.model, "decoder")
+    ):
+        raise ValueError(f"recipe {recipe.name!r} needs a model with .encoder and .decoder submodules")
+    model = spec.model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    ctx = RecipeContext(
+        model=model, optimizer=optimizer, backend=request["backend"],
+        overrides=dict(request["compile_overrides"]), device=device,
+    )
+    metrics: dict[str, Any] = {}
+    loaded = None
+    if recipe.cache_from:
+        started = time.perf_counter()
+        loaded = public_feature("load_compile_cache")(cache_path)
+        metrics["cache_load_s"] = time.perf_counter() - started
+        metrics["cache_loaded"] = bool(loaded)
+        if not loaded:
+            notes.append(f"cache not loaded: {getattr(loaded, 'reason', '')}".strip())
+        elif hasattr(loaded, "summary"):
+            notes.append(loaded.summary())
+    emit_event(event="phase", phase="compile")
+    with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
+        warnings.simplefilter("always")
+        recipe.apply(ctx)
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
+        notes.append(f"warning: {message[:300]}")
+    stream, prepare = batch_stream(recipe, spec, preset, device)
+    step = _train_step(recipe, ctx, device, spec)
+    monitor_cls = public_feature("CompileMonitor")
+    monitor = monitor_cls() if monitor_cls is not None else contextlib.nullcontext()
+    if monitor_cls is None:
+        notes.append("graphs/recompiles/breaks not measured: CompileMonitor not available yet")
+    with monitor:
+        metrics.update(
+            measure_training(
+                step, stream, warmup_steps=warmup_steps, steps=steps, device=device,
+                before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
+                on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
+            )
+        )
+    if monitor_cls is not None:
+        snapshot = monitor.snapshot()
+        metrics.update({k: snapshot.get(k) for k in ("graphs", "recompiles", "graph_breaks", "compile_seconds")})
+        metrics["monitor"] = snapshot
+    if loaded and hasattr(loaded, "cache_stats"):
+        metrics["cache_stats"] = loaded.cache_stats()  # torch's FX-graph/AOTAutograd cache hits
+    if recipe.save_cache and public_feature("save_compile_cache") is not None:
+        saved = public_feature("save_compile_cache")(cache_path)
+        metrics["cache_saved"] = bool(saved)
+    if notes:
+        metrics["notes"] = notes
+    return metrics
+
+
+def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec):
+    import torch
+
+    from torchcompile_kit import mark_dynamic_batch, zero_grads
+
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))  # the seed's bf16 autocast
+        if device.type == "cuda"
+        else contextlib.nullcontext
+    )
+
+    def step(batch: dict[str, Any], *, update: bool = True) -> Any:
+        batch = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+        if recipe.mark_dynamic:
+            mark_dynamic_batch(batch, 1, keys=seq_keys(batch))
+        if recipe.zero_grads:
+            zero_grads(ctx.model)
+        else:
+            ctx.optimizer.zero_grad()
+        with autocast():
+            loss = loss_of(ctx.model(**batch))
+        loss.backward()
+        if update:
+            ctx.optimizer.step()
+        else:  # a warm-up pass compiles the graphs without training on the batch
+            ctx.optimizer.zero_grad()
+        return loss.detach()
+
+    return step
+
+
+def _forward_backward(step):
+    return lambda batch: step(batch, update=False)
+
+
+def _child_main(request_path: str) -> int:
+    """The recipe's process: run the request in this process and write its result (rank 0)."""
+    import json
+
+    request = json.loads(Path(request_path).read_text())
+    result = execute_request(request)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(request["result_path"]).write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_child_main(sys.argv[1]))

@@ -1,0 +1,210 @@
+"""``--model module:function``: the user's own model for ``bench`` and ``tune``.
+
+The contract (also documented in ``docs/benchmarks.md``): ``function()`` takes no arguments and
+returns ``(model, make_batch)`` or ``(model, make_batch, lengths)``:
+
+- ``model`` is an ``nn.Module`` in the state to train (on the device to train on);
+- ``make_batch(step: int) -> dict`` gives the batch of step ``step`` (deterministic in ``step``,
+  so every recipe sees the same batches); ``model(**batch)`` must work and its output has a
+  ``.loss`` (a transformers ``ModelOutput``), is a ``dict`` with ``"loss"``, or is the loss;
+- ``lengths`` (optional) are the dataset's sequence lengths, for the bucket recipes.
+
+``module`` is a dotted module name importable from the current directory (``mypkg.models``) or a
+path to a ``.py`` file (``models/build.py:build``). The spec is a string on purpose: each recipe
+runs in its own process, which loads it again from the string.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TorchCompileKitError
+
+__all__ = ["ModelSpec", "ModelSpecError", "load_model_spec", "loss_of", "parse_model_spec"]
+
+
+class ModelSpecError(TorchCompileKitError, ValueError):
+    """A ``--model`` spec is malformed, does not import, or its function returns the wrong thing."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSpec:
+    """A model and its batches, as the bench's recipes consume them."""
+
+    source: str
+    """The spec string it was loaded from (``"mypkg.models:build"``), or ``"captioner:<preset>"``."""
+    model: Any
+    """The ``nn.Module`` to train."""
+    make_batch: Callable[[int], dict[str, Any]]
+    """``make_batch(step)`` -> the batch of that step, a dict ``model(**batch)`` accepts."""
+    lengths: list[int] | None = None
+    """The dataset's sequence lengths (optional; bucket recipes need them)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Anything else a builder wants to pass to the recipes (unused for user models)."""
+
+
+def parse_model_spec(text: str) -> tuple[str, str]:
+    """Split ``"module:function"`` into its parts, or raise a clear error.
+
+    Args:
+        text: the spec, e.g. ``"mypkg.models:build"`` or ``"models/build.py:build"``.
+
+    Returns:
+        ``(module, function)``.
+
+    Raises:
+        ModelSpecError: no ``:``, or an empty part.
+
+    Example:
+        >>> parse_model_spec("mypkg.models:build")
+        ('mypkg.models', 'build')
+    """
+    module, sep, function = str(text).rpartition(":")
+    if not sep or not module or not function or not function.isidentifier():
+        raise ModelSpecError(
+            f"--model {text!r} is not 'module:function'; pass e.g. --model mypkg.models:build "
+            "(a module importable from the current directory) or --model path/to/file.py:build"
+        )
+    return module, function
+
+
+def _import(module: str) -> Any:
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        path = Path(module)
+        if not path.is_file():
+            raise ModelSpecError(f"--model: file {str(path)!r} does not exist")
+        name = f"_tck_user_model_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+        return loaded
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # what `python -m` would do; console scripts do not
+    return importlib.import_module(module)
+
+
+def load_model_spec(text: str) -> ModelSpec:
+    """Import ``module``, call ``function()`` and check what it returns.
+
+    Args:
+        text: ``"module:function"`` (see the module docstring for the contract).
+
+    Returns:
+        The :class:`ModelSpec`.
+
+    Raises:
+        ModelSpecError: the spec is malformed, the module does not import, the function is
+            missing or not callable, raises, or returns something other than
+            ``(model, make_batch[, lengths])``.
+
+    Example:
+        >>> spec = load_model_spec("tests.bench.user_model:build")  # doctest: +SKIP
+        >>> spec.model(**spec.make_batch(0)).loss  # doctest: +SKIP
+    """
+    module_name, function_name = parse_model_spec(text)
+    try:
+        module = _import(module_name)
+    except ModelSpecError:
+        raise
+    except Exception as err:  # any import-time failure is the user's module's
+        raise ModelSpecError(
+            f"--model {text!r}: importing {module_name!r} failed with {type(err).__name__}: {err}. "
+            "Run from the directory that contains it, or pass a path: --model path/file.py:fn"
+        ) from err
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ModelSpecError(
+            f"--model {text!r}: module {module_name!r} has no callable {function_name!r}"
+        )
+    try:
+        returned = function()
+    except Exception as err:
+        raise ModelSpecError(
+            f"--model {text!r}: {function_name}() raised {type(err).__name__}: {err}"
+        ) from err
+    return _check_returned(text, returned)
+
+
+def _check_returned(text: str, returned: Any) -> ModelSpec:
+    from torch import nn
+
+    shape = "(model, make_batch) or (model, make_batch, lengths)"
+    if not isinstance(returned, tuple) or len(returned) not in (2, 3):
+        raise ModelSpecError(
+            f"--model {text!r} returned {type(returned).__name__} "
+            f"({' '.join(repr(returned).split())[:60]}); it must "
+            f"return {shape}"
+        )
+    model, make_batch, *rest = returned
+    if not isinstance(model, nn.Module):
+        raise ModelSpecError(
+            f"--model {text!r}: the first item must be a torch.nn.Module, got "
+            f"{type(model).__name__}; it must return {shape}"
+        )
+    if not callable(make_batch):
+        raise ModelSpecError(
+            f"--model {text!r}: the second item must be make_batch(step) -> dict, got "
+            f"{type(make_batch).__name__}"
+        )
+    lengths = None
+    if rest and rest[0] is not None:
+        lengths = _check_lengths(text, rest[0])
+    batch = make_batch(0)
+    if not isinstance(batch, dict):
+        raise ModelSpecError(
+            f"--model {text!r}: make_batch(0) returned {type(batch).__name__}; it must return a "
+            "dict that model(**batch) accepts"
+        )
+    return ModelSpec(source=text, model=model, make_batch=make_batch, lengths=lengths)
+
+
+def _check_lengths(text: str, lengths: Any) -> list[int]:
+    if not isinstance(lengths, Sequence) and not hasattr(lengths, "tolist"):
+        raise ModelSpecError(
+            f"--model {text!r}: the third item must be the dataset's lengths (a list of ints), "
+            f"got {type(lengths).__name__}"
+        )
+    values = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
+    if not values or not all(isinstance(v, int) and v > 0 for v in values):
+        raise ModelSpecError(
+            f"--model {text!r}: lengths must be a non-empty list of positive ints, got "
+            f"{values[:5]!r}..."
+        )
+    return values
+
+
+def loss_of(output: Any) -> Any:
+    """The loss tensor of a model output: ``output.loss``, ``output["loss"]`` or ``output``.
+
+    Args:
+        output: what ``model(**batch)`` returned.
+
+    Returns:
+        The scalar loss tensor.
+
+    Raises:
+        ModelSpecError: the output has no loss.
+
+    Example:
+        >>> loss_of({"loss": 1.0})
+        1.0
+    """
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and hasattr(output, "backward") and getattr(output, "ndim", 1) == 0:
+        loss = output
+    if loss is None:
+        raise ModelSpecError(
+            f"model(**batch) returned {type(output).__name__} without a loss; return an output "
+            "with .loss (pass labels in the batch), a dict with 'loss', or the scalar loss"
+        )
+    return loss

@@ -1,0 +1,226 @@
+"""Run one recipe in its own fresh process, so no recipe's warm caches flatter another.
+
+The interface ``bench`` and ``tune`` build on (kept stable)::
+
+    result = run_recipe_isolated("full", spec=None, preset="tiny", steps=None,
+                                 out_dir="bench-out", backend=None, timeout_s=None)
+    result.status      # "ok" | "failed" | "skipped"
+    result.metrics     # dict (see metrics.py: warmup_s, steps_per_s, tokens_per_s, ...)
+    result.error       # traceback tail when failed; result.reason when skipped
+
+Each call starts ``python -m torchcompile_kit.bench.execute REQUEST.json`` with an empty
+``TORCHINDUCTOR_CACHE_DIR`` (and Triton cache) of its own under ``out_dir/_work/<recipe>``: a true
+cold start. Warm-start recipes (``cache_from``) get an empty directory too and load the artifact
+that their cold recipe saved with the library's ``save_compile_cache`` in ``out_dir/caches``.
+The child writes its :class:`RecipeResult` as JSON and reports progress as JSON lines on stdout
+(``on_event`` receives them); its stderr goes to ``out_dir/logs/<recipe>.log``. A recipe that
+raises, crashes or times out is a ``failed`` result with its error, never an exception here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
+
+__all__ = ["EVENT_PREFIX", "INPROCESS_ENV", "RecipeResult", "emit_event", "run_recipe_isolated"]
+
+INPROCESS_ENV = "TORCHCOMPILE_KIT_BENCH_INPROCESS"
+"""Test switch: ``=1`` runs recipes in the calling process (no isolation, fresh dynamo state and
+inductor cache only), which saves the 5-10 s start-up of a process per recipe in tests."""
+
+
+def run_recipe_isolated(
+    recipe: str,
+    *,
+    spec: str | None = None,
+    preset: str = "tiny",
+    steps: int | None = None,
+    out_dir: str | os.PathLike[str],
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    warmup_steps: int | None = None,
+    compile_overrides: Mapping[str, Any] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> RecipeResult:
+    """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
+
+    Args:
+        recipe: a name from :data:`torchcompile_kit.bench.recipes.RECIPES`.
+        spec: ``None`` for the seed's captioner at ``preset``, or a ``"module:function"`` model
+            spec (see :mod:`torchcompile_kit.bench.model_spec`), loaded again in the child.
+        preset: ``"tiny"`` or ``"seed"`` (sizes of the captioner, default step counts).
+        steps: steady steps to time after warm-up (``None``: the preset's).
+        out_dir: the run's directory (``caches/``, ``logs/`` and ``_work/`` go under it).
+        backend: ``torch.compile`` backend for every compile of the recipe (``None``:
+            ``$TORCHCOMPILE_KIT_BENCH_BACKEND`` or ``"inductor"``); ``"eager"`` makes tests cheap.
+        timeout_s: kill the child after this many seconds (a ``failed`` result); ``None``: never.
+        warmup_steps: steps timed as warm-up from the cold start (``None``: the preset's).
+        compile_overrides: JSON-able ``torch.compile`` keyword arguments merged over the
+            recipe's own (``{"mode": "max-autotune"}``); what ``tune`` varies.
+        on_event: called with each progress event of the child (``{"event": "step", ...}``).
+
+    Returns:
+        The :class:`RecipeResult`; never raises for a failure inside the recipe.
+
+    Raises:
+        ValueError: ``recipe`` or ``preset`` is unknown (checked before starting anything).
+
+    Example:
+        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b", steps=2)  # doctest: +SKIP
+        >>> r.status, r.metrics["steps_per_s"]  # doctest: +SKIP
+    """
+    from .recipes import RECIPES, check_preset, check_recipe_names
+
+    check_recipe_names([recipe])
+    check_preset(preset)
+    out = Path(out_dir)
+    work = out / "_work" / recipe
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "inductor").mkdir(parents=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / "caches").mkdir(parents=True, exist_ok=True)
+    request = {
+        "recipe": recipe,
+        "spec": spec,
+        "preset": preset,
+        "steps": steps,
+        "warmup_steps": warmup_steps,
+        "backend": backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
+        "compile_overrides": dict(compile_overrides or {}),
+        "cache_dir": str((out / "caches").resolve()),
+        "result_path": str((work / "result.json").resolve()),
+    }
+    (work / "request.json").write_text(json.dumps(request, indent=2))
+    ranks = RECIPES[recipe].world_size
+    started = time.perf_counter()
+    if os.environ.get(INPROCESS_ENV) == "1":
+        result = _run_in_process(request, ranks, on_event)
+    else:
+        result = _run_children(request, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event)
+    result.wall_s = time.perf_counter() - started
+    if result.status != "skipped":
+        shutil.rmtree(work / "inductor", ignore_errors=True)  # kernels are big; the log stays
+    return result
+
+
+def _child_env(work: Path, rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str((work / "inductor").resolve())
+    env["TRITON_CACHE_DIR"] = str((work / "inductor" / "triton").resolve())
+    # the user's modules (--model) import in the child as they did here
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    if world_size > 1:
+        threads = max(1, (os.cpu_count() or 2) // world_size)
+        env.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+        )
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_children(
+    request: dict[str, Any],
+    work: Path,
+    log_path: Path,
+    world_size: int,
+    timeout_s: float | None,
+    on_event: Callable[[dict[str, Any]], None] | None,
+) -> RecipeResult:
+    port = _free_port() if world_size > 1 else 0
+    command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
+    logs = [open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w") for r in range(world_size)]
+    procs = [
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, stderr=logs[r],
+            text=True, env=_child_env(work, r, world_size, port),
+        )
+        for r in range(world_size)
+    ]
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    timed_out = _pump_events(procs[0], deadline, on_event)
+    for proc in procs:
+        try:
+            proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        if timed_out and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for log in logs:
+        log.close()
+    name = request["recipe"]
+    if timed_out:
+        return RecipeResult(name=name, status="failed", error=f"timed out after {timeout_s:g} s; log: {log_path}")
+    path = Path(request["result_path"])
+    if path.is_file():
+        return RecipeResult.from_dict(json.loads(path.read_text()))
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+    return RecipeResult(
+        name=name, status="failed",
+        error=f"the recipe's process exited with code {procs[0].returncode} and wrote no result "
+        f"(log: {log_path}):\n{tail}",
+    )
+
+
+def _run_in_process(
+    request: dict[str, Any], world_size: int, on_event: Callable[[dict[str, Any]], None] | None
+) -> RecipeResult:
+    if world_size > 1:
+        return RecipeResult(
+            name=request["recipe"], status="skipped",
+            reason=f"{INPROCESS_ENV}=1 runs recipes in this process; {world_size} ranks need processes",
+        )
+    from .. import _dynamo
+    from .execute import execute_request
+
+    set_event_sink(on_event or (lambda event: None))
+    try:
+        with _dynamo.fresh_inductor_cache():
+            return execute_request(request)
+    finally:
+        set_event_sink(None)
+
+
+def _pump_events(
+    proc: subprocess.Popen, deadline: float | None, on_event: Callable[[dict[str, Any]], None] | None
+) -> bool:
+    """Forward the child's progress events until it closes stdout; True when the deadline passed."""
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while True:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return True
+            if not selector.select(timeout=wait):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                return False
+            if line.startswith(EVENT_PREFIX) and on_event is not None:
+                try:
+                    on_event(json.loads(line[len(EVENT_PREFIX):]))
+                except ValueError:
+                    pass
+    finally:
+        selector.close()
