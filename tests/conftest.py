@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -13,3 +15,19 @@ def _fresh_dynamo():
     torch.manual_seed(0)
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Each test ends with the environment it started with.
+
+    Libraries leak variables: peft's BOFT layer tries to build a CUDA extension inside an
+    environment patch that is not restored when the build fails (no CUDA here), leaving
+    ``CC=CXX=gcc``, and inductor then links its C++ kernels with ``gcc`` (no libstdc++) in every
+    later process: "undefined symbol ... basic_ostringstream" (see docs/peft.md).
+    """
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)

@@ -138,3 +138,51 @@ def token_batch(batch: int = 2, length: int = 16, *, seed: int = 0) -> dict[str,
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (batch, length), generator=gen)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+# --- models whose layers alternate attention kinds (sliding window vs full) -------------------
+
+
+def gemma2(n_layer: int = 4, hidden: int = 32):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+        attention_dropout=0.0,
+    )
+    return Gemma2ForCausalLM(config)
+
+
+def qwen2_sliding(n_layer: int = 4, hidden: int = 32):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+        max_window_layers=n_layer // 2, attention_dropout=0.0,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def gpt_neo(n_layer: int = 4, hidden: int = 32):
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    config = GPTNeoConfig(
+        vocab_size=VOCAB, hidden_size=hidden, num_layers=n_layer, num_heads=4,
+        attention_types=[[["global", "local"], n_layer // 2]], window_size=8,
+        max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+    )
+    _no_dropout(config, "attention_dropout", "embed_dropout", "resid_dropout")
+    return GPTNeoForCausalLM(config)
+
+
+def cohere2(n_layer: int = 4, hidden: int = 32):
+    from transformers import Cohere2Config, Cohere2ForCausalLM
+
+    config = Cohere2Config(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, sliding_window_pattern=2,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, attention_dropout=0.0,
+    )
+    return Cohere2ForCausalLM(config)

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "TorchCompileKitError": "errors",
     "UnexpectedRecompileError": "errors",
     "UnsafeAdapterConfigError": "errors",
+    "UnsafeCompileModeError": "errors",
     "UnsupportedOptimizerError": "errors",
     # regional compilation
     "RegionalPlan": "regional",
@@ -42,18 +43,41 @@ _EXPORTS: dict[str, str] = {
     # shapes
     "BucketBatchSampler": "shapes",
     "PadToBucketCollator": "shapes",
+    "expected_padding": "shapes",
     "mark_dynamic_batch": "shapes",
     "pad_to_bucket": "shapes",
     "plan_buckets": "shapes",
     "warmup_shapes": "shapes",
     # diagnostics
+    "CompileMonitor": "diagnostics",
     "EquivalenceReport": "diagnostics",
+    "EquivalenceStep": "diagnostics",
     "check_compile_equivalence": "diagnostics",
+    "explain_graph_breaks": "diagnostics",
     "no_recompiles": "diagnostics",
+    # cache
+    "CacheLoadResult": "cache",
+    "CacheSaveResult": "cache",
+    "CompileCacheSession": "cache",
+    "CompileCacheWarning": "cache",
+    "compile_cache": "cache",
+    "load_compile_cache": "cache",
+    "save_compile_cache": "cache",
     # adapters
+    "PeftCompileRecord": "adapters",
     "SafetyFinding": "adapters",
     "check_peft_compile_safety": "adapters",
     "compile_peft": "adapters",
+    "get_peft_compile_record": "adapters",
+    # integrations (CompileTrainer, a transformers.Trainer subclass, stays in
+    # torchcompile_kit.integrations: touching it imports transformers)
+    "CompileTrainerMixin": "integrations",
+    "apply_fsdp2_regional": "integrations",
+    "enable_activation_checkpointing": "integrations",
+    "prepare_bucket_dataloader": "integrations",
+    # tune
+    "TuneResult": "tuning",
+    "tune": "tuning",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -25,32 +27,49 @@ from torch import nn
 
 __all__ = [
     "clear_compiled_call",
+    "compilation_metrics_since",
+    "compile_cache_counters",
     "compiled_module_names",
+    "cpu_capability",
     "eager_call",
     "foreach_map_op",
     "frame_counting_backend",
     "fresh_inductor_cache",
     "get_compiled_call",
+    "graph_break_counts",
+    "guard_counts",
+    "has_mega_cache",
+    "has_module_hook_guard_switch",
+    "has_nested_compile_region",
+    "inductor_cache_dir",
     "inductor_freezing_enabled",
+    "interned_string",
     "is_compiled_module",
-    "isolated_cache_kwarg",
     "is_torch_compile_wrapper",
+    "isolated_cache_kwarg",
+    "limit_warning_logger",
+    "load_mega_cache",
     "mark_dynamic",
+    "mark_nested_region",
     "mark_static_address",
     "privateuse1_backend_name",
     "recompile_limit",
     "recompile_limit_hits",
     "recompile_limit_kwarg",
     "reset",
+    "save_mega_cache",
     "set_compiled_call",
+    "trace_logger",
+    "with_module_hook_guards",
 ]
 
 
 # --- the recompile limit --------------------------------------------------------------------
 # Why: a block class, a shape or an adapter state gets `recompile_limit` graphs per code object;
 # past it dynamo runs the frame eagerly and says so once. Helpers size their work against it.
-# Upstream: renamed from `cache_size_limit` to `recompile_limit` in pytorch#143288 (torch 2.6/2.7);
-# older releases only have `cache_size_limit`. Can go when torch>=2.7 is the floor.
+# Upstream: renamed from `cache_size_limit` to `recompile_limit` (the old name kept as an alias) in
+# https://github.com/pytorch/pytorch/pull/143709 (Dec 2024); a torch of the declared floor (2.6) may
+# only have `cache_size_limit`. Can go when the floor is a torch that has `recompile_limit`.
 _LIMIT_NAMES = ("recompile_limit", "cache_size_limit")
 
 
@@ -75,37 +94,40 @@ def recompile_limit(config: Any = None) -> int:
     return int(getattr(config, _limit_name(config)))
 
 
-def recompile_limit_kwarg() -> str | None:
+def recompile_limit_kwarg(compile_fn: Callable[..., Any] | None = None) -> str | None:
     """The ``torch.compile`` keyword that sets the limit for one compile call, or ``None``.
 
-    Why: raising the limit for one block group must not raise it globally. Upstream:
-    ``torch.compile(..., recompile_limit=)`` is not in every release; where it is missing the
-    caller warns instead. Can go when every supported torch has it.
-    """
-    import inspect
+    ``compile_fn`` stands in for ``torch.compile`` (tests switch the probe with it).
 
-    params = inspect.signature(torch.compile).parameters
+    Why: raising the limit for one block group must not raise it globally. Upstream:
+    ``torch.compile(..., recompile_limit=)`` came with
+    https://github.com/pytorch/pytorch/pull/177936 (2026); where it is missing the caller warns
+    instead. Can go when every supported torch has it.
+    """
+    params = inspect.signature(compile_fn or torch.compile).parameters
     return "recompile_limit" if "recompile_limit" in params else None
 
 
-def isolated_cache_kwarg() -> dict[str, bool]:
+def isolated_cache_kwarg(compile_fn: Callable[..., Any] | None = None) -> dict[str, bool]:
     """``{"isolate_recompiles": True}`` where ``torch.compile`` takes it, else ``{}``.
+
+    ``compile_fn`` stands in for ``torch.compile`` (tests switch the probe with it).
 
     Why: a frame of ours shared by several compiled regions (torch.nn modules, which dynamo will
     not trace as a top-level frame) must not share one recompile budget across them. Upstream:
-    ``torch.compile(isolate_recompiles=)`` is recent; without it the regions share the budget and
-    may recompile up to the limit. Can go when every supported torch has it.
+    ``torch.compile(isolate_recompiles=)`` came with https://github.com/pytorch/pytorch/pull/178351
+    (2026); without it the regions share one budget and may recompile up to the limit. Can go when
+    every supported torch has it.
     """
-    import inspect
-
-    params = inspect.signature(torch.compile).parameters
+    params = inspect.signature(compile_fn or torch.compile).parameters
     return {"isolate_recompiles": True} if "isolate_recompiles" in params else {}
 
 
 # --- compiled-module detection --------------------------------------------------------------
 # Why: `module.compile()` stores the compiled call in the private `_compiled_call_impl`
-# (torch/nn/modules/module.py); there is no public "is this compiled" or "uncompile". Upstream:
-# https://github.com/pytorch/pytorch/issues/125683 (no public undo). Can go when torch offers one.
+# (`Module.compile` in torch/nn/modules/module.py, which `_call_impl` checks first); torch has no
+# public "is this compiled" or "uncompile", and no upstream issue asking for one was found. Can go
+# when torch offers either.
 
 
 def is_torch_compile_wrapper(obj: object) -> bool:
@@ -145,11 +167,12 @@ def eager_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 # --- marking tensors ------------------------------------------------------------------------
 # Why: `torch._dynamo.mark_dynamic` / `mark_static_address` are the documented way to mark dims and
-# addresses, but live under the private `torch._dynamo` namespace. Upstream: exposed as
-# `torch.compiler` APIs only partly (pytorch#130090). Can go when `torch.compiler` has both.
+# addresses, but live under the private `torch._dynamo` namespace; the move of dynamo's user APIs to
+# the public `torch.compiler` (https://github.com/pytorch/pytorch/pull/102182) did not take them.
+# Can go when `torch.compiler` has both.
 
 
-def mark_dynamic(tensor: torch.Tensor, dim: int, *, min: int | None = None, max: int | None = None) -> None:  # noqa: A002
+def mark_dynamic(tensor: torch.Tensor, dim: int, *, min: int | None = None, max: int | None = None) -> None:
     """``torch._dynamo.mark_dynamic`` with its ``min``/``max`` bounds."""
     torch._dynamo.mark_dynamic(tensor, dim, min=min, max=max)
 
@@ -160,8 +183,8 @@ def mark_static_address(tensor: torch.Tensor) -> None:
 
 
 def reset() -> None:
-    """``torch._dynamo.reset()``: forget every compiled graph and guard (a cold start)."""
-    torch._dynamo.reset()
+    """Forget every compiled graph and guard (a cold start): the public ``torch.compiler.reset``."""
+    torch.compiler.reset()
 
 
 # --- counting -------------------------------------------------------------------------------
@@ -195,24 +218,27 @@ def inductor_freezing_enabled() -> bool:
     return bool(inductor_config.freezing)
 
 
+def _fresh_cache_fn() -> Callable[..., Any] | None:
+    """inductor's own "fresh cache" context manager under its name for this torch, or ``None``."""
+    import torch._inductor.utils as inductor_utils
+
+    return getattr(inductor_utils, "fresh_cache", None) or getattr(
+        inductor_utils, "fresh_inductor_cache", None
+    )
+
+
 @contextlib.contextmanager
 def fresh_inductor_cache() -> Iterator[str]:
     """An empty inductor cache directory for the block, so a compile is truly cold.
 
     Why: inductor reuses compiled kernels from ``TORCHINDUCTOR_CACHE_DIR`` across runs; a
     benchmark that wants cold compile times must not see them. Upstream:
-    ``torch._inductor.utils.fresh_cache`` (named ``fresh_inductor_cache`` before torch 2.8); the
-    fallback points the environment variable at a temporary directory. Can go when torch exposes
-    a public "cold start" switch.
+    ``torch._inductor.utils.fresh_cache`` (older releases call it ``fresh_inductor_cache``; 2.13
+    has both); the fallback points the environment variable at a temporary directory. Can go when
+    torch exposes a public "cold start" switch.
     """
-    try:
-        from torch._inductor.utils import fresh_cache
-    except ImportError:
-        try:
-            from torch._inductor.utils import fresh_inductor_cache as fresh_cache
-        except ImportError:
-            fresh_cache = None
-    reset()
+    fresh_cache = _fresh_cache_fn()
+    torch.compiler.reset()
     try:
         if fresh_cache is not None:
             with tempfile.TemporaryDirectory(prefix="tck-inductor-") as tmp, fresh_cache(dir=tmp):
@@ -229,7 +255,289 @@ def fresh_inductor_cache() -> Iterator[str]:
                     else:
                         os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
     finally:
-        reset()
+        torch.compiler.reset()
+
+
+# --- compile cache ---------------------------------------------------------------------------
+# The cache topic (torchcompile_kit/cache) bundles torch's mega-cache with the inductor cache dir's
+# compiled kernel folders. Mega-cache: `torch.compiler.save_cache_artifacts` /
+# `load_cache_artifacts` are public (https://docs.pytorch.org/docs/main/generated/
+# torch.compiler.save_cache_artifacts.html, tutorial recipes/torch_compile_caching_tutorial) but
+# not in every supported torch, so they are probed here.
+
+
+def inductor_cache_dir() -> str:
+    """The inductor cache directory this process compiles into (absolute; may not exist yet).
+
+    Why: the CPU kernels (``.so``) that make a restart fast live there, not in the mega-cache.
+    ``TORCHINDUCTOR_CACHE_DIR`` wins; otherwise torch's default, computed by the private
+    ``torch._inductor.runtime.cache_dir_utils.default_cache_dir`` (``/tmp/torchinductor_<user>``).
+    Its public ``cache_dir()`` twin is not used because it writes the environment variable and
+    creates the folder. Upstream: documented in
+    https://docs.pytorch.org/tutorials/recipes/torch_compile_caching_configuration_tutorial.html;
+    no public function. Can go when ``torch.compiler`` exposes the cache dir.
+    """
+    directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not directory:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        directory = default_cache_dir()
+    return os.path.abspath(directory)
+
+
+def has_mega_cache() -> bool:
+    """Whether ``torch.compiler.save_cache_artifacts``/``load_cache_artifacts`` exist (torch 2.7+)."""
+    return hasattr(torch.compiler, "save_cache_artifacts") and hasattr(
+        torch.compiler, "load_cache_artifacts"
+    )
+
+
+def save_mega_cache() -> tuple[bytes, dict[str, int]] | None:
+    """The mega-cache bytes of everything compiled (or hit) in this process, with entry counts.
+
+    Returns ``None`` when nothing was compiled, or when this torch has no mega-cache.
+    """
+    if not has_mega_cache():
+        return None
+    result = torch.compiler.save_cache_artifacts()
+    if result is None:
+        return None
+    data, info = result
+    return data, {kind: len(keys) for kind, keys in info.artifacts.items()}
+
+
+def load_mega_cache(data: bytes) -> dict[str, int] | None:
+    """Hot-load mega-cache bytes into the inductor caches; entry counts, or ``None`` if unreadable."""
+    if not has_mega_cache():
+        return None
+    info = torch.compiler.load_cache_artifacts(data)
+    if info is None:
+        return None
+    return {kind: len(keys) for kind, keys in info.artifacts.items()}
+
+
+def compile_cache_counters() -> dict[str, int]:
+    """Process-wide inductor FX-graph and AOTAutograd cache hits/misses since the last reset.
+
+    Why: the cache must report whether a load paid off; the counts come from
+    ``torch._dynamo.utils.counters`` (private; names verified in torch 2.13
+    ``_inductor/codecache.py`` and ``_functorch/_aot_autograd/autograd_cache.py``). The diagnostics
+    CompileMonitor may take this over. Can go when torch.compiler exposes cache statistics.
+    """
+    from torch._dynamo.utils import counters
+
+    return {
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+def cpu_capability() -> str:
+    """The CPU vector ISA ATen dispatches to (``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``, ...).
+
+    Public (``torch.backends.cpu.get_cpu_capability``); here because inductor's CPU cache keys do
+    not include it (measured: an AVX-512 cache reused under AVX2 gave hits and a NaN loss).
+    """
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+# --- structured trace / compile events -------------------------------------------------------
+# Why: CompileMonitor (diagnostics/monitor.py) records what dynamo compiled from torch's structured
+# trace, the passive, always-on event stream behind TORCH_TRACE/tlparse: `trace_structured` emits a
+# record to the `torch.__trace` logger whenever that logger has a handler (it checks
+# `trace_log.handlers`, torch/_logging/_internal.py), so adding our handler is the only change.
+# Upstream: https://github.com/pytorch/pytorch/pull/120289 (structured trace logs, 2024); the
+# record names used (`dynamo_start`, `dynamo_output_graph`, `compilation_metrics`,
+# `bwd_compilation_metrics`, artifacts `recompile_reasons`/`dynamo_graph_break_reason`, `str`)
+# verified in torch 2.13 (_dynamo/convert_frame.py, utils.py, guards.py, symbolic_convert.py).
+# Can go when torch.compiler offers a public event API (compile callbacks are cleared by reset()
+# and silent on recompile-limit hits, so `torch._dynamo.callback` is no substitute).
+TRACE_LOGGER_NAME = "torch.__trace"
+
+
+def trace_logger() -> logging.Logger | None:
+    """torch's structured-trace logger, or ``None`` if this torch would not pass records to it.
+
+    ``None`` when torch has no ``trace_structured`` or the logger was set above DEBUG; the
+    monitor then falls back to :func:`compilation_metrics_since` and says so in its summary.
+    """
+    if not hasattr(torch._logging, "trace_structured"):
+        return None
+    log = logging.getLogger(TRACE_LOGGER_NAME)
+    return log if log.isEnabledFor(logging.DEBUG) else None
+
+
+LIMIT_WARNING_LOGGER_NAME = "torch._dynamo.convert_frame"
+
+
+def limit_warning_logger() -> logging.Logger:
+    """The logger of dynamo's "hit config.recompile_limit" WARNING (names the function).
+
+    Why: the trace's record of a limit hit has no function name (``co_name`` is None and no
+    ``dynamo_start`` is emitted, torch 2.13); the warning's ``record.args`` hold
+    ``(limit_type, limit, "'fn' (file:line)", last_reason, url)``
+    (torch/_dynamo/convert_frame.py). Can go with the trace section above.
+    """
+    return logging.getLogger(LIMIT_WARNING_LOGGER_NAME)
+
+
+def interned_string(index: int) -> str | None:
+    """The string torch's trace interned as ``index`` (file names in ``dynamo_start`` stacks).
+
+    Why: each string is emitted once per process as a ``str`` record; one interned before the
+    monitor started is only in ``torch._logging.structured.INTERN_TABLE`` (private). Can go with
+    the trace section above.
+    """
+    try:
+        from torch._logging.structured import INTERN_TABLE
+    except ImportError:
+        return None
+    for text, number in list(INTERN_TABLE.items()):
+        if number == index:
+            return text
+    return None
+
+
+def compilation_metrics_since(start_time_us: int) -> list[dict[str, Any]]:
+    """torch's per-frame compilation metrics that started at or after ``start_time_us``.
+
+    The weaker source, used where the trace is missing: ``torch._dynamo.utils.
+    get_compilation_metrics()`` keeps only the last 64 frames (a capped deque) and has no
+    graph-break locations. Same fields as the trace's ``compilation_metrics`` records.
+    Can go with the trace section above.
+    """
+    import dataclasses
+
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:
+        return []
+    rows = []
+    for metric in get_compilation_metrics():
+        row = dataclasses.asdict(metric)
+        if (row.get("start_time_us") or 0) >= start_time_us:
+            rows.append(row)
+    return rows
+
+
+def graph_break_counts() -> dict[str, int]:
+    """``torch._dynamo.utils.counters["graph_break"]``: reason -> count, without locations.
+
+    The fallback for graph breaks where the trace is missing. Process-wide, not cleared by
+    ``torch._dynamo.reset()``. Can go with the trace section above.
+    """
+    from torch._dynamo.utils import counters
+
+    return {str(reason): int(n) for reason, n in counters["graph_break"].items()}
+
+
+# --- nested compile regions (compile_regional(nested=True)) ----------------------------------
+# Why: the hybrid mode compiles the whole model once with each block's forward marked as a nested
+# compile region, so dynamo traces the block once and reuses it (an `invoke_subgraph` HOP) inside
+# one whole-model graph. `torch.compiler.nested_compile_region` is public (torch >= 2.8); it sets
+# marker attributes on the function it wraps, so it must wrap the class's plain `forward` function
+# (a bound method takes no attributes) and blocks share one cache key through it.
+# Upstream: https://github.com/pytorch/pytorch/pull/137538 (invoke_subgraph HOP). The probe can go
+# when torch >= 2.8 is the floor.
+
+
+def has_nested_compile_region() -> bool:
+    """Whether ``torch.compiler.nested_compile_region`` exists (torch >= 2.8)."""
+    return hasattr(torch.compiler, "nested_compile_region")
+
+
+def mark_nested_region(modules: list[nn.Module]) -> Callable[[], None]:
+    """Make each module's ``forward`` a nested compile region shared by its class; return the undo.
+
+    One marked function per class (``nested_compile_region(type(m).forward)``) is bound to every
+    instance as an instance attribute, so instances of a class reuse one traced subgraph; the
+    class itself is not changed.
+    """
+    import types
+
+    marked: dict[type, Callable[..., Any]] = {}
+    for module in modules:
+        cls = type(module)
+        if cls not in marked:
+            marked[cls] = torch.compiler.nested_compile_region(cls.forward)
+        module.forward = types.MethodType(marked[cls], module)
+
+    def undo() -> None:
+        for module in modules:
+            module.__dict__.pop("forward", None)
+
+    return undo
+
+
+# --- module hook guards -------------------------------------------------------------------------
+# Why: dynamo traces (inlines) the forward pre-hooks of the modules inside a compiled region, but
+# by default it does not guard on the hook dicts (`skip_nnmodule_hook_guards=True`), so a graph
+# traced without a hook keeps running after one is added, and vice versa. PEFT registers pre-hooks
+# on every LoRA layer for each `adapter_names=` call and removes them after it: a compiled block
+# then silently reuses the graph of the other case (max |diff| 0.39 on a tiny OPT). Turning the
+# guards on only while *our* compiled regions are called (never globally) makes dynamo build hook
+# guards for exactly those graphs; guards are built when a frame is compiled, so the switch only
+# has to be on then, and it is on for every compile these wrappers trigger.
+# Upstream: the switch, https://github.com/pytorch/pytorch/pull/97830; its default,
+# https://github.com/pytorch/pytorch/pull/98371 ("silent correctness issues if users
+# modify/remove their hooks later"); hooks ignored after compilation,
+# https://github.com/pytorch/pytorch/issues/117758. Can go when dynamo guards hook changes by
+# default (e.g. through module versioning, as #97830 proposes).
+
+
+def has_module_hook_guard_switch() -> bool:
+    """Whether this torch has ``torch._dynamo.config.skip_nnmodule_hook_guards``."""
+    return hasattr(torch._dynamo.config, "skip_nnmodule_hook_guards")
+
+
+def with_module_hook_guards(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a compiled callable so dynamo guards on module hooks while it runs (and compiles).
+
+    The switch is set for the duration of the call and restored after it, exceptions included.
+    It is process-wide while set: a compile on another thread during the call also gets hook
+    guards (more guards, never a wrong result). Without the switch (older torch), ``compiled`` is
+    returned unchanged.
+    """
+    if not has_module_hook_guard_switch():
+        return compiled
+    config = torch._dynamo.config
+
+    @functools.wraps(compiled)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        prior = config.skip_nnmodule_hook_guards
+        config.skip_nnmodule_hook_guards = False
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            config.skip_nnmodule_hook_guards = prior
+
+    call.__torchcompile_kit_hook_guards__ = compiled  # type: ignore[attr-defined]
+    return call
+
+
+def guard_counts(code: Any) -> list[int]:
+    """Leaf guards of each compiled entry dynamo holds for ``code`` (a function's ``__code__``).
+
+    Why: the cost of hook guards is measured in guards, which is load independent. Upstream:
+    ``torch._dynamo.eval_frame._debug_get_cache_entry_list`` and the C++ guard managers have no
+    public twin. Returns ``[]`` where this torch lacks them.
+    """
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return []
+
+    def count(manager: Any) -> int:
+        return len(manager.get_leaf_guards()) + sum(count(c) for c in manager.get_child_managers())
+
+    counts = []
+    for entry in _debug_get_cache_entry_list(code):
+        root = getattr(getattr(entry, "guard_manager", None), "root", None)
+        if root is not None and hasattr(root, "get_leaf_guards"):
+            counts.append(count(root))
+    return counts
 
 
 # --- optimizer pieces ------------------------------------------------------------------------
@@ -240,7 +548,9 @@ def foreach_map_op() -> Callable[..., Any] | None:
     """``torch._higher_order_ops.foreach_map.foreach_map``, or ``None`` before torch 2.7.
 
     Why: the horizontally fused optimizer step is built on it; it has no public name yet.
-    Upstream: pytorch#138970 (foreach_map HOP). Can go when it is exported publicly.
+    Upstream: https://github.com/pytorch/pytorch/pull/142098 (the HOP), documented as beta in the
+    torch 2.7 recipe "Explicit horizontal fusion with foreach_map" (pytorch/tutorials#3318). Can go
+    when it is exported publicly.
     """
     try:
         from torch._higher_order_ops.foreach_map import foreach_map
@@ -250,5 +560,10 @@ def foreach_map_op() -> Callable[..., Any] | None:
 
 
 def privateuse1_backend_name() -> str:
-    """The name a PrivateUse1 device registered under (``torch._C``), for device checks."""
+    """The name a PrivateUse1 device registered under (``torch._C``), for device checks.
+
+    Why: ``compile_optimizer`` sets ``capturable=True`` on accelerator devices, including
+    out-of-tree ones registered as PrivateUse1. Upstream: no public getter for the name exists
+    (``torch.utils.rename_privateuse1_backend`` sets it). Can go when one does.
+    """
     return torch._C._get_privateuse1_backend_name()

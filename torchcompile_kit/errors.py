@@ -15,6 +15,7 @@ __all__ = [
     "TorchCompileKitError",
     "UnexpectedRecompileError",
     "UnsafeAdapterConfigError",
+    "UnsafeCompileModeError",
     "UnsupportedOptimizerError",
 ]
 
@@ -41,6 +42,10 @@ class UnsupportedOptimizerError(TorchCompileKitError, ValueError):
 
 class UnsafeAdapterConfigError(TorchCompileKitError, ValueError):
     """A PEFT configuration is known to break or silently miscompute under ``torch.compile``."""
+
+
+class UnsafeCompileModeError(TorchCompileKitError, ValueError):
+    """A compile mode measured to compute wrong results in this setting is refused."""
 
 
 class UnexpectedRecompileError(TorchCompileKitError, RuntimeError):

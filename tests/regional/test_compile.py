@@ -6,11 +6,11 @@ import copy
 import warnings
 
 import pytest
+import tiny_models as tm
 import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-import tiny_models as tm
 from torchcompile_kit import (
     BlockSelectorError,
     NoRepeatedBlocksError,
@@ -20,7 +20,6 @@ from torchcompile_kit import (
     uncompile,
 )
 from torchcompile_kit.regional import get_regional_plan
-
 
 # --- toy models ----------------------------------------------------------------------------
 
@@ -431,3 +430,25 @@ def test_fix_loss_function_removes_the_loss_graph_break():
 def test_fix_loss_function_refuses_non_transformers_models():
     with pytest.raises(ValueError, match="no transformers PreTrainedModel"):
         fix_loss_function(Stack())
+
+
+def test_whole_transformers_submodels_as_regions_compile_fullgraph():
+    """Modular compile (encoder and decoder as regions): the use_cache hook stays outside them.
+
+    A hook on a transformers model *inside* a compiled region is traced by dynamo, and its rewrite
+    of the call's kwargs broke a fullgraph trace ("mapping proxy affected by dictionary mutation").
+    """
+    model = tm.vision_encoder_decoder()
+    reference = copy.deepcopy(model)
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_regional(model, blocks={"encoder": {}, "decoder": {}}, backend=counter, fullgraph=True)
+    pixel_values = torch.randn(2, 3, 32, 32)
+    labels = torch.randint(3, tm.VOCAB, (2, 8))
+    out = model(pixel_values=pixel_values, labels=labels)
+    out.loss.backward()
+    expected = reference(pixel_values=pixel_values, labels=labels)
+    expected.loss.backward()
+    assert counter.frame_count == 2  # one graph per region, no break
+    torch.testing.assert_close(out.loss, expected.loss)
+    hooked = [n for n, m in model.named_modules() if m._forward_pre_hooks]
+    assert hooked == [""]  # only the outer model, outside both regions

@@ -74,9 +74,16 @@ def compile_optimizer(
       the optimizer was built with, so a plain ``torch.optim`` optimizer loads it;
       ``load_state_dict()`` writes the loaded values into the same tensors.
 
+    What the compiled step really did is measured, not assumed: run steps under a
+    :class:`~torchcompile_kit.CompileMonitor` and read ``monitor.record_for(optimizer)`` (frames
+    of ``torch/optim`` code: graphs, recompiles with the failed guard, graph breaks, compile
+    seconds). Across an LR schedule it shows 0 recompiles (``tests/diagnostics/test_monitor.py``).
+
     Args:
         optimizer: ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (``fused`` and ``differentiable``
             off). ``impl="foreach_map"`` takes Adam/AdamW without ``amsgrad``/``maximize``.
+            accelerate's ``AcceleratedOptimizer`` (``Trainer.optimizer`` after training starts)
+            is unwrapped: its inner ``.optimizer`` is compiled and the wrapper returned.
         impl: ``"step"`` compiles the optimizer's own ``step``; ``"foreach_map"`` compiles
             :func:`torchcompile_kit.foreach_map_adam_step`, one horizontally fused update.
         scheduler: the LR scheduler driving ``optimizer``, if any; checked to be bound to it.
@@ -106,6 +113,7 @@ def compile_optimizer(
         >>> model(torch.randn(8, 4)).sum().backward()
         >>> opt.step(); sched.step(); opt.zero_grad()
     """
+    wrapper, optimizer = optimizer, _unwrap_accelerated(optimizer)
     _check_arguments(optimizer, impl, scheduler, compile_kwargs)
     runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, **compile_kwargs)
 
@@ -118,7 +126,26 @@ def compile_optimizer(
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     optimizer.register_state_dict_post_hook(runner.plain_state_dict)
     optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
-    return optimizer
+    return wrapper
+
+
+def _unwrap_accelerated(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (``Trainer.optimizer``).
+
+    The wrapper's ``step`` calls ``wrapper.optimizer.step``, so compiling the inner optimizer's
+    step is what runs. With a GradScaler (fp16) the wrapper swaps the inner ``step`` it captured
+    at ``prepare()`` back in, which would drop the compiled one: refused.
+    """
+    inner = getattr(optimizer, "optimizer", None)
+    if type(optimizer).__name__ != "AcceleratedOptimizer" or inner is None:
+        return optimizer
+    if getattr(optimizer, "scaler", None) is not None:
+        raise UnsupportedOptimizerError(
+            "compile_optimizer: this AcceleratedOptimizer uses a GradScaler (fp16), which "
+            "restores the step it captured at accelerator.prepare(); call compile_optimizer on "
+            "the torch optimizer before accelerator.prepare(), or train in bf16"
+        )
+    return inner
 
 
 def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
@@ -196,7 +223,9 @@ def _check_arguments(
                     f"supported: "
                     + (
                         "a fused optimizer already runs one kernel per step and compiling it "
-                        "only adds compile time; use it eagerly, or build it with fused=False"
+                        "only adds compile time; use it eagerly, or build it with fused=False "
+                        "(HF Trainer's default optim='adamw_torch_fused': pass "
+                        'TrainingArguments(optim="adamw_torch"))'
                         if option == "fused"
                         else "build the optimizer with differentiable=False"
                     )

@@ -40,7 +40,11 @@ def discover_blocks(model: nn.Module) -> list[str]:
         counts: dict[type, int] = defaultdict(int)
         for module in model.modules():
             counts[type(module)] += 1
-        classes |= {c for c, n in counts.items() if c.__name__ in hints and n >= 2}
+        # along the ancestry, as selectors match: FSDP2's fully_shard renames GPT2Block to
+        # FSDPGPT2Block (a subclass), which an exact name test would miss
+        classes |= {
+            c for c, n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)
+        }
     names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
     if not names:
         raise NoRepeatedBlocksError(

@@ -9,10 +9,12 @@ budget of ``recompile_limit`` (8) entries. A block that reads a distinct ``self.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import logging
 import re
+import textwrap
 import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from torch import nn
 
 from .. import _dynamo
 
-__all__ = ["GuardFinding", "find_instance_variants", "preflight_group"]
+__all__ = ["GuardFinding", "Preflight", "find_instance_variants", "preflight_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,24 +48,80 @@ class GuardFinding:
     """The value per instance (``"<object>"`` for objects)."""
     cache_only: bool = False
     """transformers reads it only to index a KV cache (``layer_idx``)."""
+    certain: bool = True
+    """The code uses the value itself (a branch, arithmetic, an index, a call of it), so each
+    value is a graph. ``False`` when it is only handed on as an argument (``f(x=self.window)``):
+    whether the callee specializes on it cannot be read here, so the blocks *may* recompile and
+    the measured count (``CompileMonitor``) decides."""
 
 
-def _value_key(value: Any) -> tuple[str, Hashable] | None:
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Preflight:
+    """What the preflight predicts for one block group."""
+
+    graphs: int
+    """Graphs the group needs by reading its code: one per structure and certain variant."""
+    may_vary: tuple[str, ...] = ()
+    """Attributes that differ and are handed on to other functions: each may add graphs."""
+    recompile_limit: int | None = None
+    """A per-group ``recompile_limit`` to pass to ``torch.compile``, when one is needed."""
+
+
+def _value_key(value: Any, owner: nn.Module | None = None) -> tuple[str, Hashable] | None:
     if isinstance(value, (torch.Tensor, nn.Module, type)):
         return None  # tensors are graph inputs, submodules are walked on their own
     if isinstance(value, _CONSTANT_TYPES):
         return ("constant", value)
     if isinstance(value, tuple) and all(isinstance(v, _CONSTANT_TYPES) for v in value):
         return ("constant", value)
+    if isinstance(value, functools.partial):
+        # dynamo guards a partial on its function and arguments, not on the partial object
+        # (transformers' GELUTanh holds `partial(F.gelu, approximate="tanh")` per instance)
+        parts = [_value_key(v) for v in (value.func, *value.args, *value.keywords.values())]
+        if any(part is None for part in parts):
+            return None
+        return ("object", (tuple(parts), tuple(value.keywords)))
+    if inspect.ismethod(value) and value.__self__ is owner:
+        return ("object", id(value.__func__))  # self.act = self._impl: the same code per block
     if callable(value):
         return ("object", id(value))  # calling it guards on its identity (pytorch#163329)
     return None  # other objects (configs) are guarded on the attributes read, by value
 
 
+_PASSED_ON = "passed"
+_DECIDES = "decides"
+
+
+def _uses(source: str, attribute: str) -> set[str]:
+    """How ``self.<attribute>`` is used in ``source``: handed on as an argument, or used itself."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return {_DECIDES}  # cannot tell: assume the worst
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    uses = set()
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Attribute)
+            and node.attr == attribute
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and isinstance(node.ctx, ast.Load)
+        ):
+            continue
+        parent = parents.get(node)
+        passed = isinstance(parent, ast.keyword) or (
+            isinstance(parent, ast.Call) and node in parent.args
+        )
+        uses.add(_PASSED_ON if passed else _DECIDES)
+    return uses
+
+
 @functools.cache
-def _is_read(cls: type, attribute: str) -> bool:
-    """Whether a method of ``cls`` (other than ``__init__``) reads ``self.<attribute>``."""
+def _read_uses(cls: type, attribute: str) -> frozenset[str]:
+    """How the methods of ``cls`` (other than ``__init__``) use ``self.<attribute>``; empty if unread."""
     pattern = re.compile(rf"\bself\.{re.escape(attribute)}\b")
+    uses: set[str] = set()
     for klass in cls.__mro__:
         if klass in (nn.Module, object):
             break
@@ -73,10 +131,10 @@ def _is_read(cls: type, attribute: str) -> bool:
             try:
                 source = inspect.getsource(member)
             except (OSError, TypeError):
-                return True  # cannot tell: assume it is read
+                return frozenset({_DECIDES})  # cannot tell: assume it is read and used
             if pattern.search(source):
-                return True
-    return False
+                uses |= _uses(source, attribute)
+    return frozenset(uses)
 
 
 def _instance_state(block: nn.Module) -> dict[str, tuple[type, str, tuple[str, Hashable]]]:
@@ -85,7 +143,7 @@ def _instance_state(block: nn.Module) -> dict[str, tuple[type, str, tuple[str, H
         for attr, value in vars(sub).items():
             if attr.startswith("_") or attr == "training":
                 continue
-            key = _value_key(value)
+            key = _value_key(value, owner=sub)
             if key is not None:
                 state[f"{rel}.{attr}" if rel else attr] = (type(sub), attr, key)
     return state
@@ -97,42 +155,54 @@ def _structure(block: nn.Module) -> tuple[tuple[str, type], ...]:
 
 def find_instance_variants(
     instances: Sequence[nn.Module], *, cache_disabled: bool = True
-) -> tuple[list[GuardFinding], list[int]]:
+) -> tuple[list[GuardFinding], list[tuple[int, int]]]:
     """Attributes that differ between instances and are read by their methods.
 
     Instances are first split by structure (T5's encoder and decoder blocks share a class but
     not their submodules: they are different graphs by construction); within each structure,
-    attributes that differ and are read make variants.
+    attributes that differ and are read make variants. Only attributes the code uses itself
+    (:attr:`GuardFinding.certain`) count as variants; attributes only handed on as arguments are
+    reported with ``certain=False``.
 
     Args:
         instances: the blocks of one group.
         cache_disabled: transformers' cache-only attributes (``layer_idx``) are not reported.
 
     Returns:
-        The findings and, per structure, ``[instances, variants]``.
+        The findings and, per structure, ``(instances, certain variants)``.
+
+    Example:
+        >>> findings, counts = find_instance_variants(list(model.layers))  # doctest: +SKIP
+        >>> counts  # 12 blocks that read a distinct self.layer_idx  # doctest: +SKIP
+        [(12, 12)]
     """
     by_structure: dict[tuple, list[nn.Module]] = {}
     for block in instances:
         by_structure.setdefault(_structure(block), []).append(block)
     findings: dict[str, GuardFinding] = {}
-    counts: list[list[int]] = []
+    counts: list[tuple[int, int]] = []
     for blocks in by_structure.values():
         states = [_instance_state(block) for block in blocks]
-        differing: list[str] = []
-        for path in sorted(states[0]):
+        deciding: list[str] = []
+        for path in sorted(set.intersection(*(set(state) for state in states))):
             entries = [state[path] for state in states]
             keys = [entry[2] for entry in entries]
             owner, attr, (kind, _) = entries[0]
-            if len(set(keys)) < 2 or not _is_read(owner, attr):
+            uses = _read_uses(owner, attr) if len(set(keys)) > 1 else frozenset()
+            if not uses:
                 continue
             cache_only = attr in _CACHE_ONLY_ATTRS and owner.__module__.startswith("transformers.")
             if cache_disabled and cache_only:
                 continue
-            differing.append(path)
+            certain = _DECIDES in uses
+            if certain:
+                deciding.append(path)
             shown = tuple(k[1] if k[0] == "constant" else "<object>" for k in keys)
-            findings.setdefault(path, GuardFinding(path, kind, shown, cache_only=cache_only))
-        variants = {tuple(state[path][2] for path in differing) for state in states}
-        counts.append([len(blocks), len(variants)])
+            findings.setdefault(
+                path, GuardFinding(path, kind, shown, cache_only=cache_only, certain=certain)
+            )
+        variants = {tuple(state[path][2] for path in deciding) for state in states}
+        counts.append((len(blocks), len(variants)))
     return list(findings.values()), counts
 
 
@@ -149,27 +219,43 @@ def preflight_group(
     *,
     compile_kwargs: dict[str, Any],
     cache_disabled: bool = True,
-) -> int | None:
+) -> Preflight:
     """Warn about per-instance guards in one block group; size its recompile limit if needed.
 
+    A warning is given only for state the block's code uses itself (each value is a graph);
+    state that is only handed on to another function *may* recompile, which is logged at INFO
+    level for the measured count (``CompileMonitor``, ``RegionalPlan.report()``) to confirm.
+
     Returns:
-        A ``recompile_limit`` for this group's ``torch.compile`` calls when the variants (times
-        two, for training and evaluation grad modes) exceed the global limit and the user did
-        not set one; else ``None``.
+        The :class:`Preflight`: predicted graphs, the attributes that may add graphs, and a
+        ``recompile_limit`` for this group's ``torch.compile`` calls when the variants (times two,
+        for training and evaluation grad modes) exceed the global limit and the user did not set
+        one.
     """
     findings, counts = find_instance_variants(instances, cache_disabled=cache_disabled)
     variants = sum(v for _, v in counts)
-    if not findings:
-        return None
-    described = "; ".join(_describe(f) for f in findings)
+    maybe = [f for f in findings if not f.certain]
+    result = Preflight(graphs=variants, may_vary=tuple(f.attribute for f in maybe))
+    if maybe:
+        logger.info(
+            "%s: %s differ between blocks and are handed on to other functions; the blocks may "
+            "compile one graph per value if those functions specialize on them (the measured "
+            "count in RegionalPlan.report() says whether they did).",
+            class_name,
+            "; ".join(_describe(f) for f in maybe),
+        )
+    certain = [f for f in findings if f.certain]
+    if not certain:
+        return result
+    described = "; ".join(_describe(f) for f in certain)
     message = (
-        f"{variants} of {len(instances)} {class_name} blocks differ in state their code reads: "
+        f"{variants} of {len(instances)} {class_name} blocks differ in state their code uses: "
         f"{described}. Dynamo specializes on such attributes (ints/strings by value, objects by "
         f"identity), so the block compiles {variants} graphs instead of 1. Fix: pass the value as "
         "a forward argument or a tensor buffer, share one object across blocks, or select the "
         "variants as separate groups with blocks=."
     )
-    if any(f.cache_only for f in findings):
+    if any(f.cache_only for f in certain):
         message += (
             " `layer_idx` is read only to index a KV cache: call the model with use_cache=False "
             "outside generation (compile_regional does so unless keep_kv_cache=True)."
@@ -184,14 +270,14 @@ def preflight_group(
     else:
         logger.info(message)
     if "recompile_limit" in compile_kwargs or needed <= limit:
-        return None
+        return result
     if _dynamo.recompile_limit_kwarg() is None:
         warnings.warn(
-            f"{class_name}: {variants} variants may exceed dynamo's recompile limit ({limit}); "
-            "this torch cannot raise it per compile call, so the last blocks may run eagerly. "
-            "Fix the per-block state or raise torch._dynamo.config.recompile_limit.",
+            f"{class_name}: {variants} variants exceed dynamo's recompile limit ({limit}); this "
+            "torch cannot raise it per compile call, so the last blocks will run eagerly. Fix the "
+            "per-block state or raise torch._dynamo.config.recompile_limit.",
             stacklevel=3,
         )
-        return None
+        return result
     logger.info("%s: recompile_limit=%d for this group (%d variants)", class_name, needed, variants)
-    return needed
+    return Preflight(graphs=variants, may_vary=result.may_vary, recompile_limit=needed)

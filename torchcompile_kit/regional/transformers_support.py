@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch import nn
@@ -20,13 +20,18 @@ Undo = Callable[[], None]
 
 
 def _pretrained_modules(model: nn.Module) -> Iterator[nn.Module]:
+    for _, module in _named_pretrained_modules(model):
+        yield module
+
+
+def _named_pretrained_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     if "transformers" not in sys.modules:  # a transformers model would have imported it
         return
     from transformers import PreTrainedModel
 
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, PreTrainedModel):
-            yield module
+            yield name, module
 
 
 def no_split_module_names(model: nn.Module) -> set[str]:
@@ -130,7 +135,9 @@ class _PlainForwardsWithoutCache:
         return args, {**kwargs, "use_cache": False}
 
 
-def disable_cache_in_plain_forwards(model: nn.Module) -> list[Undo]:
+def disable_cache_in_plain_forwards(
+    model: nn.Module, *, compiled_regions: Iterable[str] = ()
+) -> list[Undo]:
     """Make transformers forwards that do not generate run with ``use_cache=False`` (internal).
 
     With the default ``use_cache=True`` a decoder builds a ``DynamicCache`` even in a training
@@ -138,11 +145,21 @@ def disable_cache_in_plain_forwards(model: nn.Module) -> list[Undo]:
     ``self.layer_idx``) and recompiles once per layer. ``generate()`` passes a cache and is left
     alone; so is any call that passes ``use_cache`` itself.
 
+    Args:
+        model: the model.
+        compiled_regions: qualified names of the modules compiled as regions. A transformers model
+            inside one (a whole decoder selected with ``blocks=``) gets no hook: dynamo would trace
+            it, and rewriting the call's keyword arguments breaks a ``fullgraph`` trace. Its
+            parent's hook passes ``use_cache=False`` down to it instead.
+
     Returns:
         Callables that remove the hooks.
     """
+    regions = tuple(compiled_regions)
     undo: list[Undo] = []
-    for module in _pretrained_modules(model):
+    for name, module in _named_pretrained_modules(model):
+        if any(name == r or name.startswith(f"{r}.") or r == "" for r in regions):
+            continue
         if "use_cache" in inspect.signature(module.forward).parameters:
             handle = module.register_forward_pre_hook(
                 _PlainForwardsWithoutCache(module), with_kwargs=True

@@ -1,0 +1,113 @@
+"""The door to torch's internals: version fallbacks, tested by switching each probe.
+
+Only torch 2.13 can be installed here, so each fallback is exercised by making the probe answer
+as an older torch would, then checking the helper that depends on it.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounter
+
+from torchcompile_kit import _dynamo, compile_regional, get_regional_plan, no_recompiles
+from torchcompile_kit.diagnostics import recompiles
+from torchcompile_kit.regional import compile_in_place
+
+
+def _old_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
+                 options=None, disable=False):
+    """torch.compile's signature before per-call recompile limits and isolated caches."""
+
+
+def test_recompile_limit_under_its_old_name():
+    assert _dynamo.recompile_limit(types.SimpleNamespace(cache_size_limit=5)) == 5
+    assert _dynamo.recompile_limit(types.SimpleNamespace(recompile_limit=3, cache_size_limit=9)) == 3
+    assert _dynamo.recompile_limit() == torch._dynamo.config.recompile_limit
+
+
+def test_recompile_limit_missing_names_the_supported_torch():
+    with pytest.raises(RuntimeError, match=r"torch >= 2\.6"):
+        _dynamo.recompile_limit(types.SimpleNamespace())
+
+
+def test_per_call_keywords_are_probed_from_the_signature():
+    assert _dynamo.recompile_limit_kwarg() == "recompile_limit"  # torch 2.13 has it
+    assert _dynamo.isolated_cache_kwarg() == {"isolate_recompiles": True}
+    assert _dynamo.recompile_limit_kwarg(_old_compile) is None
+    assert _dynamo.isolated_cache_kwarg(_old_compile) == {}
+
+
+class IndexedBlock(nn.Module):
+    def __init__(self, index: int):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.index = index
+
+    def forward(self, x):
+        return self.lin(x) * (self.index + 1)
+
+
+def test_preflight_without_a_per_call_limit_warns_instead_of_raising_it(monkeypatch):
+    monkeypatch.setattr(_dynamo, "recompile_limit_kwarg", lambda compile_fn=None: None)
+    blocks = nn.Sequential(*[IndexedBlock(i) for i in range(12)])
+    with pytest.warns(UserWarning, match="cannot raise it per compile call"):
+        compile_regional(blocks, backend="eager")
+    (group,) = get_regional_plan(blocks).groups
+    assert "recompile_limit" not in group.compile_kwargs
+    assert group.predicted_graphs == 12
+
+
+def test_preflight_raises_the_limit_per_group_where_torch_can():
+    blocks = nn.Sequential(*[IndexedBlock(i) for i in range(12)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile_regional(blocks, backend="eager")
+    (group,) = get_regional_plan(blocks).groups
+    assert group.compile_kwargs["recompile_limit"] == 24
+    assert torch._dynamo.config.recompile_limit == 8  # never raised globally
+
+
+def test_torch_nn_regions_without_isolated_caches_still_compile(monkeypatch):
+    monkeypatch.setattr(_dynamo, "isolated_cache_kwarg", lambda compile_fn=None: {})
+    layers = [nn.Linear(4, 4) for _ in range(3)]
+    counter = CompileCounter()
+    compile_in_place(layers, backend=counter)
+    x = torch.randn(2, 4, requires_grad=True)
+    for layer in layers:
+        expected = layer._call_impl(x)
+        torch.testing.assert_close(layer(x), expected)
+    assert counter.frame_count == 1  # one shared graph, as with isolated caches
+
+
+def test_no_recompiles_without_set_stance_names_the_torch_it_needs(monkeypatch):
+    monkeypatch.setattr(recompiles, "has_set_stance", lambda: False)
+    with pytest.raises(RuntimeError, match=r"set_stance \(torch >= 2\.6\)"), no_recompiles():
+        pass
+
+
+def test_no_recompiles_bad_value_is_a_value_error_naming_it():
+    match = r"on_recompile='sometimes'.*'error'.*'eager'"
+    with pytest.raises(ValueError, match=match) as info, no_recompiles(on_recompile="sometimes"):
+        pass
+    assert type(info.value).__name__ != "BatchShapeError"
+
+
+def test_fresh_inductor_cache_fallback_points_the_env_at_an_empty_dir(monkeypatch):
+    monkeypatch.setattr(_dynamo, "_fresh_cache_fn", lambda: None)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with _dynamo.fresh_inductor_cache() as path:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
+        assert os.listdir(path) == []
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_fresh_inductor_cache_uses_torchs_own_switch_where_it_exists():
+    assert _dynamo._fresh_cache_fn() is not None
+    with _dynamo.fresh_inductor_cache() as path:
+        assert os.path.isdir(path)
