@@ -58,8 +58,6 @@ def missing_requirement(
     """
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
-    if "cache" in recipe.requires and public_feature("load_compile_cache") is None:
-        return "not available yet: torchcompile_kit.load_compile_cache is not exported"
     if "nested" in recipe.requires:
         from .. import _dynamo
 
@@ -67,6 +65,11 @@ def missing_requirement(
             return "needs torch.compiler.nested_compile_region (torch >= 2.8)"
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
             return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
+        if backend == "inductor" and device_type == "cpu":
+            return (
+                "compile_regional(nested=True) refuses inductor on CPU: its gradients were measured "
+                "to differ from eager (torch 2.13); see docs/regional.md"
+            )
     if recipe.world_size > 1:
         import torch.distributed as dist
 
