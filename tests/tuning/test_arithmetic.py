@@ -59,6 +59,16 @@ def test_cost_model_from_the_runners_metrics():
     assert predicted_total(cost, 100) == pytest.approx(11.5 + 2.0 + 10.0)
 
 
+def test_slow_batches_are_steps_not_recompiles_when_dynamo_did_not_recompile():
+    times = [0.1, 0.1, 0.5, 0.1]  # a batch of long captions, in a run that compiled nothing new
+    cost = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=times, recompiles=0)
+    assert cost.recompile_s == 0.0
+    assert cost.step_s == pytest.approx(0.2)  # the long batch comes back every so often
+    one = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=[0.1, 2.1, 0.5, 0.1], recompiles=1)
+    assert one.recompile_s == pytest.approx(2.1 - one.step_s)  # the largest spike is the recompile
+    assert one.step_s == pytest.approx(0.7 / 3)
+
+
 def test_break_even_against_eager():
     eager = Cost(compile_s=0.5, recompile_s=0.0, step_s=0.1)
     assert break_even_steps(Cost(compile_s=30.5, recompile_s=0.0, step_s=0.05), eager) == 600

@@ -21,7 +21,14 @@ def cost_of(result: CandidateResult) -> Cost:
         warmup_steps=warmup_steps,
         step_s=1.0 / float(metrics["steps_per_s"]),
         step_times_s=metrics.get("step_times_s") or (),
+        recompiles=_measured_recompiles(metrics),
     )
+
+
+def _measured_recompiles(metrics: dict) -> int | None:
+    """Recompiles the monitor counted in the candidate's run, or ``None`` where none was kept."""
+    value = metrics.get("recompiles")
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def _costs(results: list[CandidateResult], steps_planned: int) -> None:
