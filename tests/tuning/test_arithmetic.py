@@ -117,3 +117,13 @@ def test_the_reason_names_the_break_even_steps():
     assert recommendation_reason(best, ranked, 100).startswith(
         "eager: no compiled recipe pays back its compile time within 100 steps"
     )
+
+
+def test_the_reason_never_claims_eager_wins_when_a_faster_recipe_was_only_unchecked():
+    eager = measured("eager", compile_s=0.2, step_s=0.15, verdict="eager")
+    unchecked = measured("regional", compile_s=50.0, step_s=0.10, verdict="unchecked")
+    ranked, best = rank_candidates([eager, unchecked], 3_000)
+    assert best.name == "eager"  # an unchecked recipe is never recommended
+    reason = recommendation_reason(best, ranked, 3_000)
+    assert "no compiled recipe pays back" not in reason
+    assert "regional is predicted faster" in reason and "not checked" in reason

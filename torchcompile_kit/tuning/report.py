@@ -120,7 +120,27 @@ def recommendation_reason(
         and c.break_even_steps > steps_planned
     ]
     wrong = [c for c in candidates if c.verdict == "fail"]
-    if chosen.verdict == "eager":
+    faster_unchecked = sorted(
+        (
+            c
+            for c in candidates
+            if c is not chosen
+            and c.verdict == "unchecked"
+            and c.predicted_total_s is not None
+            and chosen.predicted_total_s is not None
+            and c.predicted_total_s < chosen.predicted_total_s
+        ),
+        key=lambda c: c.predicted_total_s,
+    )
+    if faster_unchecked:
+        best = faster_unchecked[0]
+        text = (
+            f"{chosen.name}: the lowest predicted total among the recipes checked for "
+            f"correctness; {best.name} is predicted faster ({best.predicted_total_s:,.0f} s vs "
+            f"{chosen.predicted_total_s:,.0f} s for {steps_planned:,} steps) but was not checked "
+            "against eager within the budget: give tune more --budget to check it"
+        )
+    elif chosen.verdict == "eager":
         text = (
             f"{chosen.name}: no compiled recipe pays back its compile time within "
             f"{steps_planned:,} steps"
