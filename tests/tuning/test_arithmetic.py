@@ -114,6 +114,13 @@ def test_the_reason_names_the_break_even_steps():
     assert "full (2.5x per step) needs 2,000 steps to pay back its compile time" in reason
     assert "wrong" in reason  # named as computing different numbers
     ranked, best = rank_candidates(field(), 100)
+    reason = recommendation_reason(best, ranked, 100)
+    # the field's 'unchecked' candidate is predicted faster than eager even at 100 steps: the
+    # reason must say so rather than claim that no compiled recipe pays back
+    assert reason.startswith("eager: the lowest predicted total among the recipes checked")
+    assert "unchecked is predicted faster" in reason and "--budget" in reason
+    checked_only = [c for c in field() if c.verdict != "unchecked"]
+    ranked, best = rank_candidates(checked_only, 100)
     assert recommendation_reason(best, ranked, 100).startswith(
         "eager: no compiled recipe pays back its compile time within 100 steps"
     )

@@ -132,14 +132,8 @@ def recommendation_reason(
         ),
         key=lambda c: c.predicted_total_s,
     )
-    if faster_unchecked:
-        best = faster_unchecked[0]
-        text = (
-            f"{chosen.name}: the lowest predicted total among the recipes checked for "
-            f"correctness; {best.name} is predicted faster ({best.predicted_total_s:,.0f} s vs "
-            f"{chosen.predicted_total_s:,.0f} s for {steps_planned:,} steps) but was not checked "
-            "against eager within the budget: give tune more --budget to check it"
-        )
+    if chosen.verdict == "eager" and faster_unchecked:
+        text = f"{chosen.name}: the lowest predicted total among the recipes checked for correctness"
     elif chosen.verdict == "eager":
         text = (
             f"{chosen.name}: no compiled recipe pays back its compile time within "
@@ -162,6 +156,13 @@ def recommendation_reason(
         text += (
             f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} steps to "
             "pay back its compile time"
+        )
+    if faster_unchecked:
+        best = faster_unchecked[0]
+        text += (
+            f"; {best.name} is predicted faster ({best.predicted_total_s:,.0f} s vs "
+            f"{chosen.predicted_total_s:,.0f} s for {steps_planned:,} steps) but was not checked "
+            "against eager within the budget: give tune more --budget to check it"
         )
     if wrong:
         text += "; not recommended because it computes different numbers: " + ", ".join(
