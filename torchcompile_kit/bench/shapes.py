@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .. import _dynamo
+from .._checks import check_choice
 from ..shapes import (
     BucketBatchSampler,
     PadToBucketCollator,
@@ -193,8 +194,7 @@ def run(*, size: str) -> BenchResult:
     Example:
         >>> result = run(size="small")  # doctest: +SKIP
     """
-    if size not in _SIZES:
-        raise ValueError(f"size must be one of {sorted(_SIZES)!r}, got {size!r}")
+    check_choice("size", size, sorted(_SIZES), hint="size must be 'small' or 'full'")
     seed = 0
     lengths = seed_length_mix(_SIZES[size] * BATCH_SIZE, seed=seed)
     rng = random.Random(seed + 1)

@@ -31,6 +31,7 @@ from .._checks import check_positive_int
 from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = [
+    "as_lengths",
     "batch_sizes_for",
     "bucket_for",
     "carry_rule",
@@ -50,12 +51,15 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
-    """``lengths`` as a list of positive Python ints, or a clear error."""
+def as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
+    """``lengths`` as a list of positive Python ints, or a clear error.
+
+    Shared with the sampler of this folder.
+    """
     values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
     if not values:
         raise BatchShapeError(
-            "lengths is empty: plan_buckets needs the token lengths of the dataset's samples, "
+            "lengths is empty: pass the token length of every sample of the dataset, "
             "e.g. [len(x['input_ids']) for x in dataset]"
         )
     for index, value in enumerate(values):
@@ -149,7 +153,7 @@ def expected_padding(
         >>> expected_padding([4, 8, 8, 20], [8, 24], batch_size=2)  # one 8 carried up to 24
         0.375
     """
-    values = _as_lengths(lengths)
+    values = as_lengths(lengths)
     bounds = check_buckets(buckets)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)
@@ -264,7 +268,7 @@ def plan_buckets(
             f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the sampler's batches; "
             "pass its batch_size too, e.g. plan_buckets(lengths, batch_size=64, drop_last=True)"
         )
-    values = _as_lengths(lengths)
+    values = as_lengths(lengths)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)
         values = [min(value, max_length) for value in values]

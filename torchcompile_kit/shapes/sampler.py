@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._checks import check_positive_int
-from .planner import batch_sizes_for, bucket_for, carry_rule, check_buckets
+from .planner import as_lengths, batch_sizes_for, bucket_for, carry_rule, check_buckets
 from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = ["BucketBatchSampler"]
@@ -90,16 +90,10 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:
             check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
-        values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
-        if not values:
-            raise BatchShapeError("lengths is empty: pass the token length of every sample")
+        values = as_lengths(lengths)
         self._members: list[list[int]] = [[] for _ in self.buckets]
         self._bucket_of: list[int] = []  # index -> position of its bucket
         for index, length in enumerate(values):
-            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-                raise BatchShapeError(
-                    f"lengths[{index}] is {length!r}; lengths must be positive ints"
-                )
             bucket = bucket_for(length, self.buckets)
             if bucket < 0:
                 raise SequenceTooLongError(
