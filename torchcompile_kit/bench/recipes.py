@@ -111,15 +111,11 @@ def _fix_loss(model: Any, **compile_kwargs: Any) -> None:
 
     (Added for ``tune``, which runs these recipes on users' plain ``nn.Module`` models too.)
     """
-    import sys
-
     from torchcompile_kit import fix_loss_function
+    from torchcompile_kit.regional import has_transformers_model
 
-    if "transformers" in sys.modules:  # a transformers model means transformers is imported
-        from transformers import PreTrainedModel
-
-        if any(isinstance(m, PreTrainedModel) for m in model.modules()):
-            fix_loss_function(model, **compile_kwargs)
+    if has_transformers_model(model):
+        fix_loss_function(model, **compile_kwargs)
 
 
 def _full(**recipe_kwargs: Any) -> Callable[[RecipeContext], None]:

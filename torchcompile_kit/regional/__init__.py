@@ -9,7 +9,7 @@ recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block
 from .compile import compile_in_place, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .plan import BlockGroup, RegionalPlan, get_regional_plan, register_undo
-from .transformers_support import fix_loss_function
+from .transformers_support import fix_loss_function, has_transformers_model
 
 __all__ = [
     # top level UX
@@ -23,5 +23,6 @@ __all__ = [
     "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
     "compile_in_place",
+    "has_transformers_model",
     "register_undo",
 ]

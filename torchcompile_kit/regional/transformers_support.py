@@ -14,7 +14,12 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["disable_cache_in_plain_forwards", "fix_loss_function", "no_split_module_names"]
+__all__ = [
+    "disable_cache_in_plain_forwards",
+    "fix_loss_function",
+    "has_transformers_model",
+    "no_split_module_names",
+]
 
 Undo = Callable[[], None]
 
@@ -32,6 +37,16 @@ def _named_pretrained_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module
     for name, module in model.named_modules():
         if isinstance(module, PreTrainedModel):
             yield name, module
+
+
+def has_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is or contains a transformers ``PreTrainedModel`` (imports nothing).
+
+    Example:
+        >>> has_transformers_model(torch.nn.Linear(2, 2))  # doctest: +SKIP
+        False
+    """
+    return next(_pretrained_modules(model), None) is not None
 
 
 def no_split_module_names(model: nn.Module) -> set[str]:
