@@ -111,3 +111,10 @@ def test_fresh_inductor_cache_uses_torchs_own_switch_where_it_exists():
     assert _dynamo._fresh_cache_fn() is not None
     with _dynamo.fresh_inductor_cache() as path:
         assert os.path.isdir(path)
+
+
+def test_cpu_isa_probe_is_skipped_on_a_torch_without_it(monkeypatch):
+    monkeypatch.setattr(_dynamo, "_isa_probe_fn", lambda: None)
+    assert _dynamo.start_cpu_isa_probe() is None
+    assert _dynamo.cpu_isa_probe_stats() is None
+    assert _dynamo.wait_for_cpu_isa_probe(timeout=1)

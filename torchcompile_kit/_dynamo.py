@@ -19,11 +19,14 @@ import inspect
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "clear_compiled_call",
@@ -31,6 +34,7 @@ __all__ = [
     "compile_cache_counters",
     "compiled_module_names",
     "cpu_capability",
+    "cpu_isa_probe_stats",
     "eager_call",
     "foreach_map_op",
     "frame_counting_backend",
@@ -41,6 +45,7 @@ __all__ = [
     "has_mega_cache",
     "has_module_hook_guard_switch",
     "has_nested_compile_region",
+    "import_compiler",
     "inductor_cache_dir",
     "inductor_freezing_enabled",
     "interned_string",
@@ -59,7 +64,9 @@ __all__ = [
     "reset",
     "save_mega_cache",
     "set_compiled_call",
+    "start_cpu_isa_probe",
     "trace_logger",
+    "wait_for_cpu_isa_probe",
     "with_module_hook_guards",
 ]
 
@@ -218,6 +225,20 @@ def inductor_freezing_enabled() -> bool:
     return bool(inductor_config.freezing)
 
 
+def import_compiler() -> None:
+    """Import dynamo and inductor's compile entry point now (seconds, once per process).
+
+    Why: the first ``torch.compile`` call, cache load or compile in a process imports them, so
+    their cost lands in whichever of those comes first. A benchmark that compares phases (a
+    cold first step against a cache load plus a warm first step) imports them up front in every
+    row, as it does torch itself. Upstream: ``torch._inductor.compile_fx`` is inductor's entry
+    module (private; https://github.com/pytorch/pytorch/blob/main/torch/_inductor/compile_fx.py).
+    Can go when torch imports its compiler eagerly or cheaply.
+    """
+    import torch._dynamo
+    import torch._inductor.compile_fx  # noqa: F401
+
+
 def _fresh_cache_fn() -> Callable[..., Any] | None:
     """inductor's own "fresh cache" context manager under its name for this torch, or ``None``."""
     import torch._inductor.utils as inductor_utils
@@ -341,6 +362,94 @@ def cpu_capability() -> str:
     not include it (measured: an AVX-512 cache reused under AVX2 gave hits and a NaN loss).
     """
     return str(torch.backends.cpu.get_cpu_capability())
+
+
+# --- inductor's CPU vector-ISA probe ----------------------------------------------------------
+# Before inductor loads or builds its first CPU kernel in a process it picks the vector ISA, and it
+# verifies each candidate the CPU flags allow by building a test library and dlopen-ing it in a
+# child Python (`torch._inductor.cpu_vec_isa.valid_vec_isa_list`, functools.cache'd per process;
+# https://github.com/pytorch/pytorch/blob/main/torch/_inductor/cpu_vec_isa.py). Measured on the
+# 12-layer GPT-2 warm start (torch 2.13, 2-core CPU): ~2 s of a ~7 s first step, spent waiting on
+# ten child Pythons. The wait is the children's, not ours, so it can run beside the model build
+# that comes before the first compile. Can go when inductor caches the probe across processes or
+# makes it cheap.
+
+_isa_probe_lock = threading.Lock()
+_isa_probe: threading.Thread | None = None
+_isa_wait_registered = False
+
+
+def _isa_probe_fn() -> Callable[[], Any] | None:
+    """inductor's cached probe function, or ``None`` on a torch without it (or off x86/Linux)."""
+    try:
+        from torch._inductor import cpu_vec_isa
+    except ImportError:
+        return None
+    probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    return probe if callable(probe) and hasattr(probe, "cache_info") else None
+
+
+def start_cpu_isa_probe() -> threading.Thread | None:
+    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread.
+
+    It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
+    the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
+    objects edit their own compiler flags while they check them), so every dynamo compile first
+    waits for a running probe: a start-of-compile callback
+    (``torch._dynamo.callback.CompilationCallbackHandler``, registered once per process and a
+    no-op once the probe is done). The probe therefore overlaps what runs before the first
+    compile (building the model, the data), not the compile itself.
+
+    Returns the thread, or ``None`` when the probe is not available, already done, or running.
+    """
+    global _isa_probe, _isa_wait_registered
+    probe = _isa_probe_fn()
+    if probe is None or probe.cache_info().currsize:
+        return None
+    # The probe imports these lazily; import them here so no import runs on the thread.
+    import torch._inductor.codecache
+    import torch._inductor.cpp_builder  # noqa: F401
+    from torch._dynamo.callback import callback_handler
+
+    with _isa_probe_lock:
+        if _isa_probe is not None and _isa_probe.is_alive():
+            return None
+
+        def run() -> None:
+            try:
+                probe()
+            except Exception:
+                logger.debug("background CPU ISA probe failed; inductor will probe itself", exc_info=True)
+
+        if not _isa_wait_registered:
+            callback_handler.register_start_callback(_wait_before_compiling)
+            _isa_wait_registered = True
+        _isa_probe = threading.Thread(target=run, name="tck-cpu-isa-probe", daemon=True)
+        _isa_probe.start()
+        return _isa_probe
+
+
+def _wait_before_compiling(_args: Any) -> None:
+    """dynamo start-of-compile callback: let a running background ISA probe finish first."""
+    wait_for_cpu_isa_probe()
+
+
+def wait_for_cpu_isa_probe(timeout: float | None = None) -> bool:
+    """Wait for a background probe started by :func:`start_cpu_isa_probe`; whether none is running."""
+    thread = _isa_probe
+    if thread is not None:
+        thread.join(timeout)
+        return not thread.is_alive()
+    return True
+
+
+def cpu_isa_probe_stats() -> dict[str, int] | None:
+    """How often inductor's ISA probe ran (``misses``) and was answered from its cache (``hits``)."""
+    probe = _isa_probe_fn()
+    if probe is None:
+        return None
+    info = probe.cache_info()
+    return {"hits": int(info.hits), "misses": int(info.misses)}
 
 
 # --- structured trace / compile events -------------------------------------------------------

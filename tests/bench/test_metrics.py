@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torchcompile_kit.bench.metrics import compare, measure_training, real_and_computed
@@ -48,3 +49,29 @@ def test_compare_uses_each_groups_baseline_and_the_loss_reference():
     assert m["full"]["loss_max_abs_diff"] == 0.5 and m["eager"]["loss_max_abs_diff"] == 0.0
     assert "loss_max_abs_diff" not in m["buckets"]  # other batches: no comparison
     assert m["nested"] == {}
+
+
+def test_planned_tokens_follow_the_whole_run_not_its_start():
+    import torch
+
+    from torchcompile_kit.bench import PRESETS, RECIPES, ModelSpec
+    from torchcompile_kit.bench.batches import planned_tokens_per_step
+
+    def make_batch(step):  # the first 100 steps are short batches, the rest long
+        width = 8 if step < 100 else 40
+        return {"input_ids": torch.zeros(4, width, dtype=torch.long)}
+
+    spec = ModelSpec(source="t", model=torch.nn.Linear(1, 1), make_batch=make_batch)
+    tokens = planned_tokens_per_step(RECIPES["eager"], spec, PRESETS["tiny"], "cpu", 1000)
+    assert tokens == pytest.approx(0.1 * 4 * 8 + 0.9 * 4 * 40, rel=0.01)
+    # a run of 100 steps sees only the short ones
+    assert planned_tokens_per_step(RECIPES["eager"], spec, PRESETS["tiny"], "cpu", 100) == 32
+
+
+def test_measure_training_records_each_timed_steps_tokens():
+    import torch
+
+    widths = iter([8, 16, 24, 32])
+    batches = ({"input_ids": torch.zeros(2, next(widths))} for _ in range(4))
+    out = measure_training(lambda b: 0.0, batches, warmup_steps=1, steps=3, device="cpu")
+    assert out["step_tokens"] == [32, 48, 64] and len(out["step_times_s"]) == 3

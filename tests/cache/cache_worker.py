@@ -63,9 +63,11 @@ def cold(out: str) -> dict:
 
 def warm(src: str) -> dict:
     import torchcompile_kit as tck
+    from torchcompile_kit import _dynamo
 
     with tck.compile_cache(src, save_on_exit=False) as cache:
-        loss = train_step()
+        loss = train_step()  # compiles at once: dynamo's start callback waits for the probe
+        probe_finished = _dynamo.wait_for_cpu_isa_probe(timeout=0)
     loaded = cache.loaded
     result = {
         "loss": loss,
@@ -75,6 +77,9 @@ def warm(src: str) -> dict:
         "kernel_files": loaded.kernel_files,
         "stats": loaded.cache_stats() if loaded else counters(),
         "session_stats": cache.cache_stats(),
+        "isa_probe_started": loaded.cpu_isa_probe_started,
+        "isa_probe_finished": probe_finished,
+        "isa_probe": _dynamo.cpu_isa_probe_stats(),
     }
     memory_saved = tck.save_compile_cache("memory://tck-test/cc.tck")
     memory_loaded = tck.load_compile_cache("memory://tck-test/cc.tck")

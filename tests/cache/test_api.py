@@ -62,6 +62,10 @@ def test_round_trip_in_fresh_process_gives_cache_hits_and_same_loss(cold_artifac
     assert stats["autograd_cache_hit"] == cold["counters"]["autograd_cache_miss"]
     assert stats["autograd_cache_miss"] == 0
     assert warm["loss"] == cold["loss"]
+    # the load started inductor's CPU ISA probe; the compile waited for it and inductor used its
+    # answer instead of probing again at the same time (misses would be 2)
+    assert warm["isa_probe_started"] and warm["isa_probe_finished"]
+    assert warm["isa_probe"]["misses"] == 1 and warm["isa_probe"]["hits"] >= 1, warm["isa_probe"]
     # compile_cache's CompileMonitor saw the same hits
     session = warm["session_stats"]
     assert session["cache_hits"] == stats["fxgraph_cache_hit"] + stats["autograd_cache_hit"]

@@ -134,3 +134,33 @@ def test_the_reason_never_claims_eager_wins_when_a_faster_recipe_was_only_unchec
     reason = recommendation_reason(best, ranked, 3_000)
     assert "no compiled recipe pays back" not in reason
     assert "regional is predicted faster" in reason and "not checked" in reason
+
+
+def test_step_time_follows_the_planned_runs_tokens_not_the_timed_mix():
+    # 30 timed steps of a heavy-tailed mix that happened to be short batches: 1 long one
+    times = [0.010] * 20 + [0.014] * 9 + [0.030]
+    tokens = [1000] * 20 + [1400] * 9 + [3000]
+    plain = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.01, step_times_s=times, recompiles=0)
+    scaled = cost_from_metrics(
+        warmup_s=1.0, warmup_steps=5, step_s=0.01, step_times_s=times,
+        step_tokens=tokens, plan_tokens=2000, recompiles=0,
+    )
+    assert plain.step_s == pytest.approx(sum(times) / len(times))
+    assert scaled.step_s == pytest.approx(0.020, rel=1e-6)  # 10 µs per token, 0 s fixed
+    assert scaled.measured_step_s == pytest.approx(plain.step_s)
+    assert scaled.compile_s == pytest.approx(plain.compile_s)  # the warm-up was measured as is
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ([(0.01, 1000)] * 5, None),  # one shape: no line
+        ([(0.03, 1000), (0.02, 2000), (0.01, 3000)], None),  # slower with fewer tokens: noise
+        ([(0.01, 1000), (0.02, 2000), (0.03, 3000)], 0.03),  # beyond the slowest step: capped
+    ],
+)
+def test_step_for_tokens_trusts_a_line_only_where_there_is_one(steps, expected):
+    from torchcompile_kit.tuning.arithmetic import step_for_tokens
+
+    got = step_for_tokens(steps, 5000)
+    assert got == (None if expected is None else pytest.approx(expected))

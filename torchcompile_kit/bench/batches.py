@@ -25,7 +25,7 @@ from .captioner import CaptionerPreset, caption_samples
 from .model_spec import ModelSpec
 from .recipes import Recipe
 
-__all__ = ["SEQUENCE_KEYS", "batch_stream", "repad", "seq_keys"]
+__all__ = ["SEQUENCE_KEYS", "batch_stream", "planned_tokens_per_step", "repad", "seq_keys"]
 
 SEQUENCE_KEYS = (
     "input_ids", "attention_mask", "labels", "token_type_ids", "position_ids",
@@ -65,11 +65,9 @@ def batch_stream(
 
     if spec.make_batch is not None:
         given = (spec.make_batch(index) for index in itertools.count())
-        if recipe.data == "multiple_of_32":
-            return (repad(b, PadToBucketCollator(multiple_of=32)) for b in given), None
-        if recipe.data == "buckets":  # execute checks that the spec gave lengths
-            buckets = plan_buckets(spec.lengths, max_buckets=preset.max_buckets)
-            return (repad(b, PadToBucketCollator(buckets=buckets)) for b in given), None
+        collate = _spec_collator(recipe, spec, preset)
+        if collate is not None:
+            return (repad(b, collate) for b in given), None
         return given, None
 
     size = preset.batch_size
@@ -108,6 +106,60 @@ def batch_stream(
             yield collate(pool[start : start + size])
 
     return in_order(), None
+
+
+def _spec_collator(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset) -> Any:
+    """The collator that re-pads a ``--model`` spec's batches for ``recipe``, or ``None``."""
+    from torchcompile_kit import PadToBucketCollator, plan_buckets
+
+    if recipe.data == "multiple_of_32":
+        return PadToBucketCollator(multiple_of=32)
+    if recipe.data == "buckets":  # execute checks that the spec gave lengths
+        return PadToBucketCollator(buckets=plan_buckets(spec.lengths, max_buckets=preset.max_buckets))
+    return None
+
+
+def planned_tokens_per_step(
+    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any, steps: int, *, samples: int = 512
+) -> float | None:
+    """Mean computed (padded) tokens per step over a run of ``steps`` steps of ``recipe``'s batches.
+
+    What a long run computes per step, which a few timed steps of a heavy-tailed length mix do
+    not show: ``tune`` scales its measured step time to it. A ``--model`` spec's
+    ``make_batch(step)`` is called at ``samples`` steps spread evenly over the run; the
+    captioner's stream (its pool cycles every 64 batches) is read from the start, at most
+    ``samples`` batches.
+
+    Args:
+        recipe: the recipe (its padding scheme).
+        spec: the model spec.
+        preset: the captioner's sizes.
+        device: passed to :func:`batch_stream`.
+        steps: the planned run's steps.
+        samples: at most this many batches are built.
+
+    Returns:
+        The mean, or ``None`` when the batches carry no token tensor.
+
+    Example:
+        >>> planned_tokens_per_step(RECIPES["eager-longest"], spec, PRESETS["tiny"], "cpu", 20000)  # doctest: +SKIP
+        1412.5
+    """
+    from .metrics import real_and_computed
+
+    count = max(1, min(steps, samples))
+    if spec.make_batch is not None:
+        indices = sorted({int(i * steps / count) for i in range(count)})
+        batches = [spec.make_batch(index) for index in indices]
+        collate = _spec_collator(recipe, spec, preset)
+        if collate is not None:  # re-padded as the timed run re-pads them
+            batches = [repad(b, collate) for b in batches]
+    else:
+        stream, _ = batch_stream(recipe, spec, preset, device)
+        batches = list(itertools.islice(stream, count))
+    tokens = [real_and_computed(b)[1] for b in batches]
+    tokens = [t for t in tokens if t]
+    return sum(tokens) / len(tokens) if tokens else None
 
 
 def repad(batch: dict[str, Any], collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:

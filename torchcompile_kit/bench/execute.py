@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .batches import batch_stream, seq_keys
+from .. import _dynamo
+from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
 from .model_spec import ModelSpec, load_model_spec, loss_of
@@ -59,8 +60,6 @@ def missing_requirement(
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
     if "nested" in recipe.requires:
-        from .. import _dynamo
-
         if not _dynamo.has_nested_compile_region():
             return "needs torch.compiler.nested_compile_region (torch >= 2.8)"
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
@@ -172,8 +171,26 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     settings.update(steps=steps, warmup_steps=warmup_steps)
     notes: list[str] = []
     cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
+    metrics: dict[str, Any] = {}
+    started = time.perf_counter()
+    _dynamo.import_compiler()  # in every row, so no timed phase below carries the import
+    metrics["import_compiler_s"] = time.perf_counter() - started
+    loaded = None
+    if recipe.cache_from:
+        # Before the model is built, as a restart script does: the load starts inductor's CPU ISA
+        # probe, which then runs beside the build (load_compile_cache).
+        started = time.perf_counter()
+        loaded = public_feature("load_compile_cache")(cache_path)
+        metrics["cache_load_s"] = time.perf_counter() - started
+        metrics["cache_loaded"] = bool(loaded)
+        if not loaded:
+            notes.append(f"cache not loaded: {getattr(loaded, 'reason', '')}".strip())
+        elif hasattr(loaded, "summary"):
+            notes.append(loaded.summary())
     emit_event(event="phase", phase="build")
+    started = time.perf_counter()
     spec = _spec(request)
+    metrics["build_s"] = time.perf_counter() - started
     if (reason := _missing_lengths(recipe, spec)) is not None:
         raise _Skip(reason)
     if "encoder_decoder" in recipe.requires and not (
@@ -186,17 +203,6 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         model=model, optimizer=optimizer, backend=request["backend"],
         overrides=dict(request["compile_overrides"]), device=device,
     )
-    metrics: dict[str, Any] = {}
-    loaded = None
-    if recipe.cache_from:
-        started = time.perf_counter()
-        loaded = public_feature("load_compile_cache")(cache_path)
-        metrics["cache_load_s"] = time.perf_counter() - started
-        metrics["cache_loaded"] = bool(loaded)
-        if not loaded:
-            notes.append(f"cache not loaded: {getattr(loaded, 'reason', '')}".strip())
-        elif hasattr(loaded, "summary"):
-            notes.append(loaded.summary())
     emit_event(event="phase", phase="compile")
     with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
         warnings.simplefilter("always")
@@ -216,6 +222,10 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
                 before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
                 on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
             )
+        )
+    if request.get("plan_steps"):
+        metrics["plan_tokens_per_step"] = planned_tokens_per_step(
+            recipe, spec, preset, device, int(request["plan_steps"])
         )
     if monitor_cls is not None:
         snapshot = monitor.snapshot()

@@ -106,7 +106,8 @@ def measure_training(
 
     Returns:
         ``warmup_s``, ``first_step_s``, ``steps_per_s``, ``tokens_per_s``, ``padding``,
-        ``peak_memory_mb``, ``losses``, ``step_times_s`` and ``steps``/``warmup_steps``.
+        ``peak_memory_mb``, ``losses``, ``step_times_s`` with ``step_tokens`` (the computed,
+        padded tokens of each timed step) and ``steps``/``warmup_steps``.
     """
     import torch
 
@@ -118,6 +119,7 @@ def measure_training(
     losses: list[float] = []
     times: list[float] = []
     real_tokens: list[int] = []
+    computed_tokens: list[int] = []
     real_sum = computed_sum = 0
     sync()
     start = time.perf_counter()
@@ -140,6 +142,7 @@ def measure_training(
         if index >= warmup_steps:
             times.append(ended - began)
             real_tokens.append(real)
+            computed_tokens.append(computed)
         if on_step is not None:
             on_step(index + 1, total, "warm-up" if index < warmup_steps else "steady")
     median = statistics.median(times) if times else None
@@ -152,6 +155,7 @@ def measure_training(
         "peak_memory_mb": peak_memory_mb(device),
         "losses": losses,
         "step_times_s": times,
+        "step_tokens": computed_tokens,
         "warmup_steps": warmup_steps,
         "steps": steps,
     }

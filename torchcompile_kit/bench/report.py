@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["format_comparison", "format_results", "render_table"]
+__all__ = ["format_comparison", "format_results", "render_table", "warm_start_lines"]
 
 # (column label, metric key, format)
 _COLUMNS: list[tuple[str, str, str]] = [
@@ -111,7 +111,46 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
                 notes.append(f"{row['name']}: {_status_note(row)}")
         out += ["", f"== {group}: {_GROUP_TITLES.get(group, '')}".rstrip(": "), render_table(header, body, markdown=markdown)]
         out += [f"  {note}" for note in notes]
+        if group == "warm-up":
+            out += [f"  {line}" for line in warm_start_lines(rows, document["rows"])]
     return "\n".join(out)
+
+
+def warm_start_lines(warm_rows: Sequence[Mapping[str, Any]], all_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step.
+
+    Both rows import the compiler before anything is timed, and the model build (where a load's
+    background ISA probe runs) is shown for both, so the ratio compares compile costs only.
+
+    Example:
+        >>> cold = {"name": "full", "status": "ok", "metrics": {"first_step_s": 50.0, "build_s": 1.8}}
+        >>> warm = {"name": "full-warm", "status": "ok",
+        ...         "metrics": {"first_step_s": 4.4, "cache_load_s": 0.1, "build_s": 1.8}}
+        >>> warm_start_lines([warm], [cold, warm])[0]
+        'full-warm: cache load 0.10 s + first step 4.40 s = 4.50 s; cold first step (full) 50.00 s; warm ÷ cold 0.090 (model build 1.80 s warm, 1.80 s cold)'
+    """
+    from .recipes import RECIPES
+
+    by_name = {row["name"]: row for row in all_rows if row.get("status") == "ok"}
+    lines = []
+    for row in warm_rows:
+        recipe = RECIPES.get(row["name"])
+        cold = by_name.get(recipe.cache_from) if recipe is not None and recipe.cache_from else None
+        if row.get("status") != "ok" or cold is None:
+            continue
+        w, c = row.get("metrics") or {}, cold.get("metrics") or {}
+        if not c.get("first_step_s") or w.get("first_step_s") is None:
+            continue
+        warm_total = w["first_step_s"] + (w.get("cache_load_s") or 0.0)
+        build = ""
+        if w.get("build_s") is not None and c.get("build_s") is not None:
+            build = f" (model build {w['build_s']:.2f} s warm, {c['build_s']:.2f} s cold)"
+        lines.append(
+            f"{row['name']}: cache load {w.get('cache_load_s') or 0.0:.2f} s + first step "
+            f"{w['first_step_s']:.2f} s = {warm_total:.2f} s; cold first step ({cold['name']}) "
+            f"{c['first_step_s']:.2f} s; warm ÷ cold {warm_total / c['first_step_s']:.3f}{build}"
+        )
+    return lines
 
 
 def format_comparison(

@@ -50,6 +50,7 @@ def run_recipe_isolated(
     warmup_steps: int | None = None,
     compile_overrides: Mapping[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    plan_steps: int | None = None,
 ) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
@@ -67,6 +68,8 @@ def run_recipe_isolated(
         compile_overrides: JSON-able ``torch.compile`` keyword arguments merged over the
             recipe's own (``{"mode": "max-autotune"}``); what ``tune`` varies.
         on_event: called with each progress event of the child (``{"event": "step", ...}``).
+        plan_steps: also report ``plan_tokens_per_step``, the mean padded tokens per step of a
+            run of this many steps of the recipe's batches (what ``tune`` scales step time to).
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
@@ -96,6 +99,7 @@ def run_recipe_isolated(
         "warmup_steps": warmup_steps,
         "backend": backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
         "compile_overrides": dict(compile_overrides or {}),
+        "plan_steps": plan_steps,
         "cache_dir": str((out / "caches").resolve()),
         "result_path": str((work / "result.json").resolve()),
     }

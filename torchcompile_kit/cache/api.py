@@ -74,6 +74,12 @@ class CacheLoadResult:
     """Size of the artifact read."""
     inductor_cache_dir: str = ""
     """The inductor cache dir the kernels went to."""
+    cpu_isa_probe_started: bool = False
+    """Whether the load started inductor's CPU vector-ISA probe on a background thread.
+
+    Done when the artifact holds CPU kernels (``.so``): inductor checks the ISA once per process
+    before its first CPU kernel, ~2 s of child processes that can run beside the model build
+    instead of inside the first step; the first compile waits for it (docs/cache.md)."""
     counters_at_load: dict[str, int] = field(default_factory=dict, repr=False)
     """torch's cache counters right after the load; :meth:`cache_stats` subtracts them."""
 
@@ -275,8 +281,11 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     content hash), its environment header compared field by field with this process (torch and
     git version, Python, machine, device, CUDA/HIP and GPU names, Triton, CPU ISA and
     ``ATEN_CPU_CAPABILITY``, thread count); the kernels are installed into the inductor cache dir
-    (staged aside, moved in whole), then the mega-cache is hot-loaded. Every rank of a
-    distributed job reads. The artifact holds pickles: load only from storage you trust.
+    (staged aside, moved in whole), then the mega-cache is hot-loaded. When it holds CPU
+    kernels, inductor's once-per-process CPU vector-ISA probe is started on a background thread
+    (``cpu_isa_probe_started``; the first compile waits for it): load before building the model
+    and the probe runs beside the build instead of inside the first step. Every rank of a distributed job reads. The artifact holds pickles: load only
+    from storage you trust.
 
     Args:
         path: a local file path or an fsspec URL, as given to :func:`save_compile_cache`.
@@ -329,6 +338,9 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
         return _not_loaded(result, f"could not be installed ({type(err).__name__}: {err})")
     result.loaded = True
     result.counters_at_load = _dynamo.compile_cache_counters()
+    if any(kernel.name.endswith(".so") for kernel in artifact.kernel_files):
+        # After the install: the probe's own test libraries are among the installed kernels.
+        result.cpu_isa_probe_started = _dynamo.start_cpu_isa_probe() is not None
     logger.info(result.summary())
     return result
 

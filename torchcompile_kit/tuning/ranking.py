@@ -22,6 +22,8 @@ def cost_of(result: CandidateResult) -> Cost:
         step_s=1.0 / float(metrics["steps_per_s"]),
         step_times_s=metrics.get("step_times_s") or (),
         recompiles=_measured_recompiles(metrics),
+        step_tokens=metrics.get("step_tokens") or (),
+        plan_tokens=metrics.get("plan_tokens_per_step"),
     )
 
 
@@ -48,6 +50,7 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
             cost.recompile_s,
             cost.step_s,
         )
+        result.measured_step_s = cost.measured_step_s
         result.predicted_total_s = predicted_total(cost, steps_planned)
         if eager_cost is not None:
             result.speedup = eager_cost.step_s / cost.step_s

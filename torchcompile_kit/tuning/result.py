@@ -41,7 +41,10 @@ class CandidateResult:
     recompile_s: float | None = None
     """Seconds of recompiles seen in the steady steps."""
     step_s: float | None = None
-    """Median steady step, seconds."""
+    """Steady step of the planned run, seconds (see :mod:`.arithmetic`)."""
+    measured_step_s: float | None = None
+    """Mean timed steady step, when ``step_s`` was read off its tokens line at the planned
+    run's mean padded tokens per step (``None``: ``step_s`` is that mean)."""
     speedup: float | None = None
     """Eager's step time / this step time."""
     predicted_total_s: float | None = None

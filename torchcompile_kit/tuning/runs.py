@@ -106,6 +106,7 @@ def measure_candidate(
         timeout_s=None if timeout > _NO_LIMIT_S else timeout,
         warmup_steps=warmup_steps,
         compile_overrides=OVERRIDES if candidate.gate is not None else None,
+        plan_steps=steps_planned,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error

@@ -8,9 +8,10 @@ restarts load the cache their cold run saved). Within the budget:
 2. each compiled candidate runs with a time limit: the budget left, and once a candidate has been
    measured, the time after which it cannot win any more (still warming up when the best
    candidate so far has finished the whole planned run: *pruned*, with the reason);
-3. the measured candidates are ranked by predicted total (:mod:`.arithmetic`) and checked for
-   correctness in that order (:mod:`.gate`) while the budget lasts; a candidate that fails, or
-   could not be checked, is never recommended;
+3. a measured candidate predicted cheaper than every eligible one so far is checked for
+   correctness at once (:mod:`.gate`), before the budget goes to the next measurement; at the
+   end the rest are checked, cheapest predicted total first, while the budget lasts; a
+   candidate that fails, or could not be checked, is never recommended;
 4. the cheapest eligible candidate is the recommendation, with the reason and a snippet.
 """
 
@@ -120,6 +121,8 @@ def tune(
         return math.inf if budget_s is None else budget_s - (time.perf_counter() - started)
 
     chosen = [c for c in CANDIDATES if c.name in names]
+    by_name = {c.name: c for c in CANDIDATES}
+    gate = _Gate(by_name, spec, preset, backend, device, left, emit)
     results: list[CandidateResult] = []
     for candidate in chosen:
         measure_candidate(
@@ -136,9 +139,11 @@ def tune(
             emit,
             results,
         )
-    by_name = {c.name: c for c in CANDIDATES}
+        # a candidate that now leads is checked at once, before the budget goes to the others
+        rank_candidates(results, steps_planned, warm_start=warm_start)
+        gate.check_leaders(results, warm_start=warm_start)
     rank_candidates(results, steps_planned, warm_start=warm_start)  # costs: the check order
-    _gate(results, by_name, spec, preset, backend, device, left, emit)
+    gate.check_all(results)
     ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
     result = TuneResult(
         recommendation=recommended.name if recommended else None,
@@ -226,46 +231,83 @@ def _model_and_batch(spec: str | None, preset: str, device: Any) -> Callable[[],
 # --- checking and ranking ------------------------------------------------------------------------
 
 
-def _gate(
-    results: list[CandidateResult],
-    by_name: dict[str, Candidate],
-    spec: str | None,
-    preset: str,
-    backend: str,
-    device: Any,
-    left: Callable[[], float],
-    emit: Callable[[dict], None],
-) -> None:
-    """Check the measured compiled candidates, cheapest predicted total first, while time lasts."""
-    verdicts: dict[tuple[str, str], Any] = {}
-    build = _model_and_batch(spec, preset, device)
-    measured = [r for r in results if r.status == "ok" and by_name[r.name].gate is not None]
-    for result in sorted(measured, key=lambda r: r.predicted_total_s):
-        candidate = by_name[result.name]
-        key = (candidate.gate, candidate.optimizer)
-        if key not in verdicts:
-            need = _GATE_COST * (result.compile_s or 0.0)
-            if left() < need:
-                result.reason = (
-                    f"not checked: {max(left(), 0):.0f} s of budget left, the correctness check "
-                    f"needs ~{need:.0f} s; an unchecked candidate is never recommended"
-                )
+class _Gate:
+    """The correctness checks of one ``tune``: each compiled code checked once, within the budget."""
+
+    def __init__(
+        self,
+        by_name: dict[str, Candidate],
+        spec: str | None,
+        preset: str,
+        backend: str,
+        device: Any,
+        left: Callable[[], float],
+        emit: Callable[[dict], None],
+    ) -> None:
+        self.by_name, self.backend, self.device = by_name, backend, device
+        self.left, self.emit = left, emit
+        self.build = _model_and_batch(spec, preset, device)
+        self.verdicts: dict[tuple[str, str], Any] = {}
+
+    def check_leaders(self, results: list[CandidateResult], *, warm_start: bool) -> None:
+        """Check the unchecked candidates predicted cheaper than every eligible one, cheapest first.
+
+        Stops at the first that passes: it is then the one to beat.
+        """
+        eligible = [
+            r.predicted_total_s for r in results
+            if r.status == "ok" and r.eligible and (warm_start or not r.restart)
+            and r.predicted_total_s is not None
+        ]
+        best = min(eligible, default=math.inf)
+        for result in self._measured(results):
+            if result.verdict != "unchecked" or (result.restart and not warm_start):
                 continue
-            emit({"event": "check", "name": result.name, "status": "running"})
-            verdicts[key] = check_candidate(
+            if result.predicted_total_s is None or result.predicted_total_s >= best:
+                break
+            if self.check(result) == "pass":
+                break
+
+    def check_all(self, results: list[CandidateResult]) -> None:
+        """Check every measured compiled candidate, cheapest predicted total first, while time lasts."""
+        for result in self._measured(results):
+            if result.verdict == "unchecked":
+                self.check(result)
+
+    def check(self, result: CandidateResult) -> str:
+        """Check one candidate (or reuse the verdict of its compiled code); its verdict."""
+        candidate = self.by_name[result.name]
+        key = (candidate.gate, candidate.optimizer)
+        if key not in self.verdicts:
+            need = _GATE_COST * (result.compile_s or 0.0)
+            if self.left() < need:
+                result.reason = (
+                    f"not checked: {max(self.left(), 0):.0f} s of budget left, the correctness "
+                    f"check needs ~{need:.0f} s; an unchecked candidate is never recommended"
+                )
+                return result.verdict
+            self.emit({"event": "check", "name": result.name, "status": "running"})
+            self.verdicts[key] = check_candidate(
                 candidate,
-                model_and_batch=build,
-                backend=backend,
+                model_and_batch=self.build,
+                backend=self.backend,
                 overrides=OVERRIDES,
-                device=device,
+                device=self.device,
             )
-            result.gate_s = verdicts[key].seconds
-        verdict = verdicts[key]
+            result.gate_s = self.verdicts[key].seconds
+        verdict = self.verdicts[key]
         result.verdict = "pass" if verdict.ok else "fail"
         result.offending = verdict.offending
+        if result.reason and result.reason.startswith("not checked:"):
+            result.reason = None
         if result.graph_breaks is None:
             result.graph_breaks = verdict.graph_breaks
-        emit({"event": "check", "name": result.name, "status": result.verdict})
+        self.emit({"event": "check", "name": result.name, "status": result.verdict})
+        return result.verdict
+
+    def _measured(self, results: list[CandidateResult]) -> list[CandidateResult]:
+        measured = [r for r in results if r.status == "ok" and self.by_name[r.name].gate is not None]
+        return sorted(measured, key=lambda r: r.predicted_total_s or math.inf)
 
 
 # --- outputs -------------------------------------------------------------------------------------
