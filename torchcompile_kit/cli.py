@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tuning import candidate_names, format_table, tune
+    from .tuning import candidate_names, format_table, tune, verification_line
 
     if args.steps_planned < 1 or args.budget <= 0:
         return _error(f"--steps-planned must be >= 1 and --budget > 0 minutes, got {args.steps_planned!r}, {args.budget!r}")
@@ -314,7 +314,7 @@ def _tune(args: argparse.Namespace) -> int:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")
     if result.verification:
-        print(f"verification: {result.verification}")
+        print(verification_line(result.verification))
     print(f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py")
     return 0
 

@@ -75,3 +75,17 @@ def test_measure_training_records_each_timed_steps_tokens():
     batches = ({"input_ids": torch.zeros(2, next(widths))} for _ in range(4))
     out = measure_training(lambda b: 0.0, batches, warmup_steps=1, steps=3, device="cpu")
     assert out["step_tokens"] == [32, 48, 64] and len(out["step_times_s"]) == 3
+
+
+def test_cpu_steal_is_read_from_proc_stat_where_there_is_one():
+    from torchcompile_kit.bench.metrics import cpu_times, steal_share
+
+    before = cpu_times()
+    sum(range(200_000))
+    after = cpu_times()
+    if before is None:
+        pytest.skip("no /proc/stat on this system")
+    share = steal_share(before, after)
+    assert share is None or 0.0 <= share <= 1.0
+    assert steal_share(before, None) is None
+    assert after[1] >= before[1] and after[0] >= before[0]

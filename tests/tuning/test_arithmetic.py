@@ -164,3 +164,15 @@ def test_step_for_tokens_trusts_a_line_only_where_there_is_one(steps, expected):
 
     got = step_for_tokens(steps, 5000)
     assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_run_that_changed_speed_is_flagged_not_taken_as_the_predictions_test():
+    from torchcompile_kit.tuning.runs import run_steadiness
+
+    # the captioner's 20,000-step verification run of this session: windows of 15 to 111 ms/step
+    steady = run_steadiness([0.02] * 2000)
+    assert steady["steady"] and "kept its speed" in steady["steady_note"]
+    episode = run_steadiness([0.02] * 1800 + [0.10] * 200)
+    assert not episode["steady"] and "re-run on a quiet machine" in episode["steady_note"]
+    assert episode["window_ms"][-1] == pytest.approx(100.0)
+    assert run_steadiness([0.02] * 50) == {}  # too short to cut

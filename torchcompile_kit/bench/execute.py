@@ -162,6 +162,10 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     return result
 
 
+STEAL_LIMIT = 0.05
+"""Above this share of CPU time stolen by the hypervisor, a row's timings are flagged."""
+
+
 def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -222,6 +226,12 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
                 before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
                 on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
             )
+        )
+    steal = metrics.get("cpu_steal")
+    if steal is not None and steal > STEAL_LIMIT:
+        notes.append(
+            f"warning: the hypervisor took {steal:.0%} of this machine's CPU time during the run "
+            "(steal, /proc/stat): its timings are not quotable; re-run on a quiet machine"
         )
     if request.get("plan_steps"):
         metrics["plan_tokens_per_step"] = planned_tokens_per_step(

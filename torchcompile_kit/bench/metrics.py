@@ -26,7 +26,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["METRIC_LABELS", "compare", "measure_training", "peak_memory_mb", "real_and_computed"]
+__all__ = [
+    "METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb", "real_and_computed",
+    "steal_share",
+]
 
 # metric key -> column label in tables and charts
 METRIC_LABELS: dict[str, str] = {
@@ -68,6 +71,35 @@ def real_and_computed(batch: Mapping[str, Any]) -> tuple[int, int]:
     return 0, 0
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks of the whole machine since boot, from ``/proc/stat``; ``None`` off Linux.
+
+    *Steal* is time the hypervisor gave this VM's CPUs to someone else: on a shared cloud VM it is
+    what makes a quiet-looking machine slow.
+    """
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(v) for v in fields[1:]]
+    return ticks[7], sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time stolen by the hypervisor between two :func:`cpu_times`.
+
+    Example:
+        >>> steal_share((100, 1000), (150, 1500))
+        0.1
+    """
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def peak_memory_mb(device: Any) -> float:
     """Peak memory of this process: CUDA max allocated, or the CPU peak resident set (MiB)."""
     import torch
@@ -107,7 +139,9 @@ def measure_training(
     Returns:
         ``warmup_s``, ``first_step_s``, ``steps_per_s``, ``tokens_per_s``, ``padding``,
         ``peak_memory_mb``, ``losses``, ``step_times_s`` with ``step_tokens`` (the computed,
-        padded tokens of each timed step) and ``steps``/``warmup_steps``.
+        padded tokens of each timed step), ``cpu_steal``/``cpu_steal_steady`` (the share of the
+        machine's CPU time the hypervisor took during the run / the steady steps; ``None`` off
+        Linux) and ``steps``/``warmup_steps``.
     """
     import torch
 
@@ -122,10 +156,12 @@ def measure_training(
     computed_tokens: list[int] = []
     real_sum = computed_sum = 0
     sync()
+    cpu_start = cpu_times()
     start = time.perf_counter()
     if before_first_step is not None:
         before_first_step()
     first_step_s = warmup_s = None
+    cpu_warm = cpu_start
     for index in range(total):
         batch = next(batches)
         real, computed = real_and_computed(batch)
@@ -139,6 +175,7 @@ def measure_training(
             first_step_s = ended - began
         if index == warmup_steps - 1:
             warmup_s = ended - start
+            cpu_warm = cpu_times()
         if index >= warmup_steps:
             times.append(ended - began)
             real_tokens.append(real)
@@ -146,6 +183,7 @@ def measure_training(
         if on_step is not None:
             on_step(index + 1, total, "warm-up" if index < warmup_steps else "steady")
     median = statistics.median(times) if times else None
+    cpu_end = cpu_times()
     return {
         "warmup_s": warmup_s,
         "first_step_s": first_step_s,
@@ -156,6 +194,8 @@ def measure_training(
         "losses": losses,
         "step_times_s": times,
         "step_tokens": computed_tokens,
+        "cpu_steal": steal_share(cpu_start, cpu_end),
+        "cpu_steal_steady": steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,
         "warmup_steps": warmup_steps,
         "steps": steps,
     }

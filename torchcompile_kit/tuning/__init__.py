@@ -12,7 +12,7 @@ runner), :mod:`.gate` (the correctness check), :mod:`.ranking` (the recommendati
 from .arithmetic import Cost, break_even_steps, predicted_total
 from .candidates import CANDIDATES, Candidate, candidate_names
 from .ranking import rank_candidates
-from .report import format_table
+from .report import format_table, verification_line
 from .result import CandidateResult, TuneResult
 from .tuner import tune
 
@@ -22,6 +22,7 @@ __all__ = [
     "TuneResult",
     "format_table",
     "tune",
+    "verification_line",
     # candidates and arithmetic
     "CANDIDATES",
     "Candidate",

@@ -18,7 +18,7 @@ from .candidates import Candidate
 from .ranking import cost_of
 from .result import CandidateResult
 
-__all__ = ["OVERRIDES", "measure_candidate", "verify_run"]
+__all__ = ["OVERRIDES", "measure_candidate", "run_steadiness", "verify_run"]
 
 # tune lets graph breaks happen (and counts them) instead of failing on them: fullgraph=True is
 # written into the snippet only when the measured run had none
@@ -187,10 +187,9 @@ def verify_run(
     )
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}
+    times = run.metrics.get("step_times_s") or []
     measured = (
-        float(run.metrics["warmup_s"])
-        + float(run.metrics.get("cache_load_s") or 0.0)
-        + sum(run.metrics.get("step_times_s") or [])
+        float(run.metrics["warmup_s"]) + float(run.metrics.get("cache_load_s") or 0.0) + sum(times)
     )
     return {
         "status": "ok",
@@ -199,4 +198,45 @@ def verify_run(
         "predicted_s": chosen.predicted_total_s,
         "measured_s": measured,
         "ratio": chosen.predicted_total_s / measured if measured else None,
+        "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
+        "cpu_steal": run.metrics.get("cpu_steal"),
+        **run_steadiness(times),
     }
+
+
+def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float = 1.5) -> dict[str, Any]:
+    """Whether a long run kept one speed: its steps cut into ``windows`` spans of equal count.
+
+    The same batches come back in every span, so a span much slower than the typical one means
+    the machine's speed changed during the run (another process, a noisy neighbour, throttling),
+    and the run's total then says little about a prediction made from a few steps.
+
+    Args:
+        step_times_s: the run's steady step times, in order.
+        windows: how many spans.
+        limit: a run is steady when its slowest span's mean is at most this times the median
+            span's mean.
+
+    Returns:
+        ``window_ms`` (each span's mean step, ms), ``steady`` and ``steady_note`` (a sentence),
+        or ``{}`` for runs too short to cut.
+
+    Example:
+        >>> run_steadiness([0.01] * 100 + [0.05] * 10, windows=10)["steady"]
+        False
+    """
+    if len(step_times_s) < 10 * windows:
+        return {}
+    size = len(step_times_s) // windows
+    means = [1e3 * sum(step_times_s[i * size : (i + 1) * size]) / size for i in range(windows)]
+    typical = sorted(means)[len(means) // 2]
+    steady = max(means) <= limit * typical
+    note = (
+        f"the run kept its speed: {windows} spans of {size} steps, {min(means):.1f} to "
+        f"{max(means):.1f} ms/step"
+        if steady
+        else f"the run did not keep one speed: {windows} spans of {size} steps took {min(means):.1f} "
+        f"to {max(means):.1f} ms/step (median span {typical:.1f}); the machine's speed changed "
+        "during it, so its total does not test the prediction: re-run on a quiet machine"
+    )
+    return {"window_ms": [round(m, 2) for m in means], "steady": steady, "steady_note": note}
