@@ -120,7 +120,7 @@ def _spec_collator(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset) -> 
 
 
 def planned_tokens_per_step(
-    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any, steps: int, *, samples: int = 512
+    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any, steps: int, *, samples: int = 2048
 ) -> float | None:
     """Mean computed (padded) tokens per step over a run of ``steps`` steps of ``recipe``'s batches.
 

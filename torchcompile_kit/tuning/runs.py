@@ -8,6 +8,7 @@ once a candidate has been measured, the time after which another cannot win any 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,7 +206,8 @@ def verify_run(
 
 
 def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float = 1.5) -> dict[str, Any]:
-    """Whether a long run kept one speed: its steps cut into ``windows`` spans of equal count.
+    """Whether a long run kept one speed: its steps cut into ``windows`` spans of equal count,
+    each span's median step compared with the median span.
 
     The same batches come back in every span, so a span much slower than the typical one means
     the machine's speed changed during the run (another process, a noisy neighbour, throttling),
@@ -214,11 +216,11 @@ def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float
     Args:
         step_times_s: the run's steady step times, in order.
         windows: how many spans.
-        limit: a run is steady when its slowest span's mean is at most this times the median
-            span's mean.
+        limit: a run is steady when its slowest span's median step is at most this times the
+            median span's.
 
     Returns:
-        ``window_ms`` (each span's mean step, ms), ``steady`` and ``steady_note`` (a sentence),
+        ``window_ms`` (each span's median step, ms), ``steady`` and ``steady_note`` (a sentence),
         or ``{}`` for runs too short to cut.
 
     Example:
@@ -228,15 +230,16 @@ def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float
     if len(step_times_s) < 10 * windows:
         return {}
     size = len(step_times_s) // windows
-    means = [1e3 * sum(step_times_s[i * size : (i + 1) * size]) / size for i in range(windows)]
+    # medians: a few recompile spikes (part of the prediction) do not make a span slow
+    means = [1e3 * statistics.median(step_times_s[i * size : (i + 1) * size]) for i in range(windows)]
     typical = sorted(means)[len(means) // 2]
     steady = max(means) <= limit * typical
     note = (
-        f"the run kept its speed: {windows} spans of {size} steps, {min(means):.1f} to "
-        f"{max(means):.1f} ms/step"
+        f"the run kept its speed: {windows} spans of {size} steps, median steps {min(means):.1f} to "
+        f"{max(means):.1f} ms"
         if steady
-        else f"the run did not keep one speed: {windows} spans of {size} steps took {min(means):.1f} "
-        f"to {max(means):.1f} ms/step (median span {typical:.1f}); the machine's speed changed "
+        else f"the run did not keep one speed: in {windows} spans of {size} steps the median step "
+        f"went from {min(means):.1f} to {max(means):.1f} ms (typical {typical:.1f}); the machine's speed changed "
         "during it, so its total does not test the prediction: re-run on a quiet machine"
     )
     return {"window_ms": [round(m, 2) for m in means], "steady": steady, "steady_note": note}
