@@ -117,4 +117,4 @@ def test_cpu_isa_probe_is_skipped_on_a_torch_without_it(monkeypatch):
     monkeypatch.setattr(_dynamo, "_isa_probe_fn", lambda: None)
     assert _dynamo.start_cpu_isa_probe() is None
     assert _dynamo.cpu_isa_probe_stats() is None
-    assert _dynamo.wait_for_cpu_isa_probe(timeout=1)
+    assert _dynamo.wait_for_cpu_isa_probe()  # nothing left running (an earlier test may have started one)

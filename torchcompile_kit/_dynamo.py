@@ -376,7 +376,6 @@ def cpu_capability() -> str:
 
 _isa_probe_lock = threading.Lock()
 _isa_probe: threading.Thread | None = None
-_isa_wait_registered = False
 
 
 def _isa_probe_fn() -> Callable[[], Any] | None:
@@ -402,7 +401,7 @@ def start_cpu_isa_probe() -> threading.Thread | None:
 
     Returns the thread, or ``None`` when the probe is not available, already done, or running.
     """
-    global _isa_probe, _isa_wait_registered
+    global _isa_probe
     probe = _isa_probe_fn()
     if probe is None or probe.cache_info().currsize:
         return None
@@ -421,9 +420,9 @@ def start_cpu_isa_probe() -> threading.Thread | None:
             except Exception:
                 logger.debug("background CPU ISA probe failed; inductor will probe itself", exc_info=True)
 
-        if not _isa_wait_registered:
+        # registered once; again if something cleared dynamo's callbacks since
+        if _wait_before_compiling not in getattr(callback_handler, "start_callbacks", ()):
             callback_handler.register_start_callback(_wait_before_compiling)
-            _isa_wait_registered = True
         _isa_probe = threading.Thread(target=run, name="tck-cpu-isa-probe", daemon=True)
         _isa_probe.start()
         return _isa_probe
