@@ -45,12 +45,12 @@ def test_a_leading_candidate_is_checked_at_once_and_a_losing_one_waits(checked):
     results = [measured("eager", compile_s=0.0, step_s=0.10), measured("regional", compile_s=30, step_s=0.05)]
     rank_candidates(results, 10_000)
     g = gate()
-    g.check_leaders(results, warm_start=False)
+    g.check_leaders(results, 10_000, warm_start=False)
     assert checked == ["regional"] and results[1].verdict == "pass"
     # full is predicted slower than the checked regional: not checked now ...
     results.append(measured("full", compile_s=120, step_s=0.09))
     rank_candidates(results, 10_000)
-    g.check_leaders(results, warm_start=False)
+    g.check_leaders(results, 10_000, warm_start=False)
     assert checked == ["regional"]
     # ... but at the end, while the budget lasts; it fails, and regional's verdict is reused
     g.check_all(results)
@@ -64,7 +64,7 @@ def test_a_leader_that_fails_hands_the_lead_to_the_next(checked):
         measured("regional", compile_s=30, step_s=0.05),
     ]
     rank_candidates(results, 10_000)
-    gate().check_leaders(results, warm_start=False)
+    gate().check_leaders(results, 10_000, warm_start=False)
     assert checked == ["full", "regional"]
     _, best = rank_candidates(results, 10_000)
     assert best.name == "regional"
@@ -73,7 +73,7 @@ def test_a_leader_that_fails_hands_the_lead_to_the_next(checked):
 def test_without_budget_for_the_check_the_candidate_stays_unchecked_with_the_reason(checked):
     results = [measured("eager", compile_s=0.0, step_s=0.10), measured("regional", compile_s=30, step_s=0.05)]
     rank_candidates(results, 10_000)
-    gate(left=lambda: 10.0).check_leaders(results, warm_start=False)
+    gate(left=lambda: 10.0).check_leaders(results, 10_000, warm_start=False)
     assert checked == []
     assert results[1].verdict == "unchecked" and results[1].reason.startswith("not checked:")
     _, best = rank_candidates(results, 10_000)

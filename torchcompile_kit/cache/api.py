@@ -284,8 +284,8 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     (staged aside, moved in whole), then the mega-cache is hot-loaded. When it holds CPU
     kernels, inductor's once-per-process CPU vector-ISA probe is started on a background thread
     (``cpu_isa_probe_started``; the first compile waits for it): load before building the model
-    and the probe runs beside the build instead of inside the first step. Every rank of a distributed job reads. The artifact holds pickles: load only
-    from storage you trust.
+    and the probe runs beside the build instead of inside the first step. Every rank of a
+    distributed job reads. The artifact holds pickles: load only from storage you trust.
 
     Args:
         path: a local file path or an fsspec URL, as given to :func:`save_compile_cache`.

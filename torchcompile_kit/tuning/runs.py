@@ -231,15 +231,17 @@ def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float
         return {}
     size = len(step_times_s) // windows
     # medians: a few recompile spikes (part of the prediction) do not make a span slow
-    means = [1e3 * statistics.median(step_times_s[i * size : (i + 1) * size]) for i in range(windows)]
-    typical = sorted(means)[len(means) // 2]
-    steady = max(means) <= limit * typical
+    medians = [1e3 * statistics.median(step_times_s[i * size : (i + 1) * size]) for i in range(windows)]
+    typical = sorted(medians)[len(medians) // 2]
+    fastest, slowest = min(medians), max(medians)
+    steady = slowest <= limit * typical
     note = (
-        f"the run kept its speed: {windows} spans of {size} steps, median steps {min(means):.1f} to "
-        f"{max(means):.1f} ms"
+        f"the run kept its speed: {windows} spans of {size} steps, median steps {fastest:.1f} to "
+        f"{slowest:.1f} ms"
         if steady
         else f"the run did not keep one speed: in {windows} spans of {size} steps the median step "
-        f"went from {min(means):.1f} to {max(means):.1f} ms (typical {typical:.1f}); the machine's speed changed "
-        "during it, so its total does not test the prediction: re-run on a quiet machine"
+        f"went from {fastest:.1f} to {slowest:.1f} ms (typical {typical:.1f}); the machine's "
+        "speed changed during it, so its total does not test the prediction: re-run on a quiet "
+        "machine"
     )
-    return {"window_ms": [round(m, 2) for m in means], "steady": steady, "steady_note": note}
+    return {"window_ms": [round(m, 2) for m in medians], "steady": steady, "steady_note": note}

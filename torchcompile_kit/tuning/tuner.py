@@ -140,8 +140,7 @@ def tune(
             results,
         )
         # a candidate that now leads is checked at once, before the budget goes to the others
-        rank_candidates(results, steps_planned, warm_start=warm_start)
-        gate.check_leaders(results, warm_start=warm_start)
+        gate.check_leaders(results, steps_planned, warm_start=warm_start)
     rank_candidates(results, steps_planned, warm_start=warm_start)  # costs: the check order
     gate.check_all(results)
     ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
@@ -249,17 +248,16 @@ class _Gate:
         self.build = _model_and_batch(spec, preset, device)
         self.verdicts: dict[tuple[str, str], Any] = {}
 
-    def check_leaders(self, results: list[CandidateResult], *, warm_start: bool) -> None:
-        """Check the unchecked candidates predicted cheaper than every eligible one, cheapest first.
+    def check_leaders(
+        self, results: list[CandidateResult], steps_planned: int, *, warm_start: bool
+    ) -> None:
+        """Check the unchecked candidates predicted cheaper than the current recommendation.
 
-        Stops at the first that passes: it is then the one to beat.
+        Cheapest first (the ranking's own costs and eligibility); stops at the first that
+        passes: it is then the one to beat.
         """
-        eligible = [
-            r.predicted_total_s for r in results
-            if r.status == "ok" and r.eligible and (warm_start or not r.restart)
-            and r.predicted_total_s is not None
-        ]
-        best = min(eligible, default=math.inf)
+        _, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
+        best = recommended.predicted_total_s if recommended is not None else math.inf
         for result in self._measured(results):
             if result.verdict != "unchecked" or (result.restart and not warm_start):
                 continue
