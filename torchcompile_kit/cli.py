@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--preset", default="tiny", choices=("tiny", "seed"), help="captioner sizes and default step counts")
     tune.add_argument("--steps", type=int, default=None, help="steady steps timed per candidate (default: the preset's)")
     tune.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
+    tune.add_argument("--steady-seconds", type=float, default=None, metavar="S",
+                      help="time each candidate's steady steps for at least S seconds (default: 30)")
     tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
     tune.add_argument("--verify", action="store_true", help="then run the recommendation for N steps: predicted vs measured total")
     tune.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # test switch, as for bench
@@ -291,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tuning import candidate_names, format_table, tune, verification_line
+    from .tuning import STEADY_S, candidate_names, format_table, tune, verification_line
 
+    if args.steady_seconds is not None and not args.steady_seconds >= 0:
+        return _error(f"--steady-seconds must be >= 0, got {args.steady_seconds!r}")
     if args.steps_planned < 1 or args.budget <= 0:
         return _error(f"--steps-planned must be >= 1 and --budget > 0 minutes, got {args.steps_planned!r}, {args.budget!r}")
     unknown = sorted(set(args.candidates or ()) - set(candidate_names()))
@@ -309,7 +313,9 @@ def _tune(args: argparse.Namespace) -> int:
     try:
         result = tune(args.model, steps_planned=args.steps_planned, budget_s=60 * args.budget, out_dir=args.out,
                       backend=args.backend, preset=args.preset, candidates=args.candidates, warm_start=args.warm_start,
-                      steps=args.steps, warmup_steps=args.warmup_steps, verify=args.verify, on_event=show)
+                      steps=args.steps, warmup_steps=args.warmup_steps,
+                      steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds,
+                      verify=args.verify, on_event=show)
     except ValueError as err:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")

@@ -89,3 +89,28 @@ def test_cpu_steal_is_read_from_proc_stat_where_there_is_one():
     assert share is None or 0.0 <= share <= 1.0
     assert steal_share(before, None) is None
     assert after[1] >= before[1] and after[0] >= before[0]
+
+
+def test_steady_steps_go_on_until_they_cover_the_window_and_stop_at_the_cap():
+    import time
+
+    def sleepy(batch):
+        time.sleep(0.01)
+        return 0.0
+
+    batches = iter(lambda: {"input_ids": torch.zeros(1, 4)}, None)
+    totals = []
+    out = measure_training(
+        sleepy, batches, warmup_steps=1, steps=2, device="cpu", min_steady_s=0.15,
+        on_step=lambda i, n, phase: totals.append(n),
+    )
+    # a 10 ms step needs more than the 2 asked for to cover 0.15 s; the progress total grew
+    assert out["steps"] == len(out["step_times_s"]) > 2
+    assert out["steady_s"] == pytest.approx(sum(out["step_times_s"])) and out["steady_s"] >= 0.15
+    assert totals[0] == 3 and totals[-1] == 1 + out["steps"]
+    capped = measure_training(
+        sleepy, batches, warmup_steps=1, steps=2, device="cpu", min_steady_s=10.0, max_steps=5
+    )
+    assert capped["steps"] == 5  # never more steady steps than the cap (the planned run)
+    plain = measure_training(sleepy, batches, warmup_steps=1, steps=2, device="cpu")
+    assert plain["steps"] == 2

@@ -43,6 +43,25 @@ def test_arguments_are_checked():
         tune(lambda: models.build(), steps_planned=10)
     with pytest.raises(ModelSpecError, match="not 'module:function'"):
         tune("no_colon_here", steps_planned=10)
+    with pytest.raises(ValueError, match="steady_s must be >= 0 seconds, got -1"):
+        tune(f"{MODELS}:build", steps_planned=10, steady_s=-1)
+
+
+def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_planned_run(
+    tmp_path, monkeypatch
+):
+    from torchcompile_kit.bench.runner import INPROCESS_ENV
+
+    monkeypatch.setenv(INPROCESS_ENV, "1")  # no process per candidate: this is about the counts
+    short = tune(f"{MODELS}:build", steps_planned=40, backend="eager", candidates=["eager"],
+                 steps=3, warmup_steps=1, steady_s=60.0, out_dir=tmp_path / "short")
+    eager = short.candidate("eager")
+    assert eager.status == "ok" and eager.metrics["steps"] == 40  # capped at the planned run
+    window = tune(f"{MODELS}:build", steps_planned=10**6, backend="eager", candidates=["eager"],
+                  steps=3, warmup_steps=1, steady_s=0.5, out_dir=tmp_path / "window")
+    metrics = window.candidate("eager").metrics
+    assert metrics["steps"] > 3 and metrics["steady_s"] >= 0.5
+    assert window.settings["steady_s"] == 0.5
 
 
 @pytest.mark.slow
@@ -53,6 +72,7 @@ def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
         steps_planned=10**9,
         backend=models.PERTURB_BACKEND,
         candidates=["eager", "full", "regional"],
+        steady_s=0,
         out_dir=tmp_path,
     )
     assert result.recommendation == "eager", format_table(result)
@@ -80,6 +100,7 @@ def test_graph_breaks_are_shown_and_the_printed_snippet_reproduces_the_setup(tmp
         backend="eager",
         candidates=["eager", "full"],
         out_dir=tmp_path,
+        steady_s=0,
     )
     full = result.candidate("full")
     assert full.status == "ok" and full.verdict == "pass"
@@ -106,6 +127,8 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["tune", "--candidates", "turbo"]) == 2
     assert "unknown candidate(s) ['turbo']" in capsys.readouterr().err
     assert main(["tune", "--steps-planned", "0"]) == 2
+    assert main(["tune", "--steady-seconds", "-2"]) == 2
+    assert "--steady-seconds must be >= 0, got -2.0" in capsys.readouterr().err
     out = tmp_path / "out"
     status = main(
         [

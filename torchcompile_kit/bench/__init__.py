@@ -15,7 +15,7 @@ Modules, one concept each:
 Only the command line and ``tune`` import this package; nothing below it does.
 """
 
-from .batches import batch_stream
+from .batches import batch_stream, spec_buckets
 from .captioner import PRESETS, build_captioner, seed_length_mix
 from .model_spec import ModelSpec, ModelSpecError, load_model_spec, loss_of, parse_model_spec
 from .recipes import RECIPES, Recipe, RecipeContext
@@ -37,4 +37,5 @@ __all__ = [
     "parse_model_spec",
     "run_recipe_isolated",
     "seed_length_mix",
+    "spec_buckets",
 ]

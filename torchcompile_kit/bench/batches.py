@@ -25,7 +25,7 @@ from .captioner import CaptionerPreset, caption_samples
 from .model_spec import ModelSpec
 from .recipes import Recipe
 
-__all__ = ["SEQUENCE_KEYS", "batch_stream", "planned_tokens_per_step", "repad", "seq_keys"]
+__all__ = ["SEQUENCE_KEYS", "batch_stream", "planned_tokens_per_step", "repad", "seq_keys", "spec_buckets"]
 
 SEQUENCE_KEYS = (
     "input_ids", "attention_mask", "labels", "token_type_ids", "position_ids",
@@ -110,13 +110,29 @@ def batch_stream(
 
 def _spec_collator(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset) -> Any:
     """The collator that re-pads a ``--model`` spec's batches for ``recipe``, or ``None``."""
-    from torchcompile_kit import PadToBucketCollator, plan_buckets
+    from torchcompile_kit import PadToBucketCollator
 
     if recipe.data == "multiple_of_32":
         return PadToBucketCollator(multiple_of=32)
     if recipe.data == "buckets":  # execute checks that the spec gave lengths
-        return PadToBucketCollator(buckets=plan_buckets(spec.lengths, max_buckets=preset.max_buckets))
+        return PadToBucketCollator(buckets=spec_buckets(spec.lengths, preset))
     return None
+
+
+def spec_buckets(lengths: list[int], preset: CaptionerPreset) -> list[int]:
+    """The buckets the ``buckets`` recipe pads a ``--model`` spec's batches to: planned from the
+    spec's lengths, at most the preset's ``max_buckets``. The spec's own ``make_batch`` decides
+    which samples share a batch (no bucket sampler groups them), so each batch is padded up to
+    the smallest bucket that fits its longest sample.
+
+    Example:
+        >>> from torchcompile_kit.bench import PRESETS
+        >>> spec_buckets([5, 6, 7, 30, 31, 200], PRESETS["tiny"])
+        [8, 32, 200]
+    """
+    from torchcompile_kit import plan_buckets
+
+    return plan_buckets(lengths, max_buckets=preset.max_buckets)
 
 
 def planned_tokens_per_step(

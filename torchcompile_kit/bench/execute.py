@@ -225,6 +225,8 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
                 step, stream, warmup_steps=warmup_steps, steps=steps, device=device,
                 before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
                 on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
+                min_steady_s=float(request.get("steady_s") or 0.0),
+                max_steps=int(request["plan_steps"]) if request.get("plan_steps") else None,
             )
         )
     steal = metrics.get("cpu_steal")

@@ -21,6 +21,7 @@ loss| over the steps both ran on the same batches).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -122,8 +123,15 @@ def measure_training(
     device: Any,
     before_first_step: Callable[[], None] | None = None,
     on_step: Callable[[int, int, str], None] | None = None,
+    min_steady_s: float = 0.0,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
     """Run ``warmup_steps + steps`` training steps and measure them.
+
+    With ``min_steady_s``, the steady steps go on until they have taken that many seconds, so
+    their mean is a stretch of the machine's time and not one burst: a shared machine's speed
+    drifts by a third within a minute with no CPU steal to show it (a captioner's 30 steps said
+    15 ms where its 20,000 steps averaged 24 ms).
 
     Args:
         step: one training step, ``step(batch) -> loss`` (a tensor or float); it moves the batch
@@ -134,14 +142,19 @@ def measure_training(
         device: the training device (synchronized around timings when it is CUDA).
         before_first_step: called inside the warm-up timing before the first step (e.g.
             compiling every bucket shape up front).
-        on_step: progress callback ``(step_index, total, phase)``.
+        on_step: progress callback ``(step_index, total, phase)``; ``total`` grows when the
+            steady steps are extended to ``min_steady_s``.
+        min_steady_s: time at least this many seconds of steady steps (``steps`` or more).
+        max_steps: never time more steady steps than this (``None``: no cap), e.g. the planned
+            run's length.
 
     Returns:
         ``warmup_s``, ``first_step_s``, ``steps_per_s``, ``tokens_per_s``, ``padding``,
         ``peak_memory_mb``, ``losses``, ``step_times_s`` with ``step_tokens`` (the computed,
         padded tokens of each timed step), ``cpu_steal``/``cpu_steal_steady`` (the share of the
         machine's CPU time the hypervisor took during the run / the steady steps; ``None`` off
-        Linux) and ``steps``/``warmup_steps``.
+        Linux), ``steady_s`` (seconds of the timed steady steps) and ``steps`` (how many were
+        timed) / ``warmup_steps``.
     """
     import torch
 
@@ -162,7 +175,8 @@ def measure_training(
         before_first_step()
     first_step_s = warmup_s = None
     cpu_warm = cpu_start
-    for index in range(total):
+    index = 0
+    while index < total:
         batch = next(batches)
         real, computed = real_and_computed(batch)
         real_sum, computed_sum = real_sum + real, computed_sum + computed
@@ -180,8 +194,11 @@ def measure_training(
             times.append(ended - began)
             real_tokens.append(real)
             computed_tokens.append(computed)
+        if index == total - 1 and times:
+            total += _extra_steps(times, min_steady_s, max_steps)
         if on_step is not None:
             on_step(index + 1, total, "warm-up" if index < warmup_steps else "steady")
+        index += 1
     median = statistics.median(times) if times else None
     cpu_end = cpu_times()
     return {
@@ -196,9 +213,23 @@ def measure_training(
         "step_tokens": computed_tokens,
         "cpu_steal": steal_share(cpu_start, cpu_end),
         "cpu_steal_steady": steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,
+        "steady_s": sum(times),
         "warmup_steps": warmup_steps,
-        "steps": steps,
+        "steps": len(times),
     }
+
+
+def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None) -> int:
+    """Steady steps still to time so that they take ``min_steady_s`` in all (at most
+    ``max_steps`` in all), estimated from the mean step so far (a compile spike in it makes the
+    estimate short, and the steps are extended again when they end)."""
+    short = min_steady_s - sum(times)
+    if short <= 0:
+        return 0
+    extra = math.ceil(short / max(sum(times) / len(times), 1e-6))
+    if max_steps is not None:
+        extra = min(extra, max_steps - len(times))
+    return max(0, extra)
 
 
 def compare(rows: list[dict[str, Any]], recipes: Mapping[str, Any]) -> None:

@@ -51,6 +51,7 @@ def run_recipe_isolated(
     compile_overrides: Mapping[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     plan_steps: int | None = None,
+    steady_s: float | None = None,
 ) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
@@ -70,6 +71,10 @@ def run_recipe_isolated(
         on_event: called with each progress event of the child (``{"event": "step", ...}``).
         plan_steps: also report ``plan_tokens_per_step``, the mean padded tokens per step of a
             run of this many steps of the recipe's batches (what ``tune`` scales step time to).
+            It also caps the steady steps ``steady_s`` adds.
+        steady_s: time steady steps for at least this many seconds (more than ``steps`` when
+            they are fast), so the mean covers a stretch of the machine's time (``None``: just
+            ``steps``).
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
@@ -100,6 +105,7 @@ def run_recipe_isolated(
         "backend": backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
         "compile_overrides": dict(compile_overrides or {}),
         "plan_steps": plan_steps,
+        "steady_s": steady_s,
         "cache_dir": str((out / "caches").resolve()),
         "result_path": str((work / "result.json").resolve()),
     }

@@ -14,10 +14,11 @@ from .candidates import CANDIDATES, Candidate, candidate_names
 from .ranking import rank_candidates
 from .report import format_table, verification_line
 from .result import CandidateResult, TuneResult
-from .tuner import tune
+from .tuner import STEADY_S, tune
 
 __all__ = [
     # top level UX
+    "STEADY_S",
     "CandidateResult",
     "TuneResult",
     "format_table",

@@ -222,12 +222,16 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     return path
 
 
-def bucket_notes(lengths: list[int] | None, batch_size: int) -> list[str]:
+def bucket_notes(
+    lengths: list[int] | None, batch_size: int, measured_buckets: list[int] | None = None
+) -> list[str]:
     """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings).
 
     Args:
         lengths: the dataset's lengths (the ``--model`` factory's third item), or ``None``.
         batch_size: samples per batch.
+        measured_buckets: the buckets the ``buckets`` candidate padded the user's own batches to
+            (``bench.batches.spec_buckets``), to say what its timed row is and is not.
 
     Returns:
         One note, or none without lengths.
@@ -251,8 +255,14 @@ def bucket_notes(lengths: list[int] | None, batch_size: int) -> list[str]:
         f"your lengths ({len(lengths):,}, batch {batch_size}): plan_buckets(batch_size="
         f"{batch_size}) gives {buckets} with {in_buckets:.1%} padding in BucketBatchSampler "
         f"batches, vs {longest} for random batches padded to their longest (multiple of 8), "
-        "from counts; the bucket recipe itself is measured only on the built-in captioner"
+        "from counts"
     )
+    if measured_buckets is not None:
+        note += (
+            f"; the timed 'buckets' row is your make_batch batches each padded up to the "
+            f"smallest of {measured_buckets} that fits (no sampler groups lengths there, so "
+            "it pads more than BucketBatchSampler batches would)"
+        )
     return [note]
 
 

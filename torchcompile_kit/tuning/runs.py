@@ -34,6 +34,7 @@ def measure_candidate(
     backend: str,
     steps: int | None,
     warmup_steps: int | None,
+    steady_s: float,
     steps_planned: int,
     warm_start: bool,
     runs: Path,
@@ -50,7 +51,8 @@ def measure_candidate(
         backend: the ``torch.compile`` backend.
         steps: steady steps to time (``None``: the preset's).
         warmup_steps: warm-up steps (``None``: the preset's).
-        steps_planned: the planned run (for pruning).
+        steady_s: time steady steps for at least this many seconds (at most ``steps_planned``).
+        steps_planned: the planned run (for pruning, and the cap of the steady steps).
         warm_start: warm restarts count for the planned run.
         runs: the runner's ``out_dir``.
         left: seconds of budget left.
@@ -108,6 +110,7 @@ def measure_candidate(
         warmup_steps=warmup_steps,
         compile_overrides=OVERRIDES if candidate.gate is not None else None,
         plan_steps=steps_planned,
+        steady_s=steady_s or None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error

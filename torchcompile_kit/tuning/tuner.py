@@ -36,6 +36,7 @@ from ..bench import (
     build_captioner,
     load_model_spec,
     parse_model_spec,
+    spec_buckets,
 )
 from .candidates import CANDIDATES, Candidate, candidate_names
 from .gate import check_candidate
@@ -47,6 +48,8 @@ from .snippet import make_snippet
 
 __all__ = ["tune"]
 
+STEADY_S = 30.0
+"""Default seconds of steady steps timed per candidate (see ``tune(steady_s=)``)."""
 _GATE_COST = 2.0  # a correctness check costs about this many times the candidate's compile
 
 
@@ -62,6 +65,7 @@ def tune(
     warm_start: bool = False,
     steps: int | None = None,
     warmup_steps: int | None = None,
+    steady_s: float = STEADY_S,
     verify: bool = False,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> TuneResult:
@@ -85,6 +89,10 @@ def tune(
             planned run; otherwise they are shown as what a restart would cost.
         steps: steady steps each candidate is timed over (``None``: the preset's).
         warmup_steps: steps timed as warm-up from the cold start (``None``: the preset's).
+        steady_s: time each candidate's steady steps for at least this many seconds (more than
+            ``steps`` when they are fast, never more than ``steps_planned``): a shared machine's
+            speed drifts within a minute, and a few steps' burst is not the run's mean. ``0``:
+            just ``steps``.
         verify: afterwards run the recommendation for ``steps_planned`` steps in a fresh process
             and record predicted vs measured total (``TuneResult.verification``); outside the
             budget.
@@ -102,6 +110,8 @@ def tune(
         ('regional', 'regional: 1.4x eager per step, pays back its 41 s compile after ~300 ...')
     """
     check_positive_int("steps_planned", steps_planned)
+    if not steady_s >= 0:
+        raise ValueError(f"steady_s must be >= 0 seconds, got {steady_s!r}")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     names = candidate_names() if candidates is None else list(candidates)
@@ -132,6 +142,7 @@ def tune(
             backend,
             steps,
             warmup_steps,
+            steady_s,
             steps_planned,
             warm_start,
             out / "runs",
@@ -159,9 +170,9 @@ def tune(
         steps_planned=steps_planned,
         candidates=ranked,
         settings=_settings(
-            spec, preset, backend, budget_s, steps, warmup_steps, warm_start, device
+            spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
         ),
-        notes=_notes(loaded),
+        notes=_notes(loaded, preset),
     )
     if verify and recommended is not None:
         result.verification = verify_run(
@@ -348,6 +359,7 @@ def _settings(
     budget_s: float | None,
     steps: int | None,
     warmup_steps: int | None,
+    steady_s: float,
     warm_start: bool,
     device: Any,
 ) -> dict[str, Any]:
@@ -361,6 +373,7 @@ def _settings(
         "budget_s": budget_s,
         "steps": steps,
         "warmup_steps": warmup_steps,
+        "steady_s": steady_s,
         "warm_start": warm_start,
         "device": str(device),
         "versions": versions,
@@ -368,8 +381,9 @@ def _settings(
     }
 
 
-def _notes(loaded: ModelSpec | None) -> list[str]:
+def _notes(loaded: ModelSpec | None, preset: str) -> list[str]:
     if loaded is None or not loaded.lengths:
         return []
     ids = loaded.make_batch(0).get("input_ids")
-    return bucket_notes(loaded.lengths, int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 2 else 64)
+    batch_size = int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 2 else 64
+    return bucket_notes(loaded.lengths, batch_size, spec_buckets(loaded.lengths, PRESETS[preset]))

@@ -1,0 +1,31 @@
+"""The lines tune prints beside its table: the bucket note and the verification line."""
+
+from __future__ import annotations
+
+import random
+
+from torchcompile_kit.bench import PRESETS, spec_buckets
+from torchcompile_kit.tuning import verification_line
+from torchcompile_kit.tuning.report import bucket_notes
+
+
+def test_the_bucket_note_says_what_the_timed_buckets_row_padded_to():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 31) for _ in range(900)] + [rng.randint(65, 255) for _ in range(100)]
+    measured = spec_buckets(lengths, PRESETS["tiny"])
+    assert len(measured) <= PRESETS["tiny"].max_buckets and max(measured) >= max(lengths)
+    (note,) = bucket_notes(lengths, 64, measured)
+    assert f"smallest of {measured} that fits" in note and "no sampler groups lengths" in note
+    (plain,) = bucket_notes(lengths, 64)
+    assert "timed 'buckets' row" not in plain and plain in note
+    assert bucket_notes(None, 64, measured) == []
+
+
+def test_the_verification_line_carries_steadiness_and_steal():
+    line = verification_line(
+        {"status": "ok", "recipe": "buckets", "steps": 20000, "predicted_s": 474.3, "measured_s": 507.0,
+         "ratio": 474.3 / 507.0, "steady_note": "the run kept its speed", "cpu_steal": 0.002}
+    )
+    assert "predicted 474.3 s, measured 507.0 s (predicted ÷ measured 0.94)" in line
+    assert "the run kept its speed" in line and "took 0% of the CPU time" in line
+    assert verification_line({"status": "failed", "error": "boom"}) == "verification: failed: boom"
