@@ -129,14 +129,11 @@ def _dist_rank(rank: int, src: str, shared: str, result_dir: str, port: int) -> 
 
 
 def dist_main(src: str, shared: str, result_dir: str) -> dict:
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.spawn(_dist_rank, args=(src, shared, result_dir, port), nprocs=2, join=True)
+    from tests.integrations.spawn import free_port  # the repo is on PYTHONPATH (run_worker)
+
+    mp.spawn(_dist_rank, args=(src, shared, result_dir, free_port()), nprocs=2, join=True)
     return {"ok": True}
 
 
