@@ -64,6 +64,20 @@ def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_plann
     assert window.settings["steady_s"] == 0.5
 
 
+def test_the_bucket_note_describes_the_timed_buckets_row_only_when_it_ran(tmp_path, monkeypatch):
+    from torchcompile_kit.bench.runner import INPROCESS_ENV
+
+    monkeypatch.setenv(INPROCESS_ENV, "1")
+    kwargs = {"steps_planned": 100, "backend": "eager", "steps": 2, "warmup_steps": 1, "steady_s": 0}
+    without = tune(f"{MODELS}:build_with_lengths", candidates=["eager"], out_dir=tmp_path / "a", **kwargs)
+    (note,) = without.notes
+    assert "plan_buckets(batch_size=" in note and "timed 'buckets' row" not in note
+    both = tune(f"{MODELS}:build_with_lengths", candidates=["eager", "buckets"], out_dir=tmp_path / "b", **kwargs)
+    assert both.candidate("buckets").status == "ok", format_table(both)
+    (note,) = both.notes
+    assert "timed 'buckets' row is your make_batch batches" in note
+
+
 @pytest.mark.slow
 def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
     # steps_planned so large that any faster compiled recipe would win on the arithmetic

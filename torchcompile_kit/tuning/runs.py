@@ -110,7 +110,7 @@ def measure_candidate(
         warmup_steps=warmup_steps,
         compile_overrides=OVERRIDES if candidate.gate is not None else None,
         plan_steps=steps_planned,
-        steady_s=steady_s or None,
+        steady_s=steady_s,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error

@@ -172,7 +172,7 @@ def tune(
         settings=_settings(
             spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
         ),
-        notes=_notes(loaded, preset),
+        notes=_notes(loaded, preset, results),
     )
     if verify and recommended is not None:
         result.verification = verify_run(
@@ -381,9 +381,12 @@ def _settings(
     }
 
 
-def _notes(loaded: ModelSpec | None, preset: str) -> list[str]:
+def _notes(loaded: ModelSpec | None, preset: str, results: list[CandidateResult]) -> list[str]:
     if loaded is None or not loaded.lengths:
         return []
     ids = loaded.make_batch(0).get("input_ids")
     batch_size = int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 2 else 64
-    return bucket_notes(loaded.lengths, batch_size, spec_buckets(loaded.lengths, PRESETS[preset]))
+    # the note says what the timed buckets row padded to only when there is such a row
+    timed = any(r.recipe == "buckets" and r.status == "ok" for r in results)
+    measured = spec_buckets(loaded.lengths, PRESETS[preset]) if timed else None
+    return bucket_notes(loaded.lengths, batch_size, measured)
