@@ -99,7 +99,7 @@ def test_no_recompiles_bad_value_is_a_value_error_naming_it():
 
 
 def test_fresh_inductor_cache_fallback_points_the_env_at_an_empty_dir(monkeypatch):
-    monkeypatch.setattr(_dynamo, "_fresh_cache_fn", lambda: None)
+    monkeypatch.setattr(_dynamo.inductor, "_fresh_cache_fn", lambda: None)
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     with _dynamo.fresh_inductor_cache() as path:
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
@@ -108,13 +108,13 @@ def test_fresh_inductor_cache_fallback_points_the_env_at_an_empty_dir(monkeypatc
 
 
 def test_fresh_inductor_cache_uses_torchs_own_switch_where_it_exists():
-    assert _dynamo._fresh_cache_fn() is not None
+    assert _dynamo.inductor._fresh_cache_fn() is not None
     with _dynamo.fresh_inductor_cache() as path:
         assert os.path.isdir(path)
 
 
 def test_cpu_isa_probe_is_skipped_on_a_torch_without_it(monkeypatch):
-    monkeypatch.setattr(_dynamo, "_isa_probe_fn", lambda: None)
+    monkeypatch.setattr(_dynamo.isa_probe, "_isa_probe_fn", lambda: None)
     assert _dynamo.start_cpu_isa_probe() is None
     assert _dynamo.cpu_isa_probe_stats() is None
     assert _dynamo.wait_for_cpu_isa_probe()  # nothing left running (an earlier test may have started one)

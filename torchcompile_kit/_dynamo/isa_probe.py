@@ -1,0 +1,104 @@
+"""Inductor's CPU vector-ISA probe, started early by a cache load.
+
+Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["cpu_isa_probe_stats", "start_cpu_isa_probe", "wait_for_cpu_isa_probe"]
+
+
+# --- inductor's CPU vector-ISA probe ----------------------------------------------------------
+# Before inductor loads or builds its first CPU kernel in a process it picks the vector ISA, and it
+# verifies each candidate the CPU flags allow by building a test library and dlopen-ing it in a
+# child Python (`torch._inductor.cpu_vec_isa.valid_vec_isa_list`, functools.cache'd per process;
+# https://github.com/pytorch/pytorch/blob/main/torch/_inductor/cpu_vec_isa.py). Measured on the
+# 12-layer GPT-2 warm start (torch 2.13, 2-core CPU): ~2 s of a ~7 s first step, spent waiting on
+# ten child Pythons. The wait is the children's, not ours, so it can run beside the model build
+# that comes before the first compile. Can go when inductor caches the probe across processes or
+# makes it cheap.
+
+_isa_probe_lock = threading.Lock()
+_isa_probe: threading.Thread | None = None
+
+
+def _isa_probe_fn() -> Callable[[], Any] | None:
+    """inductor's cached probe function, or ``None`` on a torch without it (or off x86/Linux)."""
+    try:
+        from torch._inductor import cpu_vec_isa
+    except ImportError:
+        return None
+    probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    return probe if callable(probe) and hasattr(probe, "cache_info") else None
+
+
+def start_cpu_isa_probe() -> threading.Thread | None:
+    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread.
+
+    It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
+    the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
+    objects edit their own compiler flags while they check them), so every dynamo compile first
+    waits for a running probe: a start-of-compile callback
+    (``torch._dynamo.callback.CompilationCallbackHandler``, registered once per process and a
+    no-op once the probe is done). The probe therefore overlaps what runs before the first
+    compile (building the model, the data), not the compile itself.
+
+    Returns the thread, or ``None`` when the probe is not available, already done, or running.
+    """
+    global _isa_probe
+    probe = _isa_probe_fn()
+    if probe is None or probe.cache_info().currsize:
+        return None
+    # The probe imports these lazily; import them here so no import runs on the thread.
+    import torch._inductor.codecache
+    import torch._inductor.cpp_builder  # noqa: F401
+    from torch._dynamo.callback import callback_handler
+
+    with _isa_probe_lock:
+        if _isa_probe is not None and _isa_probe.is_alive():
+            return None
+
+        def run() -> None:
+            try:
+                probe()
+            except Exception:
+                logger.debug(
+                    "background CPU ISA probe failed; inductor will probe itself", exc_info=True
+                )
+
+        # registered once; again if something cleared dynamo's callbacks since
+        if _wait_before_compiling not in getattr(callback_handler, "start_callbacks", ()):
+            callback_handler.register_start_callback(_wait_before_compiling)
+        _isa_probe = threading.Thread(target=run, name="tck-cpu-isa-probe", daemon=True)
+        _isa_probe.start()
+        return _isa_probe
+
+
+def _wait_before_compiling(_args: Any) -> None:
+    """dynamo start-of-compile callback: let a running background ISA probe finish first."""
+    wait_for_cpu_isa_probe()
+
+
+def wait_for_cpu_isa_probe(timeout: float | None = None) -> bool:
+    """Wait for a background probe started by :func:`start_cpu_isa_probe`; whether none is running."""
+    thread = _isa_probe
+    if thread is not None:
+        thread.join(timeout)
+        return not thread.is_alive()
+    return True
+
+
+def cpu_isa_probe_stats() -> dict[str, int] | None:
+    """How often inductor's ISA probe ran (``misses``) and was answered from its cache (``hits``)."""
+    probe = _isa_probe_fn()
+    if probe is None:
+        return None
+    info = probe.cache_info()
+    return {"hits": int(info.hits), "misses": int(info.misses)}

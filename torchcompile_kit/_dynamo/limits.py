@@ -1,0 +1,73 @@
+"""The recompile limit under its name for each torch, and the per-call compile keywords.
+
+Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+__all__ = ["isolated_cache_kwarg", "recompile_limit", "recompile_limit_kwarg"]
+
+
+# --- the recompile limit --------------------------------------------------------------------
+# Why: a block class, a shape or an adapter state gets `recompile_limit` graphs per code object;
+# past it dynamo runs the frame eagerly and says so once. Helpers size their work against it.
+# Upstream: renamed from `cache_size_limit` to `recompile_limit` (the old name kept as an alias) in
+# https://github.com/pytorch/pytorch/pull/143709 (Dec 2024); a torch of the declared floor (2.6) may
+# only have `cache_size_limit`. Can go when the floor is a torch that has `recompile_limit`.
+_LIMIT_NAMES = ("recompile_limit", "cache_size_limit")
+
+
+def _limit_name(config: Any = None) -> str:
+    config = torch._dynamo.config if config is None else config
+    for name in _LIMIT_NAMES:
+        if hasattr(config, name):
+            return name
+    raise RuntimeError(
+        f"torch {torch.__version__} has neither torch._dynamo.config.recompile_limit nor "
+        "cache_size_limit; torchcompile_kit supports torch >= 2.6."
+    )
+
+
+def recompile_limit(config: Any = None) -> int:
+    """Dynamo's per-code-object recompile limit (8 by default), under its name for this torch.
+
+    Args:
+        config: a stand-in for ``torch._dynamo.config`` (tests switch the probe with it).
+    """
+    config = torch._dynamo.config if config is None else config
+    return int(getattr(config, _limit_name(config)))
+
+
+def recompile_limit_kwarg(compile_fn: Callable[..., Any] | None = None) -> str | None:
+    """The ``torch.compile`` keyword that sets the limit for one compile call, or ``None``.
+
+    ``compile_fn`` stands in for ``torch.compile`` (tests switch the probe with it).
+
+    Why: raising the limit for one block group must not raise it globally. Upstream:
+    ``torch.compile(..., recompile_limit=)`` came with
+    https://github.com/pytorch/pytorch/pull/177936 (2026); where it is missing the caller warns
+    instead. Can go when every supported torch has it.
+    """
+    params = inspect.signature(compile_fn or torch.compile).parameters
+    return "recompile_limit" if "recompile_limit" in params else None
+
+
+def isolated_cache_kwarg(compile_fn: Callable[..., Any] | None = None) -> dict[str, bool]:
+    """``{"isolate_recompiles": True}`` where ``torch.compile`` takes it, else ``{}``.
+
+    ``compile_fn`` stands in for ``torch.compile`` (tests switch the probe with it).
+
+    Why: a frame of ours shared by several compiled regions (torch.nn modules, which dynamo will
+    not trace as a top-level frame) must not share one recompile budget across them. Upstream:
+    ``torch.compile(isolate_recompiles=)`` came with https://github.com/pytorch/pytorch/pull/178351
+    (2026); without it the regions share one budget and may recompile up to the limit. Can go when
+    every supported torch has it.
+    """
+    params = inspect.signature(compile_fn or torch.compile).parameters
+    return {"isolate_recompiles": True} if "isolate_recompiles" in params else {}
