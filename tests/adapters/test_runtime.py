@@ -313,6 +313,8 @@ def test_generate_compiled_stays_within_its_limit():
 def test_hook_guard_cost_is_counted():
     cost = measure_hook_guard_cost(two_adapters(), batch(), backend="eager")
     assert cost.graphs_on == cost.graphs_off == 1  # no extra recompile for plain forwards
-    # docs/peft.md quotes these: the block's graph, LoRA on q_proj/v_proj of a 2-layer OPT
-    assert (cost.guards_on, cost.guards_off) == ([339], [243])
+    # one graph each way, and the hook guards add guards to it (docs/peft.md quotes the counts of
+    # one torch build; they move between releases, so only the relation is asserted)
+    assert len(cost.guards_on) == len(cost.guards_off) == 1
+    assert cost.guards_on[0] > cost.guards_off[0] > 0
     assert cost.seconds_per_call_on is None  # counts only unless calls= is given
