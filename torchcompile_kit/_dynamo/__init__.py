@@ -14,7 +14,20 @@ missing name is a clear error (or a documented fallback) at the point of use.
 
 from __future__ import annotations
 
+from .cache import (
+    compile_cache_counters,
+    cpu_capability,
+    has_mega_cache,
+    inductor_cache_dir,
+    load_mega_cache,
+    save_mega_cache,
+)
+from .counting import frame_counting_backend, recompile_limit_hits
+from .hook_guards import guard_counts, has_module_hook_guard_switch, with_module_hook_guards
+from .inductor import fresh_inductor_cache, import_compiler, inductor_freezing_enabled
+from .isa_probe import cpu_isa_probe_stats, start_cpu_isa_probe, wait_for_cpu_isa_probe
 from .limits import isolated_cache_kwarg, recompile_limit, recompile_limit_kwarg
+from .marking import mark_dynamic, mark_static_address, reset
 from .modules import (
     clear_compiled_call,
     compiled_module_names,
@@ -24,18 +37,8 @@ from .modules import (
     is_torch_compile_wrapper,
     set_compiled_call,
 )
-from .marking import mark_dynamic, mark_static_address, reset
-from .counting import frame_counting_backend, recompile_limit_hits
-from .inductor import fresh_inductor_cache, import_compiler, inductor_freezing_enabled
-from .cache import (
-    compile_cache_counters,
-    cpu_capability,
-    has_mega_cache,
-    inductor_cache_dir,
-    load_mega_cache,
-    save_mega_cache,
-)
-from .isa_probe import cpu_isa_probe_stats, start_cpu_isa_probe, wait_for_cpu_isa_probe
+from .nested import has_nested_compile_region, mark_nested_region
+from .optim import foreach_map_op, privateuse1_backend_name
 from .trace import (
     LIMIT_WARNING_LOGGER_NAME,
     TRACE_LOGGER_NAME,
@@ -45,9 +48,6 @@ from .trace import (
     limit_warning_logger,
     trace_logger,
 )
-from .nested import has_nested_compile_region, mark_nested_region
-from .hook_guards import guard_counts, has_module_hook_guard_switch, with_module_hook_guards
-from .optim import foreach_map_op, privateuse1_backend_name
 
 __all__ = [
     "LIMIT_WARNING_LOGGER_NAME",

@@ -8,7 +8,6 @@ import os
 
 import torch
 
-
 __all__ = [
     "compile_cache_counters",
     "cpu_capability",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 __all__ = ["frame_counting_backend", "recompile_limit_hits"]
 
 

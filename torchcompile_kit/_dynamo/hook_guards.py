@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = ["guard_counts", "has_module_hook_guard_switch", "with_module_hook_guards"]
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = ["fresh_inductor_cache", "import_compiler", "inductor_freezing_enabled"]
 
 

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 logger = logging.getLogger(__name__)
 
 __all__ = ["cpu_isa_probe_stats", "start_cpu_isa_probe", "wait_for_cpu_isa_probe"]

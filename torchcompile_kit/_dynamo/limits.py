@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = ["isolated_cache_kwarg", "recompile_limit", "recompile_limit_kwarg"]
 
 

@@ -4,9 +4,7 @@ Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py
 
 from __future__ import annotations
 
-
 import torch
-
 
 __all__ = ["mark_dynamic", "mark_static_address", "reset"]
 

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-
 __all__ = [
     "clear_compiled_call",
     "compiled_module_names",

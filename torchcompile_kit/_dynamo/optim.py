@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-
 __all__ = ["foreach_map_op", "privateuse1_backend_name"]
 
 
