@@ -25,10 +25,36 @@ def _old_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor
     """torch.compile's signature before per-call recompile limits and isolated caches."""
 
 
+def _new_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
+                 options=None, disable=False, recompile_limit=None, isolate_recompiles=False):
+    """torch.compile's signature with both (torch 2.13 has them; 2.8 and 2.10 do not)."""
+
+
 def test_recompile_limit_under_its_old_name():
     assert _dynamo.recompile_limit(types.SimpleNamespace(cache_size_limit=5)) == 5
     assert _dynamo.recompile_limit(types.SimpleNamespace(recompile_limit=3, cache_size_limit=9)) == 3
     assert _dynamo.recompile_limit() == torch._dynamo.config.recompile_limit
+
+
+def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
+    from torchcompile_kit import UnsupportedTorchError
+
+    with pytest.raises(UnsupportedTorchError, match=r"compile_regional\(recompile_limit=32\).*"
+                       + torch.__version__.replace("+", r"\+") + r".*config.patch"):
+        _dynamo.check_per_call_kwargs({"recompile_limit": 32}, caller="compile_regional",
+                                      compile_fn=_old_compile)
+    _dynamo.check_per_call_kwargs({"recompile_limit": 32}, caller="x", compile_fn=_new_compile)
+    _dynamo.check_per_call_kwargs({"backend": "eager"}, caller="x", compile_fn=_old_compile)
+
+
+@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is not None, reason="this torch takes recompile_limit per call")
+def test_compile_regional_refuses_a_per_call_limit_before_compiling_anything():
+    from torchcompile_kit import UnsupportedTorchError
+
+    blocks = nn.Sequential(*[IndexedBlock(i) for i in range(3)])
+    with pytest.raises(UnsupportedTorchError, match="recompile_limit"):
+        compile_regional(blocks, backend="eager", recompile_limit=16)
+    assert _dynamo.compiled_module_names(blocks) == []
 
 
 def test_recompile_limit_missing_names_the_supported_torch():
@@ -37,8 +63,8 @@ def test_recompile_limit_missing_names_the_supported_torch():
 
 
 def test_per_call_keywords_are_probed_from_the_signature():
-    assert _dynamo.recompile_limit_kwarg() == "recompile_limit"  # torch 2.13 has it
-    assert _dynamo.isolated_cache_kwarg() == {"isolate_recompiles": True}
+    assert _dynamo.recompile_limit_kwarg(_new_compile) == "recompile_limit"
+    assert _dynamo.isolated_cache_kwarg(_new_compile) == {"isolate_recompiles": True}
     assert _dynamo.recompile_limit_kwarg(_old_compile) is None
     assert _dynamo.isolated_cache_kwarg(_old_compile) == {}
 
@@ -63,6 +89,7 @@ def test_preflight_without_a_per_call_limit_warns_instead_of_raising_it(monkeypa
     assert group.predicted_graphs == 12
 
 
+@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="this torch's compile has no per-call recompile_limit")
 def test_preflight_raises_the_limit_per_group_where_torch_can():
     blocks = nn.Sequential(*[IndexedBlock(i) for i in range(12)])
     with warnings.catch_warnings():

@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "UnsafeAdapterConfigError": "errors",
     "UnsafeCompileModeError": "errors",
     "UnsupportedOptimizerError": "errors",
+    "UnsupportedTorchError": "errors",
     # regional compilation
     "RegionalPlan": "regional",
     "compile_regional": "regional",

@@ -17,6 +17,7 @@ __all__ = [
     "UnsafeAdapterConfigError",
     "UnsafeCompileModeError",
     "UnsupportedOptimizerError",
+    "UnsupportedTorchError",
 ]
 
 
@@ -50,6 +51,10 @@ class UnsafeCompileModeError(TorchCompileKitError, ValueError):
 
 class UnexpectedRecompileError(TorchCompileKitError, RuntimeError):
     """A compiled function would recompile inside a ``no_recompiles()`` block."""
+
+
+class UnsupportedTorchError(TorchCompileKitError, RuntimeError):
+    """An argument or feature needs a newer torch than the one installed (the message names it)."""
 
 
 class BatchShapeError(TorchCompileKitError, ValueError):

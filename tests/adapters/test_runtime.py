@@ -8,6 +8,7 @@ rather than falling back to eager at the recompile limit."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import warnings
@@ -22,6 +23,7 @@ from torchcompile_kit import (
     CompileMonitor,
     EquivalenceStep,
     UnsafeAdapterConfigError,
+    _dynamo,
     check_compile_equivalence,
     compile_peft,
     get_peft_compile_record,
@@ -83,11 +85,23 @@ def generate(model):
     return model.generate(**batch(), max_new_tokens=3, do_sample=False, pad_token_id=0)
 
 
-def checked(model, steps, *, backend=None, **compile_kwargs):
-    """Run ``steps`` eager vs compile_peft; return the report and the frames compiled."""
+def checked(model, steps, *, backend=None, recompile_limit=None, **compile_kwargs):
+    """Run ``steps`` eager vs compile_peft; return the report and the frames compiled.
+
+    ``recompile_limit`` goes to the compile call where torch takes it per call (2.13+), else to
+    dynamo's process-wide setting for the duration of the run.
+    """
     counter = CompileCounter()
+    limit = contextlib.nullcontext()
+    if recompile_limit is not None and _dynamo.recompile_limit_kwarg():
+        compile_kwargs["recompile_limit"] = recompile_limit
+    elif recompile_limit is not None:
+        limit = torch._dynamo.config.patch(recompile_limit=recompile_limit)
     compile_fn = functools.partial(compile_peft, **compile_kwargs)
-    report = check_compile_equivalence(model, steps=steps, backend=backend or counter, compile_fn=compile_fn)
+    with limit:
+        report = check_compile_equivalence(
+            model, steps=steps, backend=backend or counter, compile_fn=compile_fn
+        )
     return report, counter.frame_count
 
 
@@ -106,7 +120,10 @@ def test_issue_sequence_matches_eager():
     """Plain forward, then a mixed batch: the mixed batch used to reuse the plain graph (0.37)."""
     report, frames = checked(two_adapters(), ISSUE_SEQUENCE)
     assert report.ok, report.summary()
-    assert frames == 3  # plain, and one per distinct adapter_names list; then reused
+    # at least one graph per distinct state (plain, each adapter_names list): a stale graph shows
+    # as fewer (the hook-guards-off test below). torch 2.13+ then reuses the revisited states (3
+    # frames); 2.10 compiles two of them again (5). Either way nothing ran on a wrong graph.
+    assert frames >= 3
 
 
 @pytest.mark.slow

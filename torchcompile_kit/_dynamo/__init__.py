@@ -26,7 +26,12 @@ from .counting import frame_counting_backend, recompile_limit_hits
 from .hook_guards import guard_counts, has_module_hook_guard_switch, with_module_hook_guards
 from .inductor import fresh_inductor_cache, import_compiler, inductor_freezing_enabled
 from .isa_probe import cpu_isa_probe_stats, start_cpu_isa_probe, wait_for_cpu_isa_probe
-from .limits import isolated_cache_kwarg, recompile_limit, recompile_limit_kwarg
+from .limits import (
+    check_per_call_kwargs,
+    isolated_cache_kwarg,
+    recompile_limit,
+    recompile_limit_kwarg,
+)
 from .marking import mark_dynamic, mark_static_address, reset
 from .modules import (
     clear_compiled_call,
@@ -50,6 +55,7 @@ from .trace import (
 )
 
 __all__ = [
+    "check_per_call_kwargs",
     "LIMIT_WARNING_LOGGER_NAME",
     "TRACE_LOGGER_NAME",
     "clear_compiled_call",

@@ -10,7 +10,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["isolated_cache_kwarg", "recompile_limit", "recompile_limit_kwarg"]
+from ..errors import UnsupportedTorchError
+
+__all__ = [
+    "check_per_call_kwargs",
+    "isolated_cache_kwarg",
+    "recompile_limit",
+    "recompile_limit_kwarg",
+]
 
 
 # --- the recompile limit --------------------------------------------------------------------
@@ -70,3 +77,39 @@ def isolated_cache_kwarg(compile_fn: Callable[..., Any] | None = None) -> dict[s
     """
     params = inspect.signature(compile_fn or torch.compile).parameters
     return {"isolate_recompiles": True} if "isolate_recompiles" in params else {}
+
+
+PER_CALL_KWARGS = ("recompile_limit", "isolate_recompiles")
+"""``torch.compile`` keywords that only some torches in the tested window take (see above)."""
+
+
+def check_per_call_kwargs(
+    compile_kwargs: dict[str, Any], *, caller: str, compile_fn: Callable[..., Any] | None = None
+) -> None:
+    """Refuse, by name, a per-call keyword this torch's ``torch.compile`` does not take.
+
+    Without it torch raises ``TypeError: compile() got an unexpected keyword argument`` from deep
+    inside the first ``module.compile`` call, after part of the model was compiled.
+
+    Args:
+        compile_kwargs: what the user passed on to ``torch.compile``.
+        caller: the helper's name, for the message (``"compile_regional"``).
+        compile_fn: stands in for ``torch.compile`` (tests switch the probe with it).
+
+    Raises:
+        UnsupportedTorchError: ``recompile_limit=`` or ``isolate_recompiles=`` on a torch
+            without it.
+    """
+    params = inspect.signature(compile_fn or torch.compile).parameters
+    for name in PER_CALL_KWARGS:
+        if name in compile_kwargs and name not in params:
+            raise UnsupportedTorchError(
+                f"{caller}({name}={compile_kwargs[name]!r}): torch {torch.__version__}'s "
+                f"torch.compile takes no per-call {name}= (torch 2.13 and newer do). Drop it, "
+                + (
+                    "or raise the limit for the whole process around your loop with "
+                    f"torch._dynamo.config.patch({_limit_name()}=N), or upgrade torch."
+                    if name == "recompile_limit"
+                    else "or upgrade torch."
+                )
+            )

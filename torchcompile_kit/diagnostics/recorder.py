@@ -155,8 +155,13 @@ class TraceRecorder(logging.Handler):
             limit = parse_limit_hit(metrics.get("fail_reason"))
             if limit is not None:
                 last = metrics.get("recompile_reason") or (flight.reasons or [None])[0]
+                value = limit[0]
+                if value is None and limit[1] == "recompile_limit":
+                    # torch <= 2.10 names no number; it has no per-call limit either, so the
+                    # process-wide one is the limit that was hit
+                    value = _dynamo.recompile_limit()
                 self.limit_hits.append(
-                    LimitHit(**where, limit=limit[0], limit_type=limit[1], last_reason=last)
+                    LimitHit(**where, limit=value, limit_type=limit[1], last_reason=last)
                 )
                 return
             graphs = flight.graphs

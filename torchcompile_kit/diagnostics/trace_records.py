@@ -219,6 +219,9 @@ _TRACEBACK_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _GB_CODE = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
 _LIMIT = re.compile(r"currently set to (?P<limit>\d+)")
 _LIMIT_TYPE = re.compile(r"Limit type: (?P<type>\w+)")
+# torch 2.10 and earlier: a bare "recompile_limit reached" (or "accumulated_recompile_limit
+# reached"), with the limit only in the warning dynamo logs beside it
+_LIMIT_REACHED = re.compile(r"^(?P<type>\w*recompile_limit) reached")
 _GRAPH_SOURCE = re.compile(r"# File: (?P<file>.+?):(?P<line>\d+) in ")
 
 
@@ -266,7 +269,11 @@ def parse_limit_hit(fail_reason: str | None) -> tuple[int | None, str | None] | 
         >>> parse_limit_hit("Dynamo recompile limit exceeded ... (currently set to 8) ... "
         ...                 "Limit type: recompile_limit")
         (8, 'recompile_limit')
+        >>> parse_limit_hit("recompile_limit reached")  # torch <= 2.10: no number in the text
+        (None, 'recompile_limit')
     """
+    if fail_reason and (reached := _LIMIT_REACHED.match(fail_reason)):
+        return (None, reached["type"])
     if not fail_reason or not fail_reason.startswith(LIMIT_PREFIX):
         return None
     limit = _LIMIT.search(fail_reason)

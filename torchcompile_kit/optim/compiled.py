@@ -202,6 +202,7 @@ def _check_arguments(
         error=UnsupportedOptimizerError,
         hint="use impl='step' (any supported optimizer) or impl='foreach_map' (Adam/AdamW)",
     )
+    _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_optimizer")
     if not isinstance(optimizer, _SUPPORTED):
         names = ", ".join(cls.__name__ for cls in _SUPPORTED)
         raise UnsupportedOptimizerError(

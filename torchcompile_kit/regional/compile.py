@@ -89,6 +89,7 @@ def compile_regional(
         ...                                            "decoder.*": {}})  # doctest: +SKIP
     """
     _check_model(model)
+    _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
     if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
         warnings.warn(
             f"{type(model).__name__} is already compiled (compile_regional or .compile() was "
