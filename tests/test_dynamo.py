@@ -145,3 +145,14 @@ def test_cpu_isa_probe_is_skipped_on_a_torch_without_it(monkeypatch):
     assert _dynamo.start_cpu_isa_probe() is None
     assert _dynamo.cpu_isa_probe_stats() is None
     assert _dynamo.wait_for_cpu_isa_probe()  # nothing left running (an earlier test may have started one)
+
+
+def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
+    paths = _dynamo.feature_paths()
+    assert paths["torch"] == torch.__version__
+    assert all(isinstance(v, str) and v for v in paths.values())
+    monkeypatch.setattr(_dynamo.paths, "recompile_limit_kwarg", lambda: None)
+    monkeypatch.setattr(_dynamo.paths, "has_nested_compile_region", lambda: False)
+    switched = _dynamo.feature_paths()
+    assert switched["per-call recompile_limit"].startswith("refused by name")
+    assert switched["nested regions"].startswith("blocks compiled one by one")

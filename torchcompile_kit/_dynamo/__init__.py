@@ -44,6 +44,7 @@ from .modules import (
 )
 from .nested import has_nested_compile_region, mark_nested_region
 from .optim import foreach_map_op, privateuse1_backend_name
+from .paths import feature_paths
 from .trace import (
     LIMIT_WARNING_LOGGER_NAME,
     TRACE_LOGGER_NAME,
@@ -55,9 +56,9 @@ from .trace import (
 )
 
 __all__ = [
-    "check_per_call_kwargs",
     "LIMIT_WARNING_LOGGER_NAME",
     "TRACE_LOGGER_NAME",
+    "check_per_call_kwargs",
     "clear_compiled_call",
     "compilation_metrics_since",
     "compile_cache_counters",
@@ -65,6 +66,7 @@ __all__ = [
     "cpu_capability",
     "cpu_isa_probe_stats",
     "eager_call",
+    "feature_paths",
     "foreach_map_op",
     "frame_counting_backend",
     "fresh_inductor_cache",
