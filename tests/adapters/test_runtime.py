@@ -175,9 +175,10 @@ def test_adapter_selection_interleaved_with_training_and_generate():
     # measured, each recompile for a guard that had to fail (TORCH_LOGS=recompiles): plain; mixed
     # (hook dict); disabled (requires_grad flip, then _disable_adapters); each training state
     # twice (grad mode, and layer 0's input does not require grad while layer 1's does); other;
-    # other + mixed. Revisited states reuse their graph and generate() runs eagerly: 10 frames,
-    # all compiled, none fell back to eager.
-    assert frames == 10
+    # other + mixed: 10 distinct states, so at least 10 frames (fewer would mean a state ran on
+    # another state's graph). torch 2.13+ reuses the revisited states' graphs (10); 2.10 compiles
+    # some again (14). generate() runs eagerly; the limit of 32 is never reached.
+    assert 10 <= frames < 32
 
 
 def _add_new(model):

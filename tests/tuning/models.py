@@ -85,3 +85,10 @@ def build_with_break():
 def build_with_lengths():
     torch.manual_seed(0)
     return TinyLM(), _make_batch, [5, 9, 12, 16, 16, 3, 7, 11] * 50
+
+
+def build_with_optimizer():
+    """The factory returns its own optimizer (the fourth item), which tune and the snippet keep."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    return model, _make_batch, None, torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)

@@ -1,7 +1,11 @@
-"""The correctness gate: a deliberately wrong compiled variant fails, naming the tensor."""
+"""The correctness gate, on the model a run compiled: a wrong compiled variant fails, naming the
+tensor; a correct one passes without compiling anything again."""
 
 from __future__ import annotations
 
+import torch
+
+from torchcompile_kit.bench import RECIPES, RecipeContext, loss_of
 from torchcompile_kit.tuning import CANDIDATES
 from torchcompile_kit.tuning.gate import check_candidate
 
@@ -10,43 +14,70 @@ from . import models
 BY_NAME = {c.name: c for c in CANDIDATES}
 
 
-def build():
-    model, make_batch = models.build()
-    return model, make_batch(0)
+def trained_run(name: str, backend: str, *, steps: int = 3, build=models.build):
+    """What a candidate's run leaves behind: its compiled, trained model and optimizer, and an
+    eager model rebuilt with the weights the run started from."""
+    model, make_batch = build()[:2]
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    ctx = RecipeContext(
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters(), lr=1e-3),
+        backend=backend,
+        overrides={"fullgraph": False},
+        device=torch.device("cpu"),
+    )
+    RECIPES[BY_NAME[name].recipe].apply(ctx)
+    for step in range(steps):  # the compiled optimizer compiles at its second step
+        ctx.optimizer.zero_grad()
+        loss_of(ctx.model(**make_batch(step))).backward()
+        ctx.optimizer.step()
+    torch.manual_seed(123)  # the rebuilt model's own init differs: the saved weights are loaded
+    reference = build()[0]
+    reference.load_state_dict(initial)
+    return ctx, reference, make_batch(0)
+
+
+def check(name: str, ctx, reference, batch, backend: str):
+    return check_candidate(
+        BY_NAME[name],
+        model=ctx.model,
+        reference=reference,
+        batch=batch,
+        optimizer=ctx.optimizer,
+        backend=backend,
+        overrides=ctx.overrides,
+    )
 
 
 def test_a_perturbing_backend_fails_with_the_offending_tensor():
-    verdict = check_candidate(
-        BY_NAME["full"],
-        model_and_batch=build,
-        backend=models.PERTURB_BACKEND,
-        overrides={"fullgraph": False},
-        device="cpu",
-    )
+    ctx, reference, batch = trained_run("full", models.PERTURB_BACKEND)
+    verdict = check("full", ctx, reference, batch, models.PERTURB_BACKEND)
     assert not verdict.ok
-    assert verdict.offending.startswith(("output", "loss", "grad", "param_after_step"))
+    assert verdict.offending.startswith(("0:train", "1:train"))
     assert "tolerance" in verdict.offending
 
 
-def test_a_correct_backend_passes_and_the_compiled_optimizer_is_checked_too():
-    verdict = check_candidate(
-        BY_NAME["full+compile_optimizer"],
-        model_and_batch=build,
-        backend="eager",
-        overrides={"fullgraph": False},
-        device="cpu",
-    )
+def test_the_runs_own_compiled_model_and_optimizer_pass_without_compiling_again():
+    ctx, reference, batch = trained_run("full+compile_optimizer", "eager")
+    verdict = check("full+compile_optimizer", ctx, reference, batch, "eager")
     assert verdict.ok, verdict.offending
     assert verdict.offending is None
-    assert "compile_optimizer(Adam): 2 steps compared" in verdict.summary
-    assert verdict.graph_breaks == 0
+    assert "2 steps of the run's compiled optimizer compared with an eager Adam" in verdict.summary
+    # the run's trained weights differ from the reference's by three Adam steps, far outside the
+    # tolerance: a pass means the check set the compiled model back to the starting weights
+    assert verdict.new_graphs == 0  # the run's graphs (model and optimizer step) were reused
+
+
+def test_regional_is_checked_on_its_compiled_blocks_without_compiling_again():
+    ctx, reference, batch = trained_run("regional", "aot_eager")
+    verdict = check("regional", ctx, reference, batch, "aot_eager")
+    assert verdict.ok, verdict.offending
+    assert verdict.new_graphs == 0
 
 
 def test_an_error_while_checking_is_a_failed_verdict():
-    def broken():
-        raise RuntimeError("factory exploded")
-
-    verdict = check_candidate(
-        BY_NAME["regional"], model_and_batch=broken, backend="eager", overrides={}, device="cpu"
-    )
-    assert not verdict.ok and "factory exploded" in verdict.offending
+    ctx, _, batch = trained_run("regional", "eager", steps=1)
+    wrong = torch.nn.Linear(2, 2)  # not the run's architecture: its weights cannot be loaded
+    verdict = check("regional", ctx, wrong, batch, "eager")
+    assert not verdict.ok and "RuntimeError" in verdict.offending
+    assert "state_dict" in verdict.offending

@@ -12,12 +12,13 @@ from torchcompile_kit.tuning import CANDIDATES
 from torchcompile_kit.tuning.snippet import make_snippet
 
 SPEC = f"{Path(__file__).with_name('models.py')}:build"
+SPEC_WITH_OPTIMIZER = f"{Path(__file__).with_name('models.py')}:build_with_optimizer"
 BY_NAME = {c.name: c for c in CANDIDATES}
 
 
-def run_snippet(name: str, tmp_path, monkeypatch, **kwargs) -> dict:
+def run_snippet(name: str, tmp_path, monkeypatch, spec=SPEC, **kwargs) -> dict:
     monkeypatch.chdir(tmp_path)  # the warm-restart snippet saves its cache here
-    source = make_snippet(BY_NAME[name], spec=SPEC, backend="eager", steps_planned=2, **kwargs)
+    source = make_snippet(BY_NAME[name], spec=spec, backend="eager", steps_planned=2, **kwargs)
     namespace: dict = {"__name__": "snippet"}  # set up only: as a script it would train
     exec(compile(source, f"<snippet {name}>", "exec"), namespace)  # noqa: S102 - the point
     loss = namespace["train_step"](namespace["make_batch"](7))
@@ -59,3 +60,28 @@ def test_fullgraph_only_without_measured_breaks():
     )
     assert "fix_loss_function(model, compile=True, fullgraph=True)" in source
     assert "compile_regional(model, fullgraph=True)" in source
+
+
+@pytest.mark.parametrize("name", ["eager", "full", "full+compile_optimizer", "full+fused_adam"])
+def test_the_factorys_optimizer_is_kept(name, tmp_path, monkeypatch):
+    namespace = run_snippet(
+        name, tmp_path, monkeypatch, spec=SPEC_WITH_OPTIMIZER, spec_optimizer=True
+    )
+    optimizer = namespace["optimizer"]
+    assert type(optimizer) is torch.optim.AdamW  # the factory's, not the snippet's Adam
+    group = optimizer.param_groups[0]
+    assert float(group["lr"]) == 3e-4 and group["weight_decay"] == 0.1
+    assert group["fused"] is (True if name == "full+fused_adam" else None)
+    compiled_step = getattr(optimizer.step, "_torchcompile_kit_impl", None)
+    assert compiled_step == ("step" if name == "full+compile_optimizer" else None)
+    assert "Adam(" not in namespace["__source__"]
+    params = {id(p) for p in namespace["model"].parameters()}
+    assert {id(p) for p in group["params"]} == params
+
+
+def test_a_module_spec_is_imported_from_the_directory_tune_found_it_in():
+    source = make_snippet(
+        BY_NAME["eager"], spec="mymodels:build", sys_path="/home/me/proj", steps_planned=3
+    )
+    assert "_MODEL_DIR = '/home/me/proj'" in source
+    assert source.index("sys.path.insert(0, _MODEL_DIR)") < source.index("from mymodels import build")

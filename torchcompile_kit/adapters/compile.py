@@ -68,7 +68,8 @@ def check_peft_compile_safety(
         UnsafeAdapterConfigError: refusing to compile PeftModelForCausalLM: 1 rule violated ...
     """
     return _check(model, fullgraph=fullgraph, training=training, backend=backend, options=options,
-                  policy=policy, on_violation=on_violation)[1]
+                  policy=policy, on_violation=on_violation,
+                  operation="check_peft_compile_safety")[1]
 
 
 def _check(
@@ -78,12 +79,14 @@ def _check(
     decisions: list[Decision] | None = None,
     on_violation: OnViolation,
     policy: Policy,
+    operation: str = "compile_peft",
     **describe: Any,
 ) -> tuple[AdapterFacts, list[SafetyFinding]]:
     check_on_violation(on_violation)
     facts = describe_peft_model(model, **describe)
     findings = evaluate_rules(facts, policy=policy) + (extra or [])
-    enforce(findings, on_violation, subject=facts.model_class, decisions=decisions)
+    enforce(findings, on_violation, subject=facts.model_class, decisions=decisions,
+            operation=operation)
     return facts, findings
 
 
@@ -105,8 +108,8 @@ def compile_peft(
     checkpoints reload both ways. No call runs a stale graph: the compiled regions guard on
     module hooks (PEFT adds pre-hooks for each ``adapter_names=`` call), and adapter state
     (``set_adapter``, ``disable_adapter()``, merging, adapters added or deleted later) is guarded
-    by dynamo; ``tests/adapters/test_runtime.py`` checks each against eager, interleaved. After
-    compiling, the model:
+    by dynamo; each is checked against eager, interleaved (``docs/peft.md``, "PEFT at run
+    time"). After compiling, the model:
 
     - re-checks the rules when adapters were added or deleted since the last call;
     - refuses ``adapter_names=`` in a forward when compiled with ``fullgraph=True``;

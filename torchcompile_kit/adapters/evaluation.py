@@ -186,10 +186,27 @@ def enforce(
         if f.severity == "warn" or on_violation == "warn":
             warnings.warn(str(f), UserWarning, stacklevel=stacklevel)
     if refusals and on_violation == "error":
-        lines = "\n".join(f"  - {f}" for f in refusals)
-        error = UnsafeAdapterConfigError(
-            f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
-            "Fix each one, or pass on_violation='warn' to go ahead anyway."
-        )
+        error = UnsafeAdapterConfigError(_refusal_message(refusals, subject, stage, operation))
         error.findings = refusals
         raise error
+
+
+def _refusal_message(
+    refusals: list[SafetyFinding], subject: str, stage: Stage, operation: str
+) -> str:
+    """What was refused and what to do, worded for what was called (check, compile, a method)."""
+    not_peft = next((f for f in refusals if f.rule_id == "not-peft-model"), None)
+    if not_peft is not None:
+        # No rule can pass or fail without adapters; on_violation='warn' would not make it one.
+        return f"{operation}: {not_peft.message}"
+    lines = "\n".join(f"  - {f}" for f in refusals)
+    if stage == "runtime":
+        return (
+            f"refusing {operation}() on the compiled {subject}: {len(refusals)} rule(s) violated:\n"
+            f"{lines}\nFix each one, or compile with compile_peft(..., on_violation='warn') to "
+            "go ahead anyway."
+        )
+    return (
+        f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
+        "Fix each one, or pass on_violation='warn' to go ahead anyway."
+    )

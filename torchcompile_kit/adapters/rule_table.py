@@ -1,8 +1,10 @@
 """The PEFT x torch.compile rule table: which adapter configurations to refuse, warn about or allow.
 
 Data only: each :class:`~.schema.AdapterRule` names its trigger, the PEFT/torch versions where it
-applies, its evidence (a test in this repository or an upstream issue) and a message that says
-what to do instead. :mod:`.evaluation` applies the table.
+applies, its evidence (a section of ``docs/peft.md``, which names the test in this repository that
+backs it, or an upstream issue, doc or test) and a message that says what to do instead.
+:mod:`.evaluation` applies the table. Evidence never cites this repository's ``tests/``: an
+installed copy has none.
 
 Where the evidence comes from: ``docs/peft.md`` (measured on CPU with torch 2.13 and peft 0.21.2).
 """
@@ -23,11 +25,15 @@ def _if(condition: bool, detail: str) -> str | None:
     return detail if condition else None
 
 
-_TEST = "tests/adapters/test_compile.py"
-_RUNTIME_TEST = "tests/adapters/test_runtime.py"
+# Sections of the project's documentation (docs/peft.md names the test behind each figure).
+_DOCS = "docs/peft.md"
+_TABLE = f"{_DOCS}#methods--features-what-the-library-does"  # the methods x features table
+_RUNTIME = f"{_DOCS}#peft-at-run-time-no-stale-graph"
+_SEED = f"{_DOCS}#the-seed-guides-list-and-how-it-changed-by-version"
+_PEFT_COMPILE_TESTS = "https://github.com/huggingface/peft/blob/main/tests/test_torch_compile.py"
 _SEED_EVIDENCE = (
-    "peft docs (torch_compile.md before v0.15) and xfail(strict=True) in peft "
-    "tests/test_torch_compile.py, added in huggingface/peft#1725 (v0.12), removed in #2332 (v0.15)"
+    f"{_SEED}: peft docs (torch_compile.md before v0.15) and xfail(strict=True) in "
+    f"{_PEFT_COMPILE_TESTS}, added in huggingface/peft#1725 (v0.12), removed in #2332 (v0.15)"
 )
 _SEED_FIX = "upgrade to peft >= 0.15, where this passes peft's compile tests and ours"
 
@@ -37,16 +43,19 @@ RULES: tuple[AdapterRule, ...] = (
         id="not-peft-model",
         severity="refuse",
         condition="the model is not a PeftModel (no peft_config)",
-        evidence="API contract",
-        message="{detail} is not a PEFT model; for a plain model use "
-        "torchcompile_kit.compile_regional(model) instead.",
+        evidence="API contract: the rules are about PEFT adapters",
+        message="{detail} is not a PEFT model (no peft_config, so no adapters): there is nothing "
+        "for the PEFT rules to check. To compile a plain model use "
+        "torchcompile_kit.compile_regional(model) (and check_compile_equivalence(model, batch) "
+        "to compare it with eager); to train adapters, wrap it first with "
+        "peft.get_peft_model(model, config) and pass that.",
         check=lambda f: _if(not f.is_peft_model, repr(f.model_class)),
     ),
     AdapterRule(
         id="peft-on-compiled-model",
         severity="refuse",
         condition="PEFT was applied to a torch.compile(...) wrapper: '_orig_mod' inside the model",
-        evidence=f"{_TEST}::test_peft_on_compiled_base_reloads_as_base_model; huggingface/peft#949, #2957",
+        evidence=f"{_TABLE} (the reload gives base-model outputs); huggingface/peft#949, #2957",
         message="PEFT was applied to a torch.compile() wrapper ({detail}): adapters save under "
         "'_orig_mod.' keys and a reload silently gives base-model outputs. Apply PEFT to the "
         "uncompiled model (base._orig_mod), then call compile_peft(model).",
@@ -56,7 +65,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="already-compiled",
         severity="refuse",
         condition="the model or one of its modules is already compiled (_orig_mod or _compiled_call_impl)",
-        evidence=f"{_TEST}::test_already_compiled_model_is_refused_both_ways; peft hotswap.py check_compiled",
+        evidence=f"{_TABLE}; peft's utils/hotswap.py check_compiled uses the same test",
         message="the model is already compiled ({detail}); compiling again stacks compilers and hides "
         "which settings apply. Pass the uncompiled model (model._orig_mod, or "
         "torchcompile_kit.uncompile(model)) and compile it once with compile_peft. After "
@@ -144,8 +153,8 @@ RULES: tuple[AdapterRule, ...] = (
         id="dora-fullgraph",
         severity="refuse",
         condition="DoRA with fullgraph=True",
-        evidence=f"{_TEST}::test_fullgraph_dora_is_refused (dynamo: 'Unsupported method call' in "
-        "peft's dequantize_module_weight, one per DoRA layer)",
+        evidence=f"{_TABLE} (dynamo: 'Unsupported method call' in peft's "
+        "dequantize_module_weight, one per DoRA layer)",
         message="DoRA adapters {detail} cannot be traced with fullgraph=True (a graph break in every "
         "DoRA layer); pass fullgraph=False.",
         check=lambda f: _if(f.fullgraph and bool(f.dora_adapters), _names(f.dora_adapters)),
@@ -154,7 +163,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="dora-graph-breaks",
         severity="warn",
         condition="DoRA without fullgraph",
-        evidence=f"{_TEST}::test_matrix (DoRA: 24 breaks on a 2-layer OPT, see docs/peft.md)",
+        evidence=f"{_TABLE} (DoRA matches eager; 24 breaks on a 2-layer OPT, one per DoRA layer)",
         message="DoRA adapters {detail} break the graph once per DoRA layer, so the speed-up is "
         "small; correct results are kept. Consider plain LoRA for compiled training.",
         check=lambda f: _if(not f.fullgraph and bool(f.dora_adapters), _names(f.dora_adapters)),
@@ -163,7 +172,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="lokr-loha-training-fullgraph",
         severity="refuse",
         condition="LoKr/LoHa in training with fullgraph=True",
-        evidence="docs/peft.md (dynamo: 'Data-dependent branching' on torch.rand(1) > module_dropout "
+        evidence=f"{_TABLE} (dynamo: 'Data-dependent branching' on torch.rand(1) > module_dropout "
         "in peft's LoKr/LoHa forward)",
         message="LoKr/LoHa adapters {detail} branch on torch.rand(1) > module_dropout in training, "
         "which fullgraph=True cannot trace; pass fullgraph=False, or compile for inference "
@@ -177,7 +186,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="lokr-loha-training-graph-breaks",
         severity="warn",
         condition="LoKr/LoHa in training without fullgraph",
-        evidence="docs/peft.md (LoKr/LoHa training: 14 graphs, 10 breaks on a 2-layer OPT)",
+        evidence=f"{_TABLE} (LoKr/LoHa training: 14 graphs, 10 breaks on a 2-layer OPT)",
         message="LoKr/LoHa adapters {detail} break the graph in every adapted layer during "
         "training (data-dependent module_dropout branch); results stay correct, the speed-up is small.",
         check=lambda f: _if(
@@ -190,7 +199,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="inductor-freezing-training",
         severity="refuse",
         condition="backend='inductor' with freezing=True while training",
-        evidence="docs/peft.md (research run: LoRA hotswap under freezing=True, max diff 0.57, "
+        evidence=f"{_TABLE} (research run: LoRA hotswap under freezing=True, max diff 0.57, "
         "outputs silently stale); inductor freezing treats parameters as constants by design",
         message="inductor freezing=True bakes the adapter weights into the graph as constants "
         "({detail}): training, hotswapping or loading adapters afterwards is silently ignored. "
@@ -201,7 +210,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="inductor-freezing",
         severity="warn",
         condition="backend='inductor' with freezing=True, not training",
-        evidence="docs/peft.md (hotswap under freezing: max diff 0.57)",
+        evidence=f"{_TABLE} (hotswap under freezing: max diff 0.57)",
         message="inductor freezing=True bakes the adapter weights into the graph ({detail}): "
         "hotswap_adapter, load_adapter into an existing name or any later weight update is "
         "silently ignored. Use it only for a fixed adapter.",
@@ -231,8 +240,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="many-adapters",
         severity="warn",
         condition="more adapters loaded than torch._dynamo.config.recompile_limit",
-        evidence=f"{_TEST}::test_guard_warns_past_recompile_limit (cycling 10 adapters: 8 graphs, "
-        "then eager without an error)",
+        evidence=f"{_TABLE} (cycling 10 adapters: 8 graphs, then eager without an error)",
         message="{detail} adapters are loaded but dynamo keeps at most recompile_limit graphs per "
         "code object; switching past that runs eagerly without an error. Hotswap instead "
         "(compile_peft(..., hotswap_target_rank=r), then peft.utils.hotswap.hotswap_adapter), or "
@@ -243,8 +251,8 @@ RULES: tuple[AdapterRule, ...] = (
         id="untested-method",
         severity="warn",
         condition="adapter method outside the tested set, prompt learning, or a PeftMixedModel",
-        evidence=f"{_TEST}::test_matrix covers {sorted(TESTED_PEFT_TYPES - {'VBLORA', 'MISS'})}; "
-        "peft tests/test_torch_compile.py adds VBLORA, MISS",
+        evidence=f"{_TABLE} covers {sorted(TESTED_PEFT_TYPES - {'VBLORA', 'MISS'})}; "
+        f"peft's {_PEFT_COMPILE_TESTS} adds VBLORA, MISS",
         message="{detail} has no torch.compile coverage here or upstream; verify it with "
         "torchcompile_kit.check_compile_equivalence(model, batch) before relying on it.",
         check=lambda f: _if(
@@ -275,7 +283,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="quantized-base",
         severity="warn",
         condition="quantized base model",
-        evidence="peft tests/test_torch_compile.py (4-bit bitsandbytes, GPU only); not run here",
+        evidence=f"peft's {_PEFT_COMPILE_TESTS} (4-bit bitsandbytes, GPU only); not run here",
         message="the base model is quantized ({detail}); this combination was not verified by this "
         "library. Check it with torchcompile_kit.check_compile_equivalence(model, batch).",
         check=lambda f: _if(f.quantization is not None, repr(f.quantization)),
@@ -285,7 +293,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="mixed-batch-fullgraph",
         severity="refuse",
         condition="forward(..., adapter_names=[...]) on a model compiled with fullgraph=True",
-        evidence="docs/peft.md (dynamo: setattr() on RemovableHandle in peft's forward hooks)",
+        evidence=f"{_TABLE} (dynamo: setattr() on RemovableHandle in peft's forward hooks)",
         message="adapter_names={detail} registers forward hooks, which fullgraph=True cannot trace; "
         "compile with fullgraph=False, or batch by adapter and call set_adapter.",
     ),
@@ -293,7 +301,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="recompile-limit",
         severity="warn",
         condition="the compiled model has run in more adapter states than recompile_limit",
-        evidence=f"{_TEST}::test_guard_warns_past_recompile_limit",
+        evidence=f"{_TABLE} (a third adapter state past recompile_limit=2 ran eagerly)",
         message="the compiled model has now run with {detail}; each state (active adapters, "
         "disabled, merged, adapter_names) is its own graph and dynamo keeps at most "
         "recompile_limit of them, so later states run eagerly without an error. Load all adapters "
@@ -304,8 +312,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="generate-eager",
         severity="warn",
         condition="generate() on a regionally compiled model with compile_peft(generate='eager')",
-        evidence=f"{_RUNTIME_TEST}::test_generate_runs_eagerly_and_says_so, "
-        "test_generate_compiled_stays_within_its_limit (a 4-layer OPT: 16 block graphs for two "
+        evidence=f"{_RUNTIME} ('generate()': a 4-layer OPT compiled 16 block graphs for two "
         "generate() calls, over the default recompile_limit of 8)",
         message="generate() runs the compiled blocks eagerly ({detail}): with a KV cache every layer "
         "compiles its own graphs (transformers indexes the cache with the block's layer_idx; prefill "
@@ -318,8 +325,8 @@ RULES: tuple[AdapterRule, ...] = (
         id="hook-guards-off",
         severity="warn",
         condition="compile_peft(..., hook_guards=False)",
-        evidence=f"{_RUNTIME_TEST}::test_issue_sequence_is_not_ok_with_hook_guards_off (max |diff| "
-        "0.37 after a plain forward then an adapter_names= forward)",
+        evidence=f"{_RUNTIME} (max |diff| 0.37 after a plain forward then an adapter_names= "
+        "forward)",
         message="hook guards are off ({detail}): a forward with adapter_names= after an ordinary one "
         "(or the reverse) reuses the other's compiled graph and is silently wrong. Use it only to "
         "measure what the guards cost; leave hook_guards=True otherwise.",
@@ -328,7 +335,7 @@ RULES: tuple[AdapterRule, ...] = (
         id="generate-uncompiled",
         severity="warn",
         condition="generate() on a model compiled whole (regional=False)",
-        evidence="docs/peft.md (compiled.generate(): 0 graphs; PeftModel.generate calls the eager "
+        evidence=f"{_TABLE} (compiled.generate(): 0 graphs; PeftModel.generate calls the eager "
         "base model)",
         message="generate() on {detail} never runs the compiled graph; compile with "
         "compile_peft(model) (regional=True), which compiles the blocks generate() runs through.",

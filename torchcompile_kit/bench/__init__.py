@@ -17,7 +17,14 @@ Only the command line and ``tune`` import this package; nothing below it does.
 
 from .batches import batch_stream, spec_buckets
 from .captioner import PRESETS, build_captioner, seed_length_mix
-from .model_spec import ModelSpec, ModelSpecError, load_model_spec, loss_of, parse_model_spec
+from .model_spec import (
+    ModelSpec,
+    ModelSpecError,
+    load_model_spec,
+    loss_of,
+    parse_model_spec,
+    portable_model_spec,
+)
 from .recipes import RECIPES, Recipe, RecipeContext
 from .runner import RecipeResult, run_recipe_isolated
 
@@ -34,8 +41,20 @@ __all__ = [
     "build_captioner",
     "load_model_spec",
     "loss_of",
+    "missing_requirement",
     "parse_model_spec",
+    "portable_model_spec",
     "run_recipe_isolated",
     "seed_length_mix",
     "spec_buckets",
 ]
+
+
+def __getattr__(name: str):
+    # lazily: `python -m torchcompile_kit.bench.execute` imports this package first, and an
+    # eager import of .execute here would load that module twice (runpy's RuntimeWarning)
+    if name == "missing_requirement":
+        from .execute import missing_requirement
+
+        return missing_requirement
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import itertools
 import os
 import time
 import traceback
@@ -123,9 +125,17 @@ def _distributed(recipe: Recipe, device: Any) -> Iterator[None]:
 def execute_request(request: dict[str, Any]) -> RecipeResult:
     """Run the recipe a runner request names, in this process, and return its result.
 
+    With ``request["check"]`` (``"module:function"``), the model's weights are saved before the
+    recipe compiles it, and after the measurement (and after the compile cache is saved) the
+    function is called as ``function(ctx, reference=..., batch=..., recipe=...)``: ``ctx`` is the
+    :class:`RecipeContext` the recipe compiled and trained, ``reference`` a freshly built eager
+    model holding the weights saved before the run, ``batch`` the run's first batch (a shape
+    the run compiled) on the device. What it returns (JSON-able) is ``metrics["check"]``; an
+    exception there becomes ``{"ok": False, "offending": ...}``.
+
     Args:
         request: the JSON the runner wrote (recipe, spec, preset, steps, warmup_steps, backend,
-            compile_overrides, cache_dir, result_path).
+            compile_overrides, check, cache_dir, result_path).
 
     Returns:
         The :class:`RecipeResult`; exceptions of the recipe become ``failed`` results.
@@ -202,7 +212,13 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     ):
         raise ValueError(f"recipe {recipe.name!r} needs a model with .encoder and .decoder submodules")
     model = spec.model.to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # the user's optimizer when the spec returns one (module.to() keeps its parameters)
+    optimizer = spec.optimizer
+    if optimizer is None:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    initial = Path(request["result_path"]).with_name("initial_state.pt")
+    if request.get("check"):  # the weights the check's eager reference starts from
+        torch.save(model.state_dict(), initial)
     ctx = RecipeContext(
         model=model, optimizer=optimizer, backend=request["backend"],
         overrides=dict(request["compile_overrides"]), device=device,
@@ -214,6 +230,8 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
         notes.append(f"warning: {message[:300]}")
     stream, prepare = batch_stream(recipe, spec, preset, device)
+    first = next(stream)
+    stream = itertools.chain([first], stream)
     step = _train_step(recipe, ctx, device, spec)
     monitor_cls = public_feature("CompileMonitor")
     monitor = monitor_cls() if monitor_cls is not None else contextlib.nullcontext()
@@ -248,9 +266,30 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     if recipe.save_cache and public_feature("save_compile_cache") is not None:
         saved = public_feature("save_compile_cache")(cache_path)
         metrics["cache_saved"] = bool(saved)
+    if request.get("check"):  # after the cache is saved: the check compiles nothing into it
+        metrics["check"] = _check(request, ctx, initial, first, device)
     if notes:
         metrics["notes"] = notes
     return metrics
+
+
+def _check(
+    request: dict[str, Any], ctx: RecipeContext, initial: Path, batch: dict[str, Any], device: Any
+) -> dict[str, Any]:
+    """``request["check"]`` on the run's compiled model and an eager one from the same weights."""
+    import torch
+
+    try:
+        module, _, function = request["check"].rpartition(":")
+        check = getattr(importlib.import_module(module), function)
+        reference = _spec(request).model.to(device)
+        reference.load_state_dict(torch.load(initial, map_location=device))
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+        return check(ctx, reference=reference, batch=batch, recipe=request["recipe"])
+    except Exception as err:  # noqa: BLE001 - a run that cannot be checked is not correct
+        return {"ok": False, "offending": f"{type(err).__name__}: {err}"[:500]}
+    finally:
+        initial.unlink(missing_ok=True)
 
 
 def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec):

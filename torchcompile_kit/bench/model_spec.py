@@ -1,13 +1,18 @@
 """``--model module:function``: the user's own model for ``bench`` and ``tune``.
 
-The contract (also documented in ``docs/benchmarks.md``): ``function()`` takes no arguments and
-returns ``(model, make_batch)`` or ``(model, make_batch, lengths)``:
+The contract (also documented in ``docs/benchmarks.md`` and ``docs/tune.md``): ``function()``
+takes no arguments and returns ``(model, make_batch)``, ``(model, make_batch, lengths)`` or
+``(model, make_batch, lengths, optimizer)``:
 
 - ``model`` is an ``nn.Module`` in the state to train (on the device to train on);
 - ``make_batch(step: int) -> dict`` gives the batch of step ``step`` (deterministic in ``step``,
   so every recipe sees the same batches); ``model(**batch)`` must work and its output has a
   ``.loss`` (a transformers ``ModelOutput``), is a ``dict`` with ``"loss"``, or is the loss;
-- ``lengths`` (optional) are the dataset's sequence lengths, for the bucket recipes.
+- ``lengths`` (optional, may be ``None``) are the dataset's sequence lengths, for the bucket
+  recipes;
+- ``optimizer`` (optional) is the ``torch.optim.Optimizer`` to train with, built on
+  ``model.parameters()``; without it the recipes train with ``Adam(lr=1e-4)``. The recipes
+  compile the model in place, so its parameters, and the optimizer's, stay the same tensors.
 
 ``module`` is a dotted module name importable from the current directory (``mypkg.models``) or a
 path to a ``.py`` file (``models/build.py:build``). The spec is a string on purpose: each recipe
@@ -20,6 +25,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +33,14 @@ from typing import Any
 
 from ..errors import TorchCompileKitError
 
-__all__ = ["ModelSpec", "ModelSpecError", "load_model_spec", "loss_of", "parse_model_spec"]
+__all__ = [
+    "ModelSpec",
+    "ModelSpecError",
+    "load_model_spec",
+    "loss_of",
+    "parse_model_spec",
+    "portable_model_spec",
+]
 
 
 class ModelSpecError(TorchCompileKitError, ValueError):
@@ -46,6 +59,9 @@ class ModelSpec:
     """``make_batch(step)`` -> the batch of that step, a dict ``model(**batch)`` accepts."""
     lengths: list[int] | None = None
     """The dataset's sequence lengths (optional; bucket recipes need them)."""
+    optimizer: Any = None
+    """The user's ``torch.optim.Optimizer`` over ``model.parameters()`` (optional; the recipes'
+    ``Adam(lr=1e-4)`` without it)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Anything else a builder wants to pass to the recipes (unused for user models)."""
 
@@ -136,8 +152,11 @@ def load_model_spec(text: str) -> ModelSpec:
 def _check_returned(text: str, returned: Any) -> ModelSpec:
     from torch import nn
 
-    shape = "(model, make_batch) or (model, make_batch, lengths)"
-    if not isinstance(returned, tuple) or len(returned) not in (2, 3):
+    shape = (
+        "(model, make_batch), (model, make_batch, lengths) or "
+        "(model, make_batch, lengths, optimizer)"
+    )
+    if not isinstance(returned, tuple) or len(returned) not in (2, 3, 4):
         raise ModelSpecError(
             f"--model {text!r} returned {type(returned).__name__} "
             f"({' '.join(repr(returned).split())[:60]}); it must "
@@ -157,13 +176,40 @@ def _check_returned(text: str, returned: Any) -> ModelSpec:
     lengths = None
     if rest and rest[0] is not None:
         lengths = _check_lengths(text, rest[0])
+    optimizer = _check_optimizer(text, model, rest[1]) if len(rest) == 2 else None
     batch = make_batch(0)
     if not isinstance(batch, dict):
         raise ModelSpecError(
             f"--model {text!r}: make_batch(0) returned {type(batch).__name__}; it must return a "
             "dict that model(**batch) accepts"
         )
-    return ModelSpec(source=text, model=model, make_batch=make_batch, lengths=lengths)
+    return ModelSpec(
+        source=text, model=model, make_batch=make_batch, lengths=lengths, optimizer=optimizer
+    )
+
+
+def _check_optimizer(text: str, model: Any, optimizer: Any) -> Any:
+    import torch
+
+    if optimizer is None:
+        return None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ModelSpecError(
+            f"--model {text!r}: the fourth item must be the torch.optim.Optimizer to train with, "
+            f"got {type(optimizer).__name__}; return (model, make_batch, lengths_or_None, "
+            "optimizer)"
+        )
+    owned = {id(p) for p in model.parameters()}
+    foreign = sum(
+        id(p) not in owned for group in optimizer.param_groups for p in group["params"]
+    )
+    if foreign:
+        raise ModelSpecError(
+            f"--model {text!r}: {foreign} of the optimizer's parameters are not the model's; "
+            "build it on model.parameters() of the model you return (e.g. "
+            "torch.optim.AdamW(model.parameters(), lr=3e-4))"
+        )
+    return optimizer
 
 
 def _check_lengths(text: str, lengths: Any) -> list[int]:
@@ -179,6 +225,56 @@ def _check_lengths(text: str, lengths: Any) -> list[int]:
             f"{values[:5]!r}..."
         )
     return values
+
+
+def portable_model_spec(text: str) -> tuple[str, str | None]:
+    """The spec as a script started from any directory can load it again.
+
+    A file spec gets its absolute path. A module spec keeps its name, and comes with the
+    ``sys.path`` entry it imports from here (the directory that holds ``mypkg`` for
+    ``mypkg.models``), unless that is the interpreter's own ``site-packages``: a script that
+    inserts the entry imports the same module wherever it runs. Call it where the spec loads
+    (from the same directory, with the same ``sys.path``).
+
+    Args:
+        text: ``"module:function"`` or ``"path/file.py:function"``.
+
+    Returns:
+        ``(spec, sys_path_entry)``; the entry is ``None`` for a file spec, an installed module
+        or a namespace package.
+
+    Raises:
+        ModelSpecError: the spec is malformed or its module cannot be found.
+
+    Example:
+        >>> portable_model_spec("torchcompile_kit.tuning.examples:tiny_llama")[0]
+        'torchcompile_kit.tuning.examples:tiny_llama'
+    """
+    module, function = parse_model_spec(text)
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        return f"{Path(module).resolve()}:{function}", None
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as _import does
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as err:
+        raise ModelSpecError(f"--model {text!r}: cannot find module {module!r} ({err})") from err
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        if found is None:
+            raise ModelSpecError(
+                f"--model {text!r}: cannot find module {module!r}; run from the directory that "
+                "contains it, or pass a path: --model path/file.py:fn"
+            )
+        return text, None
+    origin = Path(found.origin).resolve()
+    depth = module.count(".") + (1 if found.submodule_search_locations is not None else 0)
+    root = origin.parents[depth]
+    installed = {
+        str(Path(p).resolve())
+        for key in ("purelib", "platlib", "stdlib", "platstdlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+    return text, None if str(root) in installed else str(root)
 
 
 def loss_of(output: Any) -> Any:

@@ -42,7 +42,8 @@ class RecipeContext:
     model: Any
     """The model; ``apply`` compiles it in place (or replaces it, e.g. with a DDP wrapper)."""
     optimizer: Any
-    """``torch.optim.Adam`` over the model's parameters; ``apply`` may compile it."""
+    """The run's optimizer over the model's parameters: the ``--model`` spec's, else
+    ``torch.optim.Adam(lr=1e-4)``; ``apply`` may compile or replace it."""
     backend: str
     """The ``torch.compile`` backend for every compile."""
     overrides: dict[str, Any]
@@ -137,12 +138,19 @@ def _full_and_optimizer(impl: str) -> Callable[[RecipeContext], None]:
 
 
 def _full_and_fused_adam(ctx: RecipeContext) -> None:
-    """Full compile + eager ``Adam(fused=True)``: the fastest eager optimizer (for ``tune``)."""
+    """Full compile + the run's Adam/AdamW rebuilt with ``fused=True``, the fastest eager
+    optimizer (for ``tune``): same class, param groups and hyperparameters."""
     import torch
 
+    optimizer = ctx.optimizer
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(
+            f"recipe 'fused-adam' rebuilds the optimizer with fused=True, which needs Adam or "
+            f"AdamW; the run's optimizer is {type(optimizer).__name__!r}: leave this recipe out"
+        )
     _full()(ctx)
-    lr = ctx.optimizer.param_groups[0]["lr"]
-    ctx.optimizer = torch.optim.Adam(ctx.model.parameters(), lr=lr, fused=True)
+    groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in optimizer.param_groups]
+    ctx.optimizer = type(optimizer)(groups, fused=True)
 
 
 def _modular(ctx: RecipeContext) -> None:

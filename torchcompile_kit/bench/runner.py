@@ -52,6 +52,7 @@ def run_recipe_isolated(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     plan_steps: int | None = None,
     steady_s: float | None = None,
+    check: str | None = None,
 ) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
@@ -75,6 +76,10 @@ def run_recipe_isolated(
         steady_s: time steady steps for at least this many seconds (more than ``steps`` when
             they are fast), so the mean covers a stretch of the machine's time (``None``: just
             ``steps``).
+        check: ``"module:function"`` called in the recipe's process after the measurement, on
+            the recipe's own compiled model (no second compile), to check it against eager
+            (``tune``'s correctness gate); its JSON-able answer is ``metrics["check"]``. See
+            :func:`torchcompile_kit.bench.execute.execute_request` for what it is given.
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
@@ -106,6 +111,7 @@ def run_recipe_isolated(
         "compile_overrides": dict(compile_overrides or {}),
         "plan_steps": plan_steps,
         "steady_s": steady_s,
+        "check": check,
         "cache_dir": str((out / "caches").resolve()),
         "result_path": str((work / "result.json").resolve()),
     }

@@ -9,7 +9,7 @@ of torch's texts) and :mod:`.recorder` (the trace handler) serve the monitor.
 from .equivalence import EquivalenceReport, EquivalenceStep, TensorDiff, check_compile_equivalence
 from .explain import explain_graph_breaks
 from .monitor import CompileMonitor
-from .recompiles import no_recompiles
+from .recompiles import allow_first_compile, no_recompiles
 from .trace_records import CompiledFrame, GraphBreak, LimitHit, Recompile
 
 __all__ = [
@@ -26,4 +26,6 @@ __all__ = [
     "LimitHit",
     "Recompile",
     "TensorDiff",
+    # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
+    "allow_first_compile",
 ]

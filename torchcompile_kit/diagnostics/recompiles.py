@@ -1,16 +1,24 @@
 """``no_recompiles()``: inside the block, a compiled function never recompiles.
 
 Built on ``torch.compiler.set_stance`` (torch >= 2.6). Dynamo's "Detected recompile" error is
-turned into :class:`~torchcompile_kit.UnexpectedRecompileError` naming the function and the guard
-that failed, with the fix.
+turned into :class:`~torchcompile_kit.UnexpectedRecompileError` naming what would recompile (the
+user's function, the module whose ``forward`` it is, or the optimizer), the input as that
+function's signature calls it, the guard that failed, and the fix that fits.
+:func:`allow_first_compile` lets a helper whose first graph can only be built during training
+(``compile_optimizer``'s step) compile that graph inside the block.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import inspect
+import os
 import re
+import traceback
 from collections.abc import Iterator
-from typing import Literal
+from types import TracebackType
+from typing import Any, Literal
 
 import torch
 
@@ -18,8 +26,12 @@ from .._checks import check_choice
 from .._compat import has_set_stance
 from ..errors import UnexpectedRecompileError
 
-__all__ = ["no_recompiles"]
+__all__ = ["allow_first_compile", "no_recompiles"]
 
+# The stance no_recompiles() set, or None outside every no_recompiles() block.
+_ACTIVE_STANCE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torchcompile_kit_no_recompiles", default=None
+)
 
 # torch/_dynamo/eval_frame.py raises RuntimeError("Detected recompile when torch.compile stance is
 # 'fail_on_recompile'. ...") with the guard failures indented below, one per line.
@@ -32,36 +44,136 @@ _WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)
 _FILE = re.compile(r"filename: '(?P<file>[^']*)'")
 # one guard failure per line: "- 0/0: L['self'].training == True  # ..."
 _GUARD = re.compile(r"^\s*- (?:\d+/\d+: )?(?P<guard>.+?)\s*$", re.MULTILINE)
+# How dynamo names a call's inputs: args[0] / L['args'][0], kwargs['input_ids'] /
+# L['kwargs']['input_ids'], L['x']; what follows (['input_ids'], .grad) is kept as written.
+_POSITIONAL = re.compile(r"^(?:L\[')?args(?:'\])?\[(?P<index>\d+)\](?P<rest>.*)$")
+_KEYWORD = re.compile(r"""^(?:L\[')?kwargs(?:'\])?\[['"](?P<name>\w+)['"]\](?P<rest>.*)$""")
+_LOCAL = re.compile(r"""^L\[['"](?P<name>\w+)['"]\](?P<rest>.*)$""")
+
+_TORCH_OPTIM = os.path.join("torch", "optim", "")  # torch.optim's files (compiled optimizer steps)
+
+_SHAPE_FIX = (
+    "Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
+    "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)"
+)
+_FIRST_COMPILE_FIX = "Call it once before the block (warmup_shapes runs one call per batch shape)"
+_GUARD_FIX = "Run this variant once before the block, or keep the guarded value fixed"
+_OPTIMIZER_FIRST_FIX = (
+    "A compiled optimizer step compiles at its first call and again once the optimizer has "
+    "state (its second step). compile_optimizer(optimizer) runs the first step eagerly and may "
+    "compile at the second inside no_recompiles(); if you compiled optimizer.step yourself, run "
+    "two optimizer steps before the block, or use compile_optimizer"
+)
+_OPTIMIZER_GUARD_FIX = (
+    "An optimizer step recompiles when a float hyperparameter changes (compile_optimizer holds "
+    "lr and Adam's betas as tensors; SGD's momentum, eps and weight_decay stay floats), when a "
+    "parameter gains or loses its gradient (a layer frozen or unfrozen), or when a param group "
+    "is added. Make such a change before the block and run one optimizer step after it, or "
+    "compile the optimizer with compile_optimizer"
+)
+
+
+def _frame_owner(
+    tb: TracebackType | None, file: str | None, function: str | None, line: int | None
+) -> Any:
+    """The optimizer or module whose compiled code dynamo refused, found on the call stack.
+
+    Dynamo names a code object (``forward_with_checkpointing``, transformers' ``wrapper``, torch's
+    optimizer ``wrapper``), not the object it belongs to, and torch < 2.9 names nothing. The
+    frames that called it still hold that object as ``self``: the installed step of
+    ``compile_optimizer`` or ``Optimizer.step`` for an optimizer (nothing else runs below an
+    optimizer step), ``nn.Module.__call__`` for a module, matched by its ``forward``'s code so
+    that an enclosing model is not mistaken for the block. Innermost frame first.
+    """
+    for frame, _ in reversed(list(traceback.walk_tb(tb))):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.optim.Optimizer):
+            return owner
+        if isinstance(owner, torch.nn.Module) and function is not None:
+            for forward in (type(owner).forward, getattr(owner, "forward", None)):
+                code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+                if (
+                    code is not None
+                    and code.co_name == function
+                    and code.co_firstlineno == line
+                    and code.co_filename == file
+                ):
+                    return owner
+    return None
+
+
+def _positional_names(module: torch.nn.Module) -> list[str]:
+    """The names of ``module.forward``'s positional parameters (through ``functools.wraps``)."""
+    try:
+        params = inspect.signature(type(module).forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    names = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return names[1:]  # drop self
+
+
+def _input_name(source: str, module: torch.nn.Module | None) -> str:
+    """``'hidden_states' (args[0])`` for dynamo's ``args[0]``; ``'input_ids'`` for its kwargs."""
+    keyword = _KEYWORD.match(source) or _LOCAL.match(source)
+    if keyword:
+        return repr(keyword["name"] + keyword["rest"])
+    positional = _POSITIONAL.match(source)
+    if positional and module is not None:
+        names = _positional_names(module)
+        index = int(positional["index"])
+        if index < len(names):
+            return f"{names[index] + positional['rest']!r} ({source})"
+    return repr(source)
+
+
+def _describe(owner: Any, file: str | None, function: str | None, line: str | None) -> str:
+    if isinstance(owner, torch.optim.Optimizer):
+        where = f" ({function!r}, {file}:{line})" if function else ""
+        return f"the {type(owner).__name__} optimizer's step{where}"
+    if isinstance(owner, torch.nn.Module):
+        forward = inspect.unwrap(type(owner).forward)
+        code = getattr(forward, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code else f"{file}:{line}"
+        return f"{type(owner).__name__}.forward ({where})"
+    if function is None:
+        return "a compiled function"
+    if file and _TORCH_OPTIM in file:
+        return f"an optimizer step ({function!r}, {file}:{line})"
+    return f"{function!r} ({file or 'line'}:{line})"
 
 
 def _recompile_message(err: RuntimeError) -> str:
     text = str(err)
     where = _WHERE.search(text)
-    file = _FILE.search(text)
-    function = (
-        f"{where['fn']!r} ({file['file'] if file else 'line'}:{where['line']})"
-        if where
-        else "a compiled function"
-    )
+    file_match = _FILE.search(text)
+    file = file_match["file"] if file_match else None
+    function, line = (where["fn"], where["line"]) if where else (None, None)
+    owner = _frame_owner(err.__traceback__, file, function, int(line) if line else None)
+    subject = _describe(owner, file, function, line)
+    is_optimizer = isinstance(owner, torch.optim.Optimizer) or bool(file and _TORCH_OPTIM in file)
+    module = owner if isinstance(owner, torch.nn.Module) else None
     mismatches = [
-        f"tensor {m['name']!r} has size {int(m['actual'])!r} at dim {m['dim']} "
-        f"(compiled for {m['expected']})"
+        f"input {_input_name(m['name'], module)} has size {int(m['actual'])!r} at dim "
+        f"{m['dim']} (compiled for {m['expected']})"
         for m in _SIZE_MISMATCH.finditer(text)
     ]
-    fix = (
-        "Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
-        "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)"
-    )
+    guard_match = _GUARD.search(text)
     if mismatches:
         what = "; ".join(dict.fromkeys(mismatches))
-    elif _GUARD.search(text):
-        guard = _GUARD.search(text)["guard"].split("  #")[0].strip()  # drop dynamo's source note
+        fix = _OPTIMIZER_GUARD_FIX if is_optimizer else _SHAPE_FIX
+    elif guard_match:
+        guard = guard_match["guard"].split("  #")[0].strip()  # drop dynamo's source note
         what = f"guard {guard!r} failed"
-        fix = "Run this variant once before the block, or keep the guarded value fixed"
+        fix = _OPTIMIZER_GUARD_FIX if is_optimizer else _GUARD_FIX
     else:
         what = "it was never compiled before this block"
+        fix = _OPTIMIZER_FIRST_FIX if is_optimizer else _FIRST_COMPILE_FIX
     return (
-        f"{function} would recompile inside no_recompiles(): {what}. {fix}.\n"
+        f"{subject} would recompile inside no_recompiles(): {what}. {fix}.\n"
         f"Dynamo said: {text}"
     )
 
@@ -73,11 +185,21 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
     Built on ``torch.compiler.set_stance``; the previous stance is restored on exit. Graphs
     compiled before the block (e.g. by :func:`warmup_shapes`) still run. Dynamo's error is turned
     into :class:`~torchcompile_kit.UnexpectedRecompileError` as it leaves the block, so catch it
-    around the ``with``, not inside it.
+    around the ``with``, not inside it. The error names what would recompile: the function, the
+    module whose ``forward`` it is (``LlamaDecoderLayer.forward``, not transformers'
+    ``forward_with_checkpointing`` wrapper) with the input as ``forward`` names it
+    (``'hidden_states' (args[0])``), or the optimizer, with advice for optimizers.
+
+    One exception, by design: :func:`~torchcompile_kit.compile_optimizer`'s step may compile its
+    first graph inside the block. Its first step runs eagerly to create the optimizer state, so
+    the graph can only be built at the second step, which is inside the block when the whole
+    training loop is; a warm-up that stepped the optimizer would change the weights. Only that
+    first compile is let through (:func:`allow_first_compile`): a recompile of the optimizer
+    later in the block raises like any other, and ``CompileMonitor`` shows the compile.
 
     Args:
         on_recompile: ``"error"`` (``"fail_on_recompile"``): raise
-            :class:`~torchcompile_kit.UnexpectedRecompileError` naming the tensor and size that
+            :class:`~torchcompile_kit.UnexpectedRecompileError` naming the input and size that
             missed; for tests and first runs. ``"eager"`` (``"eager_on_recompile"``): run that call
             eagerly instead, for production runs that must not stall on a compile.
 
@@ -102,10 +224,41 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
             f"no_recompiles() needs torch.compiler.set_stance (torch >= 2.6); this is torch "
             f"{torch.__version__!r}: upgrade torch"
         )
-    with torch.compiler.set_stance(stances[on_recompile]):
-        try:
-            yield
-        except RuntimeError as err:
-            if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(_FAIL_PREFIX):
-                raise
-            raise UnexpectedRecompileError(_recompile_message(err)) from err
+    token = _ACTIVE_STANCE.set(stances[on_recompile])
+    try:
+        with torch.compiler.set_stance(stances[on_recompile]):
+            try:
+                yield
+            except RuntimeError as err:
+                if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(
+                    _FAIL_PREFIX
+                ):
+                    raise
+                raise UnexpectedRecompileError(_recompile_message(err)) from err
+    finally:
+        _ACTIVE_STANCE.reset(token)
+
+
+@contextlib.contextmanager
+def allow_first_compile() -> Iterator[bool]:
+    """Let the call inside compile its first graph even within :func:`no_recompiles`.
+
+    For another topic's compiled callable whose first graph cannot exist before training starts:
+    ``compile_optimizer``'s step compiles at the optimizer's second step (the first, eager, one
+    creates the state). The caller wraps only the call that compiles for the first time, so every
+    later call runs under the block's stance and a recompile still fails. Outside
+    ``no_recompiles()``, or while dynamo is tracing the caller, it changes nothing.
+
+    Yields:
+        Whether the stance was lifted for this call (``True`` only inside ``no_recompiles()``).
+
+    Example:
+        >>> step = torch.compile(lambda x: x + 1, backend="eager")
+        >>> with no_recompiles(), allow_first_compile():
+        ...     _ = step(torch.ones(2))  # compiles: its first graph
+    """
+    if _ACTIVE_STANCE.get() is None or torch.compiler.is_compiling():
+        yield False
+        return
+    with torch.compiler.set_stance("default"):
+        yield True

@@ -28,6 +28,7 @@ import torch
 
 from .. import _dynamo
 from .._checks import check_choice
+from ..diagnostics import allow_first_compile
 from ..errors import UnsupportedOptimizerError
 
 __all__ = ["compile_optimizer", "zero_grads"]
@@ -70,6 +71,8 @@ def compile_optimizer(
       anyway); on CUDA/XPU they get ``capturable=True``.
     * The first step, and any step where a parameter has a gradient but no state yet, runs
       eagerly so the compiled graph always sees initialised state (no warm-up step is needed).
+      The step compiles at the next call; inside :func:`~torchcompile_kit.no_recompiles` that
+      first compile is allowed (a later recompile of the step is not).
     * ``state_dict()`` saves hyperparameters as Python floats and the ``foreach``/``capturable``
       the optimizer was built with, so a plain ``torch.optim`` optimizer loads it;
       ``load_state_dict()`` writes the loaded values into the same tensors.
@@ -273,6 +276,7 @@ class _CompiledStep:
         self.static_grads = static_grads
         self._grads_marked = False
         self._warned_realloc = False
+        self._compiled_once = False
         # The class's step (hooks included), not an instance wrapper an LR scheduler installed:
         # dynamo skips torch/optim/lr_scheduler.py, so tracing through that wrapper breaks.
         self.eager_step = type(optimizer).step.__get__(optimizer)
@@ -302,7 +306,15 @@ class _CompiledStep:
         else:
             if self.static_grads:
                 self._mark_static_grads()
-            self.compiled_step()
+            if self._compiled_once:
+                self.compiled_step()
+            else:
+                # The first compile happens here, at the first step with state, which is inside
+                # the user's no_recompiles() block when the whole loop is: let it through (once;
+                # a later recompile still fails there). See no_recompiles' docstring.
+                with allow_first_compile():
+                    self.compiled_step()
+                self._compiled_once = True
         return loss
 
     # -- hyperparameters -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -54,33 +55,81 @@ def round_up(value: int, multiple: int) -> int:
 def as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
     """``lengths`` as a list of positive Python ints, or a clear error.
 
-    Shared with the sampler of this folder.
+    Takes what users have: a list or tuple, a 1-D torch tensor or numpy array (or anything with
+    ``tolist()``, e.g. a pandas Series), an HF ``datasets`` column, any iterable; the values may
+    be Python, numpy or torch integers, or whole-number floats (what a pandas column becomes after
+    a ``NaN`` was dropped). Shared with the sampler of this folder.
+
+    Raises:
+        BatchShapeError: empty, not one length per sample, or a value that is no whole number
+            of tokens or not positive (the message names the index and the fix).
     """
-    values = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise BatchShapeError(
+            f"lengths must be one token length per sample (a list, array, tensor or column), got "
+            f"{type(lengths).__name__} {lengths!r:.80}; e.g. [len(x['input_ids']) for x in dataset]"
+        )
+    shape = getattr(lengths, "shape", None)
+    if shape is not None and len(shape) != 1:
+        raise BatchShapeError(
+            f"lengths must be 1-D (one length per sample), got shape {tuple(shape)}; for a padded "
+            "batch of token ids pass its attention mask's row sums, mask.sum(dim=1)"
+        )
+    tolist = getattr(lengths, "tolist", None)
+    values = tolist() if callable(tolist) else list(lengths)
     if not values:
         raise BatchShapeError(
             "lengths is empty: pass the token length of every sample of the dataset, "
             "e.g. [len(x['input_ids']) for x in dataset]"
         )
-    for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    return [_length(index, value) for index, value in enumerate(values)]
+
+
+def _length(index: int, value: object) -> int:
+    """One sample's length as a Python int: integers of any library, or a whole float."""
+    if isinstance(value, bool):
+        raise BatchShapeError(
+            f"lengths[{index}] is {value!r}, a bool; pass token counts, e.g. len(x['input_ids'])"
+        )
+    if isinstance(value, float) or (hasattr(value, "is_integer") and not hasattr(value, "__index__")):
+        number = float(value)  # type: ignore[arg-type]
+        if not number.is_integer():
             raise BatchShapeError(
-                f"lengths[{index}] is {value!r}; every length must be a positive int "
-                "(drop empty samples before planning buckets)"
+                f"lengths[{index}] is {value!r}; a length is a whole number of tokens (a NaN or a "
+                "fraction here usually means a missing or averaged value: drop or recount it)"
             )
-    return values
+        length = int(number)
+    else:
+        try:
+            length = operator.index(value)  # Python, numpy and 0-d torch integers
+        except TypeError:
+            raise BatchShapeError(
+                f"lengths[{index}] is {value!r} ({type(value).__name__}); every length must be an "
+                "int, the sample's token count, e.g. len(x['input_ids'])"
+            ) from None
+    if length < 1:
+        raise BatchShapeError(
+            f"lengths[{index}] is {length}; every length must be at least 1"
+            + (" (drop empty samples before planning buckets)" if length == 0 else "")
+        )
+    return length
 
 
 def check_buckets(buckets: Sequence[int]) -> list[int]:
     """``buckets`` as a strictly ascending list of positive ints, or a clear error.
 
-    Shared with the padder and the sampler of this folder.
+    Shared with the padder and the sampler of this folder. Numpy or torch integers are taken as
+    ints.
     """
-    values = list(buckets)
+    values = list(buckets.tolist() if hasattr(buckets, "tolist") else buckets)
     if not values:
         raise BatchShapeError("buckets is empty; pass e.g. plan_buckets(lengths)")
     for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        try:
+            values[index] = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            values[index] = None
+        if values[index] is None or values[index] < 1:
             raise BatchShapeError(f"buckets[{index}] is {value!r}; buckets must be positive ints")
     if any(a >= b for a, b in itertools.pairwise(values)):
         raise BatchShapeError(

@@ -1,8 +1,9 @@
 """``tune``: on the user's own model and data, the fastest recipe that is still correct.
 
-The topic's API. Modules: :mod:`.candidates` (the recipes tried), :mod:`.arithmetic` (predicted
-totals and break-even steps), :mod:`.runs` (each candidate in its own process, via the bench's
-runner), :mod:`.gate` (the correctness check), :mod:`.ranking` (the recommendation),
+The topic's API. Modules: :mod:`.candidates` (the recipes tried, in order), :mod:`.arithmetic`
+(predicted totals and break-even steps), :mod:`.runs` (each candidate in its own process, via the
+bench's runner), :mod:`.gate` (the correctness check, in that process), :mod:`.budget` (time left,
+and what budget would do more), :mod:`.ranking` (the recommendation),
 :mod:`.tuner` (``tune`` itself), :mod:`.result` (what it found), :mod:`.report` and
 :mod:`.snippet` (how it shows it), and
 :mod:`.examples` (``--model`` factories: the tiny Llama-style decoder, the captioner).

@@ -1,13 +1,22 @@
 """The candidate recipes ``tune`` measures, each a row of the bench's recipe table.
 
 A :class:`Candidate` names the bench recipe that runs it (in its own fresh process, through
-:func:`torchcompile_kit.bench.run_recipe_isolated`), the compiled code it shares with other
-candidates (one correctness check serves all of them: ``full-warm`` runs the kernels ``full``
-compiled), and what the user must copy to apply it (:mod:`.report` writes the snippet).
+:func:`torchcompile_kit.bench.run_recipe_isolated`, which also checks it against eager there),
+the compiled code it runs, and what the user must copy to apply it (:mod:`.snippet` writes it).
 
-Order matters: eager first (every other candidate is compared with it), then the cheapest compiles,
-so that a small budget or a short run prunes the expensive ones, and the warm restarts last (they
-load the cache their cold recipe saved).
+Order matters, and is decided from what is known before anything is measured, so that a small
+budget is spent on the most promising candidates and a short planned run prunes the expensive
+ones:
+
+1. ``eager``: every other candidate is compared with it, and its run is the cheapest;
+2. ``regional`` before ``full``: it compiles each repeated block once, so its compile is the
+   shortest of the compiled recipes (and grows least with depth), for a step close to ``full``'s;
+3. ``full``, then the candidates that cost about one more compile on top of it, cheapest first:
+   the same graph with a fused eager optimizer, then a compiled optimizer, then a dynamic graph;
+   ``eager-longest`` (captioner only) sits among them as a run without a compile;
+4. ``nested`` (a full compile plus regions), then ``buckets`` (every bucket shape compiled up
+   front: the most compiles);
+5. the warm restarts last: they load the cache their cold recipe saved.
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ class Candidate:
     description: str
     """One line for the table."""
     gate: str | None = None
-    """Key of the compiled code it runs: one correctness check per key (``None``: eager)."""
+    """The compiled model code it runs (``"full"`` for every whole-model compile), checked in its
+    own run (:mod:`.gate`); ``None``: eager, nothing to check."""
     optimizer: Literal["adam", "compiled", "fused"] = "adam"
-    """The optimizer: eager Adam (default implementation), ``compile_optimizer`` or fused Adam."""
+    """The run's optimizer (the ``--model`` spec's, else ``Adam(lr=1e-4)``): as it is, under
+    ``compile_optimizer``, or rebuilt with ``fused=True`` (Adam/AdamW)."""
     dynamic: Literal["default", "mark", "static"] = "default"
     """Shapes: ``torch.compile`` default, ``mark_dynamic_batch`` on every batch, or
     ``dynamic=False`` with every bucket shape compiled up front."""
@@ -49,25 +60,11 @@ class Candidate:
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(name="eager", recipe="eager", kind="eager", description="no compile (the baseline)"),
     Candidate(
-        name="eager-longest",
-        recipe="eager-longest",
-        kind="eager",
-        captioner_only=True,
-        description="no compile, captions padded to the batch's longest",
-    ),
-    Candidate(
         name="regional",
         recipe="regional",
         kind="regional",
         gate="regional",
         description="compile_regional: each repeated block compiled once, reused",
-    ),
-    Candidate(
-        name="nested",
-        recipe="nested",
-        kind="nested",
-        gate="nested",
-        description="one full compile with blocks as nested compile regions (torch >= 2.8)",
     ),
     Candidate(
         name="full",
@@ -77,12 +74,11 @@ CANDIDATES: tuple[Candidate, ...] = (
         description="model.compile() after fix_loss_function",
     ),
     Candidate(
-        name="full+compile_optimizer",
-        recipe="compile-optimizer",
-        kind="full",
-        gate="full",
-        optimizer="compiled",
-        description="full compile + compile_optimizer(Adam)",
+        name="eager-longest",
+        recipe="eager-longest",
+        kind="eager",
+        captioner_only=True,
+        description="no compile, captions padded to the batch's longest",
     ),
     Candidate(
         name="full+fused_adam",
@@ -90,7 +86,15 @@ CANDIDATES: tuple[Candidate, ...] = (
         kind="full",
         gate="full",
         optimizer="fused",
-        description="full compile + eager Adam(fused=True), the fastest eager optimizer",
+        description="full compile + the run's Adam/AdamW with fused=True (fastest eager)",
+    ),
+    Candidate(
+        name="full+compile_optimizer",
+        recipe="compile-optimizer",
+        kind="full",
+        gate="full",
+        optimizer="compiled",
+        description="full compile + compile_optimizer(the run's optimizer, Adam by default)",
     ),
     Candidate(
         name="mark-dynamic",
@@ -99,6 +103,13 @@ CANDIDATES: tuple[Candidate, ...] = (
         gate="full",
         dynamic="mark",
         description="full compile, pad to longest + mark_dynamic_batch (one dynamic graph)",
+    ),
+    Candidate(
+        name="nested",
+        recipe="nested",
+        kind="nested",
+        gate="nested",
+        description="one full compile with blocks as nested compile regions (torch >= 2.8)",
     ),
     Candidate(
         name="buckets",

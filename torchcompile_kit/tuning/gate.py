@@ -1,43 +1,50 @@
 """The correctness gate: a candidate that computes something else than eager is never recommended.
 
 No error does not mean correct (peft's guide), so every compiled candidate is checked against
-eager before it can be recommended, in ``tune``'s own process:
+eager before it can be recommended. The check runs in the candidate's own process, right after
+its measurement, on the model the run compiled and trained (the bench runner's ``check=``
+hook, :data:`CHECK_HOOK`), so it compiles nothing a second time:
 
-- :func:`~torchcompile_kit.check_compile_equivalence` on a fresh copy of the model, compiled the
-  candidate's way (the bench recipe's own ``apply``): outputs, loss, every gradient, every
-  parameter after one optimizer step, and the outputs after it;
-- with ``compile_optimizer``, the parameters after two steps of the compiled optimizer against
-  eager Adam on the same gradients;
+- the run's compiled model is set back to the weights it started from, and an eager model is
+  built again from the same weights (the reference);
+- :func:`~torchcompile_kit.check_compile_equivalence` runs two training steps on both, on the
+  run's first batch (a shape the run compiled): the loss, every gradient and every parameter
+  after an SGD step, then the loss and gradients again after that step (weights baked into a
+  graph show there), all in training mode, the mode the run compiled;
+- with ``compile_optimizer``, the run's compiled optimizer, from the state the run left it in,
+  takes two steps against an eager optimizer of the same class loaded with the same state, on
+  the same gradients;
 - for a PEFT model, :func:`~torchcompile_kit.check_peft_compile_safety` first (a refusal fails).
 
-The check compiles with the candidate's backend, so it costs about one more compile; candidates
-that share compiled code (``full``, ``full-warm``, ``mark-dynamic`` ...) share one check.
+``new_graphs`` says what the check compiled anyway (``CompileMonitor``): nothing, unless the
+check runs the model otherwise than the run did (dropout switched off, fp32 instead of the run's
+CUDA autocast).
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import _dynamo
 from ..adapters import check_peft_compile_safety
-from ..bench import RECIPES, RecipeContext, loss_of
-from ..diagnostics import CompileMonitor, check_compile_equivalence
-from ..optim import compile_optimizer
-from .candidates import Candidate
+from ..bench import RecipeContext, loss_of
+from ..diagnostics import CompileMonitor, EquivalenceStep, check_compile_equivalence
+from .candidates import CANDIDATES, Candidate
 
-__all__ = ["GateVerdict", "check_candidate"]
+__all__ = ["CHECK_HOOK", "GateVerdict", "check_candidate", "check_in_run"]
 
+CHECK_HOOK = f"{__name__}:check_in_run"
+"""What ``tune`` passes as the bench runner's ``check=``: :func:`check_in_run`, by name, since
+it runs in the candidate's process."""
 _OPTIMIZER_STEPS = 2
 _RTOL, _ATOL = 1e-4, 1e-5  # fp32, as check_compile_equivalence's defaults
 
 
 @dataclass(kw_only=True, slots=True)
 class GateVerdict:
-    """The outcome of the correctness gate for one compiled code (one ``Candidate.gate``)."""
+    """The outcome of the correctness gate for one candidate's run."""
 
     ok: bool
     """Every compared tensor is within tolerance (and no PEFT refusal fired)."""
@@ -45,56 +52,93 @@ class GateVerdict:
     """The first failing tensor, with how far off it is, or the error that stopped the check."""
     summary: str = ""
     """What was compared, in a few lines."""
-    graph_breaks: int | None = None
-    """Distinct graph breaks while compiling the check (``CompileMonitor``)."""
+    new_graphs: int | None = None
+    """Graphs the check compiled on top of the run's (``CompileMonitor``): 0 when it reused
+    the run's compiled code throughout."""
     seconds: float = 0.0
     """Wall seconds the check took."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (what the candidate's process reports)."""
+        return asdict(self)
 
 
 def check_candidate(
     candidate: Candidate,
     *,
-    model_and_batch: Callable[[], tuple[Any, dict[str, Any]]],
+    model: Any,
+    reference: Any,
+    batch: dict[str, Any],
+    optimizer: Any,
     backend: str,
-    overrides: dict[str, Any],
-    device: Any,
+    overrides: dict[str, Any] | None = None,
 ) -> GateVerdict:
-    """Check ``candidate``'s compiled model (and compiled optimizer) against eager.
+    """Check a run's compiled model (and compiled optimizer) against eager, compiling nothing new.
 
     Args:
-        candidate: a compiled candidate (``candidate.gate`` is not ``None``).
-        model_and_batch: builds a fresh ``(model, batch)`` (the user's factory and ``make_batch(0)``).
-        backend: the ``torch.compile`` backend the candidate was measured with.
-        overrides: the ``torch.compile`` kwargs ``tune`` passed to the recipe.
-        device: the device to run on.
+        candidate: the compiled candidate the run applied (``candidate.gate`` is not ``None``).
+        model: the model the run compiled (in place) and trained; its weights are set to
+            ``reference``'s.
+        reference: an uncompiled model of the same architecture with the weights the run started
+            from (left untouched: the eager side runs on a copy).
+        batch: a batch of a shape the run compiled, on the model's device.
+        optimizer: the run's optimizer (checked when the candidate compiles it).
+        backend: the ``torch.compile`` backend of the run (for the PEFT rules and the report).
+        overrides: the ``torch.compile`` kwargs of the run (``fullgraph``).
 
     Returns:
-        The :class:`GateVerdict`; exceptions while compiling or running become a failed verdict.
+        The :class:`GateVerdict`; exceptions while checking become a failed verdict.
 
     Example:
-        >>> verdict = check_candidate(CANDIDATES[2], model_and_batch=build, backend="eager",
-        ...                           overrides={}, device="cpu")  # doctest: +SKIP
-        >>> verdict.ok, verdict.offending  # doctest: +SKIP
-        (True, None)
+        >>> verdict = check_candidate(CANDIDATES[2], model=compiled, reference=eager_copy,
+        ...                           batch=batch, optimizer=opt, backend="eager")  # doctest: +SKIP
+        >>> verdict.ok, verdict.offending, verdict.new_graphs  # doctest: +SKIP
+        (True, None, 0)
     """
     started = time.perf_counter()
-    _dynamo.reset()
     monitor = CompileMonitor()
     try:
-        model, batch = model_and_batch()
-        verdict = _peft_refusal(model, backend, overrides)
+        verdict = _peft_refusal(reference, backend, overrides or {})
         if verdict is None:
             with monitor:
-                verdict = _equivalence(candidate, model, batch, backend, overrides, device)
-            verdict.graph_breaks = monitor.snapshot().get("graph_breaks")
-        if verdict.ok and candidate.optimizer == "compiled":
-            verdict = _optimizer(model, batch, backend, verdict)
+                verdict = _equivalence(model, reference, batch, backend)
+                if verdict.ok and candidate.optimizer == "compiled":
+                    verdict = _optimizer(model, optimizer, batch, verdict)
+            verdict.new_graphs = monitor.snapshot().get("graphs")
     except Exception as err:  # noqa: BLE001 - a candidate that cannot be checked is not recommended
         verdict = GateVerdict(ok=False, offending=f"{type(err).__name__}: {err}"[:500])
-    finally:
-        _dynamo.reset()
     verdict.seconds = time.perf_counter() - started
     return verdict
+
+
+def check_in_run(
+    ctx: RecipeContext, *, reference: Any, batch: dict[str, Any], recipe: str
+) -> dict[str, Any]:
+    """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process.
+
+    Args:
+        ctx: the run's context (its compiled model and optimizer, backend, overrides).
+        reference: the eager model, built again with the weights the run started from.
+        batch: the run's first batch, on the device.
+        recipe: the bench recipe the run applied (selects the candidate).
+
+    Returns:
+        :meth:`GateVerdict.to_dict`, stored as the run's ``metrics["check"]``.
+
+    Example:
+        >>> run_recipe_isolated("full", spec=..., out_dir="runs", check=CHECK_HOOK)  # doctest: +SKIP
+    """
+    candidate = next(c for c in CANDIDATES if c.recipe == recipe and c.gate is not None)
+    verdict = check_candidate(
+        candidate,
+        model=ctx.model,
+        reference=reference,
+        batch=batch,
+        optimizer=ctx.optimizer,
+        backend=ctx.backend,
+        overrides=ctx.overrides,
+    )
+    return verdict.to_dict()
 
 
 def _peft_refusal(model: Any, backend: str, overrides: dict[str, Any]) -> GateVerdict | None:
@@ -115,31 +159,20 @@ def _peft_refusal(model: Any, backend: str, overrides: dict[str, Any]) -> GateVe
     )
 
 
-def _equivalence(
-    candidate: Candidate,
-    model: Any,
-    batch: dict[str, Any],
-    backend: str,
-    overrides: dict[str, Any],
-    device: Any,
-) -> GateVerdict:
-    import torch
+def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str) -> GateVerdict:
+    def the_runs_model(start: Any, **_: Any) -> Any:
+        # check_compile_equivalence hands over its copy of the reference (perturbed the same way
+        # as the eager side, for PEFT): the run's compiled model takes its weights, nothing compiles
+        model.load_state_dict(start.state_dict())
+        return model
 
-    recipe = RECIPES[candidate.recipe]
-
-    def compile_fn(module: Any, **_: Any) -> Any:
-        optimizer = torch.optim.Adam(module.parameters(), lr=1e-4)
-        ctx = RecipeContext(
-            model=module,
-            optimizer=optimizer,
-            backend=backend,
-            overrides=dict(overrides),
-            device=device,
-        )
-        recipe.apply(ctx)
-        return ctx.model
-
-    report = check_compile_equivalence(model, batch, backend=backend, compile_fn=compile_fn)
+    steps = [
+        EquivalenceStep.train(batch, name="train"),
+        EquivalenceStep.train(batch, name="train after the step"),
+    ]
+    report = check_compile_equivalence(
+        reference, steps=steps, backend=backend, compile_fn=the_runs_model
+    )
     offending = None
     if report.failures:
         worst = max(report.failures, key=lambda d: d.ratio)
@@ -150,32 +183,41 @@ def _equivalence(
     return GateVerdict(ok=report.ok, offending=offending, summary=report.summary())
 
 
-def _optimizer(
-    model: Any, batch: dict[str, Any], backend: str, verdict: GateVerdict
-) -> GateVerdict:
-    """Eager Adam vs ``compile_optimizer(Adam)`` on the same gradients, parameter by parameter."""
+def _optimizer(model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateVerdict) -> GateVerdict:
+    """The run's compiled optimizer against an eager one of its class, same state, same gradients."""
     import torch
 
-    copies = [copy.deepcopy(model) for _ in range(2)]
-    for module in copies:
-        module.train()
-        loss_of(module(**batch)).backward()
-    eager = torch.optim.Adam(copies[0].parameters(), lr=1e-3)
-    compiled = compile_optimizer(torch.optim.Adam(copies[1].parameters(), lr=1e-3), backend=backend)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss_of(model(**batch)).backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clones = []
+    for param in params:
+        clone = param.detach().clone().requires_grad_(param.requires_grad)
+        clone.grad = None if param.grad is None else param.grad.detach().clone()
+        clones.append(clone)
+    saved = copy.deepcopy(optimizer.state_dict())  # plain floats: a torch optimizer loads it
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": [clones[i] for i in group["params"]]}
+        for group in saved["param_groups"]
+    ]
+    eager = type(optimizer)(groups)
+    eager.load_state_dict(saved)
     for _ in range(_OPTIMIZER_STEPS):
         eager.step()
-        compiled.step()
-    right = dict(copies[1].named_parameters())
-    for name, param in copies[0].named_parameters():
-        a, b = param.detach().double(), right[name].detach().double()
+        optimizer.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    for param, clone in zip(params, clones):
+        a, b = clone.detach().double(), param.detach().double()
         if not torch.allclose(b, a, rtol=_RTOL, atol=_ATOL):
             verdict.ok = False
             verdict.offending = (
-                f"param_after_compiled_optimizer_step.{name}: max_abs="
+                f"param_after_compiled_optimizer_step.{names.get(id(param), '?')}: max_abs="
                 f"{(a - b).abs().max().item():.3g}"
             )
             break
     verdict.summary += (
-        f"\ncompile_optimizer(Adam): {_OPTIMIZER_STEPS} steps compared with eager Adam"
+        f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} steps of the run's "
+        f"compiled optimizer compared with an eager {type(optimizer).__name__} from the same state"
     )
     return verdict

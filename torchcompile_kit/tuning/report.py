@@ -92,7 +92,11 @@ def format_table(result: TuneResult) -> str:
 
 
 def recommendation_reason(
-    chosen: CandidateResult | None, candidates: list[CandidateResult], steps_planned: int
+    chosen: CandidateResult | None,
+    candidates: list[CandidateResult],
+    steps_planned: int,
+    *,
+    shortfall: str | None = None,
 ) -> str:
     """One or two sentences: why ``chosen`` wins a run of ``steps_planned`` steps.
 
@@ -100,6 +104,8 @@ def recommendation_reason(
         chosen: the recommended candidate (``None``: nothing could be measured).
         candidates: every candidate (measured ones carry their costs).
         steps_planned: the planned run length.
+        shortfall: what budget a compiled candidate would need, when the budget ran out before
+            any finished (``budget.budget_shortfall``); appended.
 
     Returns:
         The reason.
@@ -109,7 +115,9 @@ def recommendation_reason(
         'nothing could be measured: no candidate ran (see the table for the reasons)'
     """
     if chosen is None:
-        return "nothing could be measured: no candidate ran (see the table for the reasons)"
+        text = "nothing could be measured: no candidate ran (see the table for the reasons)"
+        return f"{text}; {shortfall}" if shortfall else text
+    compiled_ran = any(c.status == "ok" and c.verdict != "eager" for c in candidates)
     losers = [
         c
         for c in candidates
@@ -135,6 +143,12 @@ def recommendation_reason(
     )
     if chosen.verdict == "eager" and faster_unchecked:
         text = f"{chosen.name}: the lowest predicted total among the recipes checked for correctness"
+    elif chosen.verdict == "eager" and not compiled_ran and shortfall:
+        text = f"{chosen.name}: the only recipe measured"
+    elif chosen.verdict == "eager" and not compiled_ran and not any(
+        c.status == "pruned" for c in candidates
+    ):
+        text = f"{chosen.name}: no compiled recipe ran (see the table for the reasons)"
     elif chosen.verdict == "eager":
         text = (
             f"{chosen.name}: no compiled recipe pays back its compile time within "
@@ -163,13 +177,13 @@ def recommendation_reason(
         text += (
             f"; {best.name} is predicted faster ({best.predicted_total_s:,.0f} s vs "
             f"{chosen.predicted_total_s:,.0f} s for {steps_planned:,} steps) but was not checked "
-            "against eager within the budget: give tune more --budget to check it"
+            "against eager (its run reported no correctness check), so it is not recommended"
         )
     if wrong:
         text += "; not recommended because it computes different numbers: " + ", ".join(
             c.name for c in wrong
         )
-    return text
+    return f"{text}; {shortfall}" if shortfall else text
 
 
 def write_chart(result: TuneResult, path: str | Path) -> Path | None:

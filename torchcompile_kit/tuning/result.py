@@ -28,7 +28,7 @@ class CandidateResult:
     """``ok``; ``failed`` (raised or crashed); ``skipped`` (cannot run here, or no budget left);
     ``pruned`` (its compile alone exceeded the best predicted total: it cannot win)."""
     verdict: Verdict = "unchecked"
-    """Correctness gate: ``pass``, ``fail``, ``unchecked`` (not run: budget or status) or
+    """Correctness gate: ``pass``, ``fail``, ``unchecked`` (its run did not finish) or
     ``eager`` (nothing compiled, nothing to check)."""
     reason: str | None = None
     """Why it failed, was skipped or pruned."""
@@ -58,9 +58,13 @@ class CandidateResult:
     graph_breaks: int | None = None
     """Distinct graph breaks (measured run, else the gate's compile)."""
     gate_s: float | None = None
-    """Seconds the correctness check took."""
+    """Seconds the correctness check took (in the candidate's own process, after its run)."""
+    gate_new_graphs: int | None = None
+    """Graphs the check compiled on top of the run's: 0 when it reused the run's compiled model."""
+    started_s: float | None = None
+    """Seconds into ``tune`` when its run started (``None``: it never started)."""
     wall_s: float | None = None
-    """Seconds its process took (start-up, build, compile, measurement)."""
+    """Seconds its process took (start-up, build, compile, measurement, check)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """The bench runner's raw metrics (losses, step times, padding, memory ...)."""
 

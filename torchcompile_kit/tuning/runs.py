@@ -2,24 +2,30 @@
 
 Every run goes through the bench's :func:`~torchcompile_kit.bench.run_recipe_isolated` (an empty
 inductor cache per run; warm restarts load the cache their cold run saved), so ``tune`` has no
-runner of its own. What this module adds is the time limit of each run: the budget left, and,
-once a candidate has been measured, the time after which another cannot win any more.
+runner of its own. What this module adds is the time limit of each run (the budget left, and,
+once a candidate has been measured, the time after which another cannot win any more), and the
+correctness check of a compiled candidate in its own process, on the model the run compiled
+(:mod:`.gate`, passed as the runner's ``check=``).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bench import RECIPES, run_recipe_isolated
+from ..bench import RECIPES, missing_requirement, run_recipe_isolated
 from .arithmetic import predicted_total
+from .budget import Budget
 from .candidates import Candidate
+from .gate import CHECK_HOOK
 from .ranking import cost_of
 from .result import CandidateResult
 
-__all__ = ["OVERRIDES", "measure_candidate", "run_steadiness", "verify_run"]
+__all__ = ["OVERRIDES", "RunPlan", "measure_candidate", "run_steadiness", "verify_run"]
 
 # tune lets graph breaks happen (and counts them) instead of failing on them: fullgraph=True is
 # written into the snippet only when the measured run had none
@@ -27,40 +33,54 @@ OVERRIDES = {"fullgraph": False}
 _NO_LIMIT_S = 7 * 24 * 3600.0  # a longer time limit is no limit (and overflows select())
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RunPlan:
+    """What every candidate's run of one ``tune`` shares."""
+
+    spec: str | None
+    """The ``--model`` spec (``None``: the captioner)."""
+    preset: str
+    """The captioner preset and default step counts."""
+    backend: str
+    """The ``torch.compile`` backend."""
+    device_type: str
+    """``"cpu"`` or ``"cuda"``: decides which recipes can run here."""
+    steps: int | None
+    """Steady steps to time (``None``: the preset's)."""
+    warmup_steps: int | None
+    """Warm-up steps (``None``: the preset's)."""
+    steady_s: float
+    """Time steady steps for at least this many seconds (at most ``steps_planned``)."""
+    steps_planned: int
+    """The planned run (for pruning, and the cap of the steady steps)."""
+    warm_start: bool
+    """Warm restarts count for the planned run."""
+    runs: Path
+    """The runner's ``out_dir``."""
+
+
 def measure_candidate(
     candidate: Candidate,
-    spec: str | None,
-    preset: str,
-    backend: str,
-    steps: int | None,
-    warmup_steps: int | None,
-    steady_s: float,
-    steps_planned: int,
-    warm_start: bool,
-    runs: Path,
-    left: Callable[[], float],
+    plan: RunPlan,
+    budget: Budget,
     emit: Callable[[dict], None],
     done: list[CandidateResult],
 ) -> CandidateResult:
     """Run one candidate in its own process (or say why not) and append its result to ``done``.
 
+    A compiled candidate is checked against eager at the end of its own run (:mod:`.gate`), so
+    its verdict comes with its measurement.
+
     Args:
         candidate: the candidate.
-        spec: the ``--model`` spec (``None``: the captioner).
-        preset: the captioner preset and default step counts.
-        backend: the ``torch.compile`` backend.
-        steps: steady steps to time (``None``: the preset's).
-        warmup_steps: warm-up steps (``None``: the preset's).
-        steady_s: time steady steps for at least this many seconds (at most ``steps_planned``).
-        steps_planned: the planned run (for pruning, and the cap of the steady steps).
-        warm_start: warm restarts count for the planned run.
-        runs: the runner's ``out_dir``.
-        left: seconds of budget left.
+        plan: the settings every run shares.
+        budget: the budget (time left, time spent).
         emit: progress callback.
         done: the candidates so far (this one is appended).
 
     Returns:
-        The candidate's result (``ok``, ``failed``, ``skipped`` or ``pruned``, with the reason).
+        The candidate's result (``ok``, ``failed``, ``skipped`` or ``pruned``, with the reason;
+        ``metrics["stopped"]`` says how far a run the budget stopped had got).
     """
     result = CandidateResult(
         name=candidate.name,
@@ -71,13 +91,13 @@ def measure_candidate(
         verdict="eager" if candidate.gate is None else "unchecked",
     )
     done.append(result)
-    result.reason = _cannot_run(candidate, spec, done)
+    result.reason = _cannot_run(candidate, plan, done)
     eager = next((r for r in done if r.name == "eager" and r.status == "ok"), None)
     floor = eager.wall_s if eager is not None else 0.0
-    if result.reason is None and left() <= floor:
+    if result.reason is None and budget.left() <= floor:
         result.reason = (
-            f"budget: {max(left(), 0):.0f} s left, and one run takes at least ~{floor:.0f} s here "
-            "(eager's run)"
+            f"budget: {max(budget.left(), 0):.0f} s left, and one run takes at least "
+            f"~{floor:.0f} s here (eager's run)"
         )
     if result.reason is not None:
         emit(
@@ -89,8 +109,8 @@ def measure_candidate(
             }
         )
         return result
-    timeout, bound = left(), None
-    best = _best_so_far(done, steps_planned, warm_start)
+    timeout, bound = budget.left(), None
+    best = _best_so_far(done, plan.steps_planned, plan.warm_start)
     if candidate.gate is not None and best is not None and eager is not None:
         measured = float(eager.metrics.get("warmup_s") or 0.0) + sum(
             eager.metrics.get("step_times_s") or []
@@ -99,18 +119,22 @@ def measure_candidate(
         bound = startup + best[1] + floor
         timeout = min(timeout, bound)
     emit({"event": "candidate", "name": candidate.name, "status": "running"})
+    result.started_s = budget.elapsed()
+    progress = _Progress()
     run = run_recipe_isolated(
         candidate.recipe,
-        spec=spec,
-        preset=preset,
-        steps=steps,
-        out_dir=runs,
-        backend=backend,
+        spec=plan.spec,
+        preset=plan.preset,
+        steps=plan.steps,
+        out_dir=plan.runs,
+        backend=plan.backend,
         timeout_s=None if timeout > _NO_LIMIT_S else timeout,
-        warmup_steps=warmup_steps,
+        warmup_steps=plan.warmup_steps,
         compile_overrides=OVERRIDES if candidate.gate is not None else None,
-        plan_steps=steps_planned,
-        steady_s=steady_s,
+        plan_steps=plan.steps_planned,
+        steady_s=plan.steady_s,
+        check=CHECK_HOOK if candidate.gate is not None else None,
+        on_event=progress,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error
@@ -118,12 +142,13 @@ def measure_candidate(
         if bound is not None and timeout == bound:
             result.status = "pruned"
             result.reason = (
-                f"cannot win: not done after {timeout:.0f} s, when {best[0]} is predicted to finish "
-                f"all {steps_planned:,} steps in {best[1]:.0f} s"
+                f"cannot win: not done after {timeout:.0f} s, when {best[0]} is predicted to "
+                f"finish all {plan.steps_planned:,} steps in {best[1]:.0f} s"
             )
         else:
             result.status = "skipped"
             result.reason = f"budget: stopped after {timeout:.0f} s when the budget ran out"
+            result.metrics["stopped"] = progress.stopped(timeout)
     for key in ("graphs", "recompiles", "graph_breaks"):
         value = result.metrics.get(key)
         setattr(result, key, int(value) if isinstance(value, (int, float)) else None)
@@ -135,14 +160,53 @@ def measure_candidate(
             "reason": result.reason,
         }
     )
+    if result.status == "ok" and candidate.gate is not None:
+        _read_check(result, emit)
     return result
 
 
-def _cannot_run(candidate: Candidate, spec: str | None, done: list[CandidateResult]) -> str | None:
+class _Progress:
+    """The run's progress events (phase, steps), kept to say how far a stopped run got."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.phase: str | None = None
+        self.steady_after_s: float | None = None
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("event") in ("phase", "step"):
+            self.phase = event.get("phase") or self.phase
+        if self.phase == "steady" and self.steady_after_s is None:
+            self.steady_after_s = time.perf_counter() - self.began  # warm-up (compile) done
+
+    def stopped(self, after_s: float) -> dict[str, Any]:
+        return {"after_s": after_s, "phase": self.phase, "steady_after_s": self.steady_after_s}
+
+
+def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
+    """The verdict of the check the candidate's own run made (``metrics["check"]``)."""
+    check = result.metrics.get("check")
+    if not isinstance(check, dict) or "ok" not in check:
+        result.reason = "not checked: its run reported no correctness check"
+        return
+    result.verdict = "pass" if check["ok"] else "fail"
+    result.offending = check.get("offending")
+    result.gate_s = check.get("seconds")
+    result.gate_new_graphs = check.get("new_graphs")
+    emit({"event": "check", "name": result.name, "status": result.verdict})
+
+
+def _cannot_run(candidate: Candidate, plan: RunPlan, done: list[CandidateResult]) -> str | None:
     if candidate.recipe not in RECIPES:
         return f"the bench has no recipe {candidate.recipe!r} in this version"
-    if candidate.captioner_only and spec is not None:
+    if candidate.captioner_only and plan.spec is not None:
         return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
+    # found here, not in a process started to find it: a start-up saved from the budget
+    missing = missing_requirement(
+        RECIPES[candidate.recipe], device_type=plan.device_type, spec=plan.spec, backend=plan.backend
+    )
+    if missing is not None:
+        return missing
     source = RECIPES[candidate.recipe].cache_from
     if source is not None and not any(r.recipe == source and r.status == "ok" for r in done):
         return f"needs the compile cache of {source!r}, which did not run"
@@ -163,16 +227,14 @@ def _best_so_far(
     return best
 
 
-def verify_run(
-    chosen: CandidateResult,
-    by_name: dict[str, Candidate],
-    spec: str | None,
-    preset: str,
-    backend: str,
-    steps_planned: int,
-    runs: Path,
-) -> dict[str, Any]:
+def verify_run(chosen: CandidateResult, candidate: Candidate, plan: RunPlan, runs: Path) -> dict[str, Any]:
     """Run the recommendation for the planned steps; predicted vs measured total wall time.
+
+    Args:
+        chosen: the recommended candidate's result.
+        candidate: its candidate.
+        plan: the settings of the ``tune`` (spec, preset, backend, planned steps).
+        runs: the runner's ``out_dir`` for this run.
 
     Returns:
         ``status``, and when ok ``predicted_s``, ``measured_s`` (warm-up, cache load and every
@@ -180,14 +242,14 @@ def verify_run(
     """
     warmup = int(chosen.metrics.get("warmup_steps") or 1)
     run = run_recipe_isolated(
-        by_name[chosen.name].recipe,
-        spec=spec,
-        preset=preset,
+        candidate.recipe,
+        spec=plan.spec,
+        preset=plan.preset,
         out_dir=runs,
-        backend=backend,
-        steps=max(1, steps_planned - warmup),
+        backend=plan.backend,
+        steps=max(1, plan.steps_planned - warmup),
         warmup_steps=warmup,
-        compile_overrides=OVERRIDES if by_name[chosen.name].gate is not None else None,
+        compile_overrides=OVERRIDES if candidate.gate is not None else None,
     )
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}
@@ -198,7 +260,7 @@ def verify_run(
     return {
         "status": "ok",
         "recipe": chosen.name,
-        "steps": steps_planned,
+        "steps": plan.steps_planned,
         "predicted_s": chosen.predicted_total_s,
         "measured_s": measured,
         "ratio": chosen.predicted_total_s / measured if measured else None,

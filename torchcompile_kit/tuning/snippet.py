@@ -1,9 +1,11 @@
 """The ready-to-paste code that applies a recommended candidate with this library's helpers.
 
 The snippet builds the model and batches from the user's own ``--model`` factory (so it runs as
-printed), applies the recipe exactly as ``tune`` measured it (the bench recipe's calls, written
-out), and trains for the planned steps. ``fullgraph=True`` is written only when the measured run
-had no graph break.
+printed, from any directory: it puts the directory ``tune`` imported the factory's module from on
+``sys.path``, or loads a file spec by its absolute path), applies the recipe exactly as ``tune``
+measured it (the bench recipe's calls, written out) with the factory's own optimizer when it
+returns one, and trains for the planned steps. ``fullgraph=True`` is written only when the
+measured run had no graph break.
 """
 
 from __future__ import annotations
@@ -32,18 +34,25 @@ def make_snippet(
     steps_planned: int,
     batch_size: int | None = None,
     transformers_model: bool = False,
+    sys_path: str | None = None,
+    spec_optimizer: bool = False,
 ) -> str:
     """Python source that sets up ``candidate``'s recipe on the user's model and trains.
 
     Args:
         candidate: the recommended candidate.
-        spec: the ``"module:function"`` factory (``--model``); file paths are loaded by path.
+        spec: the ``"module:function"`` factory (``--model``); file paths are loaded by path
+            (pass an absolute one for a script that runs from anywhere).
         backend: the ``torch.compile`` backend (written only when not ``"inductor"``).
         fullgraph: write ``fullgraph=True`` (the measured run had no graph break).
         steps_planned: the number of steps the loop runs.
         batch_size: the sampler's batch size for the bucket recipe.
         transformers_model: the model contains a transformers model: pin its loss first
             (``fix_loss_function``), as the recipe did.
+        sys_path: the directory the factory's module imports from
+            (``bench.portable_model_spec``); the snippet inserts it into ``sys.path``.
+        spec_optimizer: the factory returns its optimizer as a fourth item: the snippet trains
+            with it (compiled or fused as the candidate says) instead of ``Adam(lr=1e-4)``.
 
     Returns:
         The source; it defines ``model``, ``optimizer``, ``make_batch`` and ``train_step``, and
@@ -76,15 +85,32 @@ def make_snippet(
             lines.append(f"compile_regional(model, {full_kw})")
         else:
             lines += [f"compile_regional(model, nested=True, {full_kw})"]
-    if candidate.optimizer == "compiled":
-        imports.add("compile_optimizer")
-        lines.append(
-            f"optimizer = compile_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4){kw})"
-        )
-    elif candidate.optimizer == "fused":
-        lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)")
+    if spec_optimizer:  # the factory's own optimizer, as the measured run used it
+        if candidate.optimizer == "compiled":
+            imports.add("compile_optimizer")
+            lines.append(f"optimizer = compile_optimizer(optimizer{kw})  # its step compiled")
+        elif candidate.optimizer == "fused":
+            lines += [
+                "# your Adam/AdamW rebuilt with fused=True: same param groups and hyperparameters",
+                "optimizer = type(optimizer)(",
+                "    [{k: v for k, v in g.items() if k not in ('foreach', 'fused')}",
+                "     for g in optimizer.param_groups],",
+                "    fused=True,",
+                ")",
+            ]
     else:
-        lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)")
+        lines.append(
+            "# the optimizer tune measured; return yours from the factory to keep it (docs/tune.md)"
+        )
+        if candidate.optimizer == "compiled":
+            imports.add("compile_optimizer")
+            lines.append(
+                f"optimizer = compile_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4){kw})"
+            )
+        elif candidate.optimizer == "fused":
+            lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)")
+        else:
+            lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)")
     if candidate.restart:
         imports.add("compile_cache")
     head = ["import torch"]
@@ -99,11 +125,20 @@ def make_snippet(
             f"{function} = _module.{function}",
         ]
     else:
+        if sys_path is not None:
+            head += [
+                "import sys",
+                "",
+                f"_MODEL_DIR = {sys_path!r}  # where tune imported {module!r} from",
+                "if _MODEL_DIR not in sys.path:  # so this script runs from any directory",
+                "    sys.path.insert(0, _MODEL_DIR)",
+            ]
         head.append(f"from {module} import {function}")
+    unpack = "model, make_batch, _, optimizer" if spec_optimizer else "model, make_batch, *_"
     body = [
         "",
         f"# recipe chosen by `torchcompile-kit tune`: {candidate.name} ({candidate.description})",
-        f"model, make_batch, *_ = {function}()",
+        f"{unpack} = {function}()",
         *lines,
         "",
         "",

@@ -4,23 +4,25 @@ Each candidate runs from a true cold start in its own process (the bench's
 :func:`~torchcompile_kit.bench.run_recipe_isolated`: an empty inductor cache per run; the warm
 restarts load the cache their cold run saved). Within the budget:
 
-1. eager runs first: the baseline, and the estimate of what one run costs at least;
+1. the candidates run in the order :mod:`.candidates` sets from what is known before measuring:
+   eager first (the baseline, and the estimate of what one run costs at least), then the
+   cheapest compiles (``regional`` before ``full``), so a small budget goes to the most
+   promising ones;
 2. each compiled candidate runs with a time limit: the budget left, and once a candidate has been
    measured, the time after which it cannot win any more (still warming up when the best
    candidate so far has finished the whole planned run: *pruned*, with the reason);
-3. a measured candidate predicted cheaper than every eligible one so far is checked for
-   correctness at once (:mod:`.gate`), before the budget goes to the next measurement; at the
-   end the rest are checked, cheapest predicted total first, while the budget lasts; a
-   candidate that fails, or could not be checked, is never recommended;
-4. the cheapest eligible candidate is the recommendation, with the reason and a snippet.
+3. each compiled candidate is checked for correctness at the end of its own run, on the model
+   that run compiled (:mod:`.gate`): no second compile; a candidate that fails, or whose run did
+   not finish, is never recommended;
+4. the cheapest eligible candidate is the recommendation, with the reason and a snippet; when
+   the budget ran out before any compiled candidate finished, the reason says what budget would
+   (:mod:`.budget`).
 """
 
 from __future__ import annotations
 
 import datetime
-import math
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,28 +31,25 @@ from .._checks import check_positive_int
 from .._compat import package_version
 from ..bench import (
     PRESETS,
-    RECIPES,
     ModelSpec,
     ModelSpecError,
-    batch_stream,
-    build_captioner,
     load_model_spec,
     parse_model_spec,
+    portable_model_spec,
     spec_buckets,
 )
+from .budget import Budget, budget_shortfall
 from .candidates import CANDIDATES, Candidate, candidate_names
-from .gate import check_candidate
 from .ranking import rank_candidates
 from .report import bucket_notes, format_table, recommendation_reason, write_chart
 from .result import CandidateResult, TuneResult
-from .runs import OVERRIDES, measure_candidate, verify_run
+from .runs import RunPlan, measure_candidate, verify_run
 from .snippet import make_snippet
 
 __all__ = ["tune"]
 
 STEADY_S = 30.0
 """Default seconds of steady steps timed per candidate (see ``tune(steady_s=)``)."""
-_GATE_COST = 2.0  # a correctness check costs about this many times the candidate's compile
 
 
 def tune(
@@ -96,7 +95,9 @@ def tune(
         verify: afterwards run the recommendation for ``steps_planned`` steps in a fresh process
             and record predicted vs measured total (``TuneResult.verification``); outside the
             budget.
-        on_event: progress callback, ``{"event": "candidate", "name": ..., "status": ...}``.
+        on_event: progress callback, ``{"event": "candidate", "name": ..., "status": ...}``,
+            and ``{"event": "check", "name": ..., "status": "pass" | "fail"}`` after a compiled
+            candidate's run.
 
     Returns:
         The :class:`TuneResult` (ranked candidates, recommendation, reason, snippet).
@@ -120,53 +121,34 @@ def tune(
         raise ValueError(f"unknown candidate(s) {unknown!r}; choose from {candidate_names()!r}")
     spec = _spec_string(model)
     loaded = load_model_spec(spec) if spec is not None else None  # fails early, with the reason
-    started = time.perf_counter()
+    budget = Budget(budget_s=budget_s)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="tck-tune-"))
     out.mkdir(parents=True, exist_ok=True)
     backend = backend or "inductor"
     device = _device()
     emit = on_event or (lambda event: None)
-
-    def left() -> float:
-        return math.inf if budget_s is None else budget_s - (time.perf_counter() - started)
-
-    chosen = [c for c in CANDIDATES if c.name in names]
+    plan = RunPlan(
+        spec=spec,
+        preset=preset,
+        backend=backend,
+        device_type=device.type,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        steady_s=steady_s,
+        steps_planned=steps_planned,
+        warm_start=warm_start,
+        runs=out / "runs",
+    )
     by_name = {c.name: c for c in CANDIDATES}
-    gate = _Gate(by_name, spec, preset, backend, device, left, emit)
     results: list[CandidateResult] = []
-    for candidate in chosen:
-        measure_candidate(
-            candidate,
-            spec,
-            preset,
-            backend,
-            steps,
-            warmup_steps,
-            steady_s,
-            steps_planned,
-            warm_start,
-            out / "runs",
-            left,
-            emit,
-            results,
-        )
-        # a candidate that now leads is checked at once, before the budget goes to the others
-        gate.check_leaders(results, steps_planned, warm_start=warm_start)
-    rank_candidates(results, steps_planned, warm_start=warm_start)  # costs: the check order
-    gate.check_all(results)
+    for candidate in (c for c in CANDIDATES if c.name in names):
+        measure_candidate(candidate, plan, budget, emit, results)
     ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
+    shortfall = budget_shortfall(results, budget)
     result = TuneResult(
         recommendation=recommended.name if recommended else None,
-        reason=recommendation_reason(recommended, ranked, steps_planned),
-        snippet=_snippet(
-            recommended,
-            by_name,
-            spec,
-            backend,
-            steps_planned,
-            preset,
-            transformers_model=_is_transformers(loaded),
-        ),
+        reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
+        snippet=_snippet(recommended, by_name, plan, loaded),
         steps_planned=steps_planned,
         candidates=ranked,
         settings=_settings(
@@ -176,9 +158,9 @@ def tune(
     )
     if verify and recommended is not None:
         result.verification = verify_run(
-            recommended, by_name, spec, preset, backend, steps_planned, out / "verify"
+            recommended, by_name[recommended.name], plan, out / "verify"
         )
-    result.elapsed_s = time.perf_counter() - started
+    result.elapsed_s = budget.elapsed()
     if out_dir is not None:
         result.write_json(out / "tune.json")
         write_chart(result, out / "tune.png")
@@ -220,105 +202,6 @@ def _device() -> Any:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _model_and_batch(spec: str | None, preset: str, device: Any) -> Callable[[], tuple[Any, dict]]:
-    """A fresh ``(model, first batch)`` on ``device``, for the correctness gate."""
-
-    def build() -> tuple[Any, dict]:
-        if spec is None:
-            sizes = PRESETS[preset]
-            model = build_captioner(sizes)
-            captioner = ModelSpec(source=f"captioner:{preset}", model=model, make_batch=None)
-            batch = next(batch_stream(RECIPES["eager"], captioner, sizes, device)[0])
-        else:
-            loaded = load_model_spec(spec)
-            model, batch = loaded.model, loaded.make_batch(0)
-        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
-        return model.to(device), batch
-
-    return build
-
-
-# --- checking and ranking ------------------------------------------------------------------------
-
-
-class _Gate:
-    """The correctness checks of one ``tune``: each compiled code checked once, within the budget."""
-
-    def __init__(
-        self,
-        by_name: dict[str, Candidate],
-        spec: str | None,
-        preset: str,
-        backend: str,
-        device: Any,
-        left: Callable[[], float],
-        emit: Callable[[dict], None],
-    ) -> None:
-        self.by_name, self.backend, self.device = by_name, backend, device
-        self.left, self.emit = left, emit
-        self.build = _model_and_batch(spec, preset, device)
-        self.verdicts: dict[tuple[str, str], Any] = {}
-
-    def check_leaders(
-        self, results: list[CandidateResult], steps_planned: int, *, warm_start: bool
-    ) -> None:
-        """Check the unchecked candidates predicted cheaper than the current recommendation.
-
-        Cheapest first (the ranking's own costs and eligibility); stops at the first that
-        passes: it is then the one to beat.
-        """
-        _, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
-        best = recommended.predicted_total_s if recommended is not None else math.inf
-        for result in self._measured(results):
-            if result.verdict != "unchecked" or (result.restart and not warm_start):
-                continue
-            if result.predicted_total_s is None or result.predicted_total_s >= best:
-                break
-            if self.check(result) == "pass":
-                break
-
-    def check_all(self, results: list[CandidateResult]) -> None:
-        """Check every measured compiled candidate, cheapest predicted total first, while time lasts."""
-        for result in self._measured(results):
-            if result.verdict == "unchecked":
-                self.check(result)
-
-    def check(self, result: CandidateResult) -> str:
-        """Check one candidate (or reuse the verdict of its compiled code); its verdict."""
-        candidate = self.by_name[result.name]
-        key = (candidate.gate, candidate.optimizer)
-        if key not in self.verdicts:
-            need = _GATE_COST * (result.compile_s or 0.0)
-            if self.left() < need:
-                result.reason = (
-                    f"not checked: {max(self.left(), 0):.0f} s of budget left, the correctness "
-                    f"check needs ~{need:.0f} s; an unchecked candidate is never recommended"
-                )
-                return result.verdict
-            self.emit({"event": "check", "name": result.name, "status": "running"})
-            self.verdicts[key] = check_candidate(
-                candidate,
-                model_and_batch=self.build,
-                backend=self.backend,
-                overrides=OVERRIDES,
-                device=self.device,
-            )
-            result.gate_s = self.verdicts[key].seconds
-        verdict = self.verdicts[key]
-        result.verdict = "pass" if verdict.ok else "fail"
-        result.offending = verdict.offending
-        if result.reason and result.reason.startswith("not checked:"):
-            result.reason = None
-        if result.graph_breaks is None:
-            result.graph_breaks = verdict.graph_breaks
-        self.emit({"event": "check", "name": result.name, "status": result.verdict})
-        return result.verdict
-
-    def _measured(self, results: list[CandidateResult]) -> list[CandidateResult]:
-        measured = [r for r in results if r.status == "ok" and self.by_name[r.name].gate is not None]
-        return sorted(measured, key=lambda r: r.predicted_total_s or math.inf)
-
-
 # --- outputs -------------------------------------------------------------------------------------
 
 
@@ -332,23 +215,26 @@ def _is_transformers(loaded: ModelSpec | None) -> bool:
 def _snippet(
     chosen: CandidateResult | None,
     by_name: dict[str, Candidate],
-    spec: str | None,
-    backend: str,
-    steps_planned: int,
-    preset: str,
-    *,
-    transformers_model: bool,
+    plan: RunPlan,
+    loaded: ModelSpec | None,
 ) -> str:
     if chosen is None:
         return ""
+    # the snippet runs as a script from any directory: a file by its absolute path, a module
+    # with the sys.path entry it was imported from here
+    spec, sys_path = portable_model_spec(
+        plan.spec or "torchcompile_kit.tuning.examples:captioner_tiny"
+    )
     return make_snippet(
         by_name[chosen.name],
-        spec=spec or "torchcompile_kit.tuning.examples:captioner_tiny",
-        backend=backend,
+        spec=spec,
+        sys_path=sys_path,
+        backend=plan.backend,
         fullgraph=chosen.graph_breaks == 0,
-        steps_planned=steps_planned,
-        batch_size=PRESETS[preset].batch_size,
-        transformers_model=transformers_model,
+        steps_planned=plan.steps_planned,
+        batch_size=PRESETS[plan.preset].batch_size,
+        transformers_model=_is_transformers(loaded),
+        spec_optimizer=loaded is not None and loaded.optimizer is not None,
     )
 
 
