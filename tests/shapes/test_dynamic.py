@@ -59,6 +59,21 @@ def test_tiny_gpt2_trains_over_lengths_with_one_graph_set():
     assert counter.frame_count == frames
 
 
+@pytest.mark.parametrize("bounds", [{"max": 256}, {"min": 4}, {}], ids=["max only", "min only", "none"])
+def test_one_bound_alone_works_on_a_transformers_model(bounds):
+    """docs/shapes.md's `mark_dynamic_batch(first, 1, max=256)`: torch asserts ("not simple sympy
+    type None") when only one of min/max reaches it; the helper fills the other in."""
+    torch._dynamo.reset()
+    model = tiny_models.llama(n_layer=1)
+    counter = CompileCounterWithBackend("aot_eager")
+    model.compile(backend=counter)
+    model(**mark_dynamic_batch(_batch(2, 16), 1, **bounds)).loss.backward()
+    frames = counter.frame_count
+    for length in (9, 24):
+        model(**_batch(2, length)).loss.backward()
+    assert counter.frame_count == frames
+
+
 def test_size_one_dims_are_left_unmarked_with_a_warning():
     counter = CompileCounter()
     step = torch.compile(_summed, backend=counter)

@@ -8,6 +8,7 @@ buckets and compile one static graph per bucket up front (:func:`warmup_shapes`)
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
@@ -114,7 +115,14 @@ def mark_dynamic_batch(
                     f"{path} has size {size!r} at dim {dim}, outside [min={min!r}, max={max!r}]; "
                     "dynamo treats the range as a hard limit, so widen min/max (or pass None)"
                 )
-            _dynamo.mark_dynamic(tensor, dim % tensor.dim(), min=min, max=max)
+            # torch builds ValueRanges(lower=min, upper=max) and asserts on a None bound ("not
+            # simple sympy type None") when only one is given: the other takes dynamo's own
+            # assumption for a dynamic size (2 .. unbounded).
+            _dynamo.mark_dynamic(
+                tensor, dim % tensor.dim(),
+                min=None if min is None and max is None else (2 if min is None else min),
+                max=max if max is not None or min is None else sys.maxsize,
+            )
     if specialized:
         warnings.warn(
             f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
