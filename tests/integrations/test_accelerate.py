@@ -8,6 +8,12 @@ with ``python tests/integrations/test_accelerate.py``.
 from __future__ import annotations
 
 import copy
+import re
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import tiny_models
@@ -15,8 +21,9 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from integrations.spawn import run_on_ranks
+from integrations.spawn import free_port, run_on_ranks
 from torchcompile_kit import (
+    BatchShapeError,
     BucketBatchSampler,
     PadToBucketCollator,
     compile_optimizer,
@@ -135,7 +142,10 @@ def test_batch_sampler_shard_trusts_batch_size(batch_size):
     )
     assert sampler.batch_size is None
     sampler.batch_size = batch_size  # 4: what it said before, the largest batch size
-    shards = [list(BatchSamplerShard(sampler, num_processes=2, process_index=r)) for r in (0, 1)]
+    shards = []
+    for r in (0, 1):  # two processes simulated in one: each iterates epoch 0
+        sampler.set_epoch(0)
+        shards.append(list(BatchSamplerShard(sampler, num_processes=2, process_index=r)))
     counts = [len(shard) for shard in shards]
     samples = sorted(i for shard in shards for batch in shard for i in batch)
     if batch_size is None:
@@ -144,46 +154,151 @@ def test_batch_sampler_shard_trusts_batch_size(batch_size):
         assert counts[0] != counts[1] and len(samples) < 36
 
 
+def expected_shards(lengths, epoch, world, **kwargs) -> list[list[list[int]]]:
+    """Each rank's batches for ``epoch`` by the documented rule: the epoch's batch list (the same
+    on every rank) topped up with its first ``(-len) % world`` batches, batch i to rank i % world."""
+    whole = BucketBatchSampler(lengths, BUCKETS, num_replicas=1, rank=0, **kwargs)
+    whole.set_epoch(epoch)
+    batches = list(whole)
+    batches += batches[: -len(batches) % world]
+    return [batches[r::world] for r in range(world)]
+
+
+def loader_batches(loader) -> list[list[int]]:
+    return [batch["idx"].tolist() for batch in loader]
+
+
+def check_epochs(name, rank, world, make_loader, lengths, *, resume=True, **kwargs) -> None:
+    """Two epochs without a set_epoch call, then a mid-epoch resume in a fresh loader.
+
+    Each rank's batches are exactly the documented ones (so: every sample of the epoch seen,
+    only the top-up batches' samples twice, the same count on every rank), epochs differ, and
+    ``skip_first_batches`` continues with exactly the batches not yet seen.
+    """
+    from accelerate import skip_first_batches
+
+    loader, sampler = make_loader()
+    epochs = []
+    for epoch in range(2):
+        got = loader_batches(loader)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, got)
+        expected = expected_shards(lengths, epoch, world, **kwargs)
+        assert everyone == expected, (name, epoch, everyone, expected)
+        assert len({len(part) for part in everyone}) == 1
+        seen = Counter(i for part in everyone for batch in part for i in batch)
+        assert set(seen) == set(range(len(lengths))), name  # every sample of the epoch
+        whole = BucketBatchSampler(lengths, BUCKETS, num_replicas=1, rank=0, **kwargs)
+        whole.set_epoch(epoch)
+        batches = list(whole)
+        top_up = batches[: -len(batches) % world]  # the documented top-up: the first batches
+        assert len(top_up) == 1  # 39 batches: one repeated
+        twice = sorted(i for i, count in seen.items() if count == 2)
+        assert twice == sorted(top_up[0]) and max(seen.values()) == 2, name
+        assert sampler.epoch == epoch, (name, sampler.epoch)
+        epochs.append(got)
+    assert epochs[0] != epochs[1], name
+    if not resume:
+        return
+    # resume epoch 1 after 3 batches, as a restarted process would: a fresh sampler and loader
+    loader, sampler = make_loader()
+    loader.set_epoch(1)
+    rest = loader_batches(skip_first_batches(loader, 3))
+    assert rest == epochs[1][3:], (name, rank, rest, epochs[1])
+
+
 def accelerate_body(rank: int, world: int) -> None:
+    kwargs = {"batch_size": 16, "max_tokens": 128}  # sizes 16, 8, 4
+    rows, lengths = rows_and_lengths(205)  # 39 batches
+    collate = PadToBucketCollator(buckets=BUCKETS)
+    early = BucketBatchSampler(lengths, BUCKETS, **kwargs)  # before torch.distributed exists
     accelerator = accelerate.Accelerator(cpu=True)  # initializes the process group from the env
     assert accelerator.num_processes == world and dist.is_initialized()
+    assert early.num_replicas == world and early.batch_size is None  # resolved when used
     model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
     prepared = accelerator.prepare(model)
     assert accelerator.unwrap_model(prepared) is model
-    rows, lengths = rows_and_lengths(36)
-    collate = PadToBucketCollator(buckets=BUCKETS)
-    whole = BucketBatchSampler(
-        lengths, BUCKETS, batch_size=4, max_tokens=64, num_replicas=1, rank=0
-    )
-    assert len(whole) % world == 0  # so "exactly once" holds (else a top-up repeats a batch)
+    whole = BucketBatchSampler(lengths, BUCKETS, num_replicas=1, rank=0, **kwargs)
+    assert len(whole) % world == 1  # odd: the top-up repeats one batch
 
-    for who in ("sampler", "accelerate"):
-        if who == "sampler":
-            sampler = BucketBatchSampler(lengths, BUCKETS, batch_size=4, max_tokens=64)
-            assert sampler.num_replicas == world  # read from torch.distributed
-        else:
-            sampler = BucketBatchSampler(
-                lengths, BUCKETS, batch_size=4, max_tokens=64, num_replicas=1, rank=0
+    def plain(sampler_kwargs=None):
+        def make():
+            sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs, **(sampler_kwargs or {}))
+            loader = accelerator.prepare(
+                torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
             )
-        loader = prepare_bucket_dataloader(accelerator, rows, sampler=sampler, collate_fn=collate)
-        for epoch in range(2):
-            seen, batches = [], 0
-            for batch in loader:
-                seen.extend(batch.pop("idx").tolist())
-                batches += 1
-                if epoch == 0 and batches <= 2:  # a DDP step: would hang on unequal counts
-                    accelerator.backward(prepared(**batch).loss)
-            everyone = [None] * world
-            dist.all_gather_object(everyone, (batches, seen))
-            assert len({count for count, _ in everyone}) == 1, (who, everyone)
-            flat = sorted(i for _, part in everyone for i in part)
-            assert flat == list(range(len(rows))), (who, epoch, flat)
-            assert sampler.epoch == epoch
+            assert len(loader) == (len(whole) + 1) // world
+            return loader, sampler
+        return make
+
+    def helper():
+        sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+        return prepare_bucket_dataloader(
+            accelerator, rows, sampler=sampler, collate_fn=collate
+        ), sampler
+
+    def by_hand():  # DDP by hand: a plain DataLoader, the sampler deals by torch.distributed
+        sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+        loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
+        return loader, sampler
+
+    check_epochs("accelerator.prepare", rank, world, plain(), lengths, **kwargs)
+    check_epochs("accelerate deals (num_replicas=1)", rank, world,
+                 plain({"num_replicas": 1, "rank": 0}), lengths, resume=False, **kwargs)
+    check_epochs("prepare_bucket_dataloader", rank, world, helper, lengths, **kwargs)
+    check_epochs("DDP by hand", rank, world, by_hand, lengths, resume=False, **kwargs)
+    # DDP by hand resumes with set_epoch and by skipping the batches already trained on
+    loader, sampler = by_hand()
+    first = [loader_batches(loader) for _ in range(2)]
+    sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+    sampler.set_epoch(1)
+    assert list(sampler)[3:] == first[1][3:]
+
+    # a DDP step per batch: would hang if the ranks' batch counts differed
+    loader, _ = plain()()
+    for batch in loader:
+        batch.pop("idx")
+        accelerator.backward(prepared(**batch).loss)
+
+    # a sampler built for another number of processes is refused, not silently double-dealt
+    wrong = BucketBatchSampler(lengths, BUCKETS, num_replicas=4, rank=rank, **kwargs)
+    loader = accelerator.prepare(
+        torch.utils.data.DataLoader(rows, batch_sampler=wrong, collate_fn=collate)
+    )
+    with pytest.raises(BatchShapeError, match="num_replicas=4"):
+        next(iter(loader))
 
 
 @pytest.mark.distributed
-def test_accelerate_two_processes_each_sample_once_equal_batches():
+def test_bucket_sampler_shards_once_on_every_path_two_processes():
+    """plain accelerator.prepare, prepare_bucket_dataloader, accelerate dealing, DDP by hand."""
     run_on_ranks(accelerate_body, init_process_group=False)
+
+
+LAUNCH = re.compile(r"^# (?P<command>accelerate launch .+\.py)\s*$", re.MULTILINE)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_docs_accelerate_launch_command_starts_two_cpu_processes(tmp_path):
+    """The `# accelerate launch ...` example of docs/integrations.md, run with that command."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if LAUNCH.match(b)
+    )
+    argv = shlex.split(LAUNCH.match(block)["command"])
+    (tmp_path / argv[-1]).write_text(block)
+    launcher = str(Path(sys.executable).parent / "accelerate")
+    command = [launcher, "launch", "--main_process_port", str(free_port()), *argv[2:]]
+    result = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-6000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("process "))
+    assert [line.split(":")[0] for line in lines] == ["process 0 of 2", "process 1 of 2"], (
+        result.stdout
+    )
+    assert len({line.split(":")[1] for line in lines}) == 1  # the same batch count
 
 
 def measure_regional_contrast(steps: int = 6) -> dict[str, dict[str, object]]:

@@ -167,3 +167,80 @@ def test_trainer_fused_default_optimizer_names_the_fix(tmp_path):
     )
     with pytest.raises(UnsupportedOptimizerError, match='optim="adamw_torch"'):
         trainer.create_optimizer()
+
+
+def test_trainer_compiles_the_optimizer_by_default_and_says_so(tmp_path, caplog):
+    model = tiny_models.gpt2()
+    args = training_args(tmp_path)  # optim="sgd": compilable
+    trainer = CompileTrainer(model=model, args=args, train_dataset=lm_dataset()[0])
+    with caplog.at_level("INFO", logger="torchcompile_kit.integrations.trainer"):
+        optimizer = trainer.create_optimizer()
+    assert hasattr(optimizer.step, "_torchcompile_kit_impl")  # compiled, with the defaults
+    assert "compiled the SGD optimizer" in caplog.text
+    eager = CompileTrainer(
+        model=tiny_models.gpt2(), args=args, train_dataset=lm_dataset()[0],
+        compile_optimizer_kwargs=False,
+    )
+    assert not hasattr(eager.create_optimizer().step, "_torchcompile_kit_impl")
+
+
+def test_trainer_default_keeps_an_uncompilable_optimizer_eager_with_a_warning(tmp_path):
+    args = training_args(tmp_path, optim="adamw_torch_fused")  # Trainer's own default
+    trainer = CompileTrainer(
+        model=tiny_models.gpt2(), args=args, train_dataset=lm_dataset()[0]
+    )
+    with pytest.warns(UserWarning, match=r'kept the AdamW optimizer eager.*optim="adamw_torch"'):
+        optimizer = trainer.create_optimizer()
+    assert not hasattr(optimizer.step, "_torchcompile_kit_impl")
+    with pytest.raises(TypeError, match="compile_optimizer_kwargs"):
+        CompileTrainer(model=tiny_models.gpt2(), args=args, compile_optimizer_kwargs=True)
+
+
+def trainer_body(rank: int, world: int, out: str) -> None:
+    """CompileTrainer on 2 processes: each rank's batches per epoch, and after a mid-epoch resume."""
+    import torch.distributed as dist
+
+    from integrations.test_accelerate import expected_shards
+
+    rows, lengths = lm_dataset(61)
+    for i, row in enumerate(rows):
+        row["idx"] = i
+    kwargs = {"batch_size": 4, "max_tokens": 64, "seed": 1}
+    pad = PadToBucketCollator(buckets=BUCKETS)
+    seen: list[list[int]] = []
+
+    def collate(features):  # records the batch, then pads it (the model takes no idx)
+        seen.append([f["idx"] for f in features])
+        return pad([{k: v for k, v in f.items() if k not in ("idx", "text")} for f in features])
+
+    def run(resume_from=None, save_steps=1000):
+        args = training_args(
+            Path(out), remove_unused_columns=False, save_strategy="steps", save_steps=save_steps,
+            logging_steps=1000, learning_rate=0.01,
+        )
+        trainer = CompileTrainer(
+            model=tiny_models.gpt2(), args=args, train_dataset=rows, data_collator=collate,
+            train_batch_sampler=BucketBatchSampler(lengths, BUCKETS, **kwargs),
+            compile_optimizer_kwargs=False, compile_monitor=False,
+        )
+        trainer.train(resume_from_checkpoint=resume_from)
+        return trainer
+
+    expected = [expected_shards(lengths, epoch, world, **kwargs) for epoch in range(2)]
+    per_epoch = len(expected[0][0])
+    run(save_steps=per_epoch + 3)  # a checkpoint 3 batches into epoch 1
+    assert seen == expected[0][rank] + expected[1][rank], (rank, seen)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, len(seen))
+    assert everyone == [2 * per_epoch] * world
+    assert expected[0] != expected[1]
+    seen.clear()
+    run(resume_from=f"{out}/checkpoint-{per_epoch + 3}")
+    assert seen == expected[1][rank][3:], (rank, seen)  # exactly the batches not trained on
+
+
+@pytest.mark.distributed
+def test_trainer_bucket_sampler_shards_once_and_resumes_two_processes(tmp_path):
+    from integrations.spawn import run_on_ranks
+
+    run_on_ranks(trainer_body, str(tmp_path), init_process_group=False)

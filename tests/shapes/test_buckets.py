@@ -583,3 +583,39 @@ def test_training_over_the_seed_mix_compiles_one_graph_set_per_bucket():
     assert counter.frame_count == after_warmup  # 0 recompiles
     assert len(seen) >= 2 and len(seen) <= len(buckets)
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_sampler_advances_its_epoch_unless_set_epoch_was_called():
+    lengths = seed_lengths(300)
+    buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
+    sampler = BucketBatchSampler(lengths, buckets, 8, seed=2)
+    epochs = [list(sampler) for _ in range(3)]  # no set_epoch: 0, 1, 2
+    for epoch, batches in enumerate(epochs):
+        pinned = BucketBatchSampler(lengths, buckets, 8, seed=2)
+        pinned.set_epoch(epoch)
+        assert list(pinned) == batches
+    assert epochs[0] != epochs[1] != epochs[2]
+    sampler.set_epoch(1)
+    assert list(sampler) == epochs[1] and sampler.epoch == 1
+    sampler.sampler.set_epoch(0)  # accelerate's DataLoaderShard.set_epoch path
+    assert list(sampler) == epochs[0]
+
+
+def test_sampler_deals_once_inside_accelerates_batch_sampler_shard():
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    lengths = seed_lengths(205)
+    buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
+    sampler = BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1)
+    shards = [data_loader.BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in (0, 1)]
+    got = []
+    for shard in shards:
+        sampler.set_epoch(0)
+        got.append(list(shard))
+    own = [BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1, num_replicas=2, rank=r)
+           for r in (0, 1)]
+    assert got == [list(s) for s in own]  # the same batches as the sampler dealing itself
+    assert [len(s) for s in shards] == [len(s) for s in own]
+    assert sorted({i for part in got for b in part for i in b}) == list(range(205))
+    wrong = BucketBatchSampler(lengths, buckets, 16, num_replicas=4, rank=0)
+    with pytest.raises(ValueError, match="num_replicas=4"):
+        len(data_loader.BatchSamplerShard(wrong, num_processes=2, process_index=0))

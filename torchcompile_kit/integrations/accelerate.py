@@ -2,12 +2,14 @@
 
 ``accelerator.prepare(compile_regional(model))`` needs nothing from here: accelerate keeps the
 same object (blocks compiled in place), ``save_state``/``load_state`` round-trip and the keys
-stay clean. The data loader is the trap. ``prepare`` wraps a batch sampler in
-``BatchSamplerShard``, which deals the batches out to the processes by trusting ``.batch_size``;
-:class:`~torchcompile_kit.BucketBatchSampler` can shard by itself too (``num_replicas``), and
-when both shard, each of 2 ranks sees a quarter of the data. :func:`prepare_bucket_dataloader`
-lets exactly one of them shard: the sampler when it was built for all processes (the default
-once ``Accelerator()`` initialized ``torch.distributed``), else accelerate.
+stay clean. The data loader was the trap: ``prepare`` wraps a batch sampler in
+``BatchSamplerShard``, which deals the batches out to the processes, and
+:class:`~torchcompile_kit.BucketBatchSampler` deals them out by itself too (``num_replicas``);
+when both did, each of 2 ranks saw a quarter of the data. The sampler now notices the wrapper
+and leaves the dealing to it, so the plain ``accelerator.prepare(DataLoader(ds,
+batch_sampler=sampler))`` shards exactly once. :func:`prepare_bucket_dataloader` adds argument
+checks and a ``set_epoch`` on accelerate's wrapper (for code that calls it there, as
+transformers' Trainer does when it resumes).
 """
 
 from __future__ import annotations
@@ -32,19 +34,15 @@ def prepare_bucket_dataloader(
 ) -> Any:
     """``accelerator.prepare`` a ``DataLoader`` over a bucket sampler, sharded exactly once.
 
-    Every rank gets the same number of batches (no rank waits in an all-reduce the others never
-    reach). ``loader.set_epoch(epoch)`` (which accelerate also calls each time the loader is
-    iterated) reaches the sampler on any number of processes.
-
-    Who shards:
-
-    * ``sampler.num_replicas == accelerator.num_processes`` (> 1): the sampler deals the batches
-      out; accelerate's ``BatchSamplerShard`` is made a pass-through, as transformers' Trainer
-      does for its own ``BatchRebalanceSampler``.
-    * ``sampler.num_replicas == 1``: accelerate shards. It takes the sampler's ``batch_size``,
-      which is ``None`` whenever batch sizes vary (``max_tokens``, a partial batch), so no batch
-      is dropped; a batch count that is not a multiple of the processes is topped up with the
-      first batches (``drop_last=False``) or cut (``drop_last=True``).
+    The same loader as ``accelerator.prepare(DataLoader(dataset, batch_sampler=sampler, ...))``
+    (which is also sharded exactly once: accelerate's ``BatchSamplerShard`` deals the batches
+    out, the sampler yields it the whole epoch, see
+    :class:`~torchcompile_kit.BucketBatchSampler`), plus two things: arguments the sampler
+    decides are refused, and the ``BatchSamplerShard`` gets a ``set_epoch`` reaching the
+    sampler (transformers' Trainer calls it there when it resumes through
+    ``skip_first_batches``). Every rank gets the same number of batches (no rank waits in an
+    all-reduce the others never reach); ``loader.set_epoch(epoch)``, which accelerate also calls
+    at each iteration, reaches the sampler.
 
     Args:
         accelerator: the ``accelerate.Accelerator``.
@@ -81,7 +79,7 @@ def prepare_bucket_dataloader(
 
 
 def check_sharding(sampler: BucketBatchSampler, num_processes: int) -> None:
-    """Raise unless ``sampler`` shards for all processes or leaves sharding to accelerate."""
+    """Raise unless ``sampler`` was built for all processes or for one (``num_replicas=1``)."""
     if sampler.num_replicas not in (1, num_processes):
         raise BatchShapeError(
             f"the BucketBatchSampler was built for num_replicas={sampler.num_replicas!r} but "
@@ -92,10 +90,13 @@ def check_sharding(sampler: BucketBatchSampler, num_processes: int) -> None:
 
 
 def shard_once(loader: Any, sampler: BucketBatchSampler) -> Any:
-    """After ``accelerator.prepare``: neutralise accelerate's sharding if the sampler shards.
+    """After ``accelerator.prepare``: give accelerate's wrapper a ``set_epoch`` reaching the sampler.
 
-    Also gives accelerate's wrapper a ``set_epoch`` that reaches the sampler: ``DataLoaderShard``
-    forwards ``set_epoch`` only to a batch sampler that has one, and ``BatchSamplerShard`` has none.
+    The sharding needs nothing (the sampler yields the whole epoch to ``BatchSamplerShard``,
+    which deals it out once). ``BatchSamplerShard`` has no ``set_epoch``; ``DataLoaderShard``
+    reaches the sampler through ``sampler.sampler``, but behind ``skip_first_batches``'
+    ``SkipBatchSampler`` it cannot, and transformers' Trainer then calls ``set_epoch`` on the
+    ``BatchSamplerShard`` itself.
     """
     wrapper = getattr(loader, "batch_sampler", None)
     if (
@@ -104,8 +105,5 @@ def shard_once(loader: Any, sampler: BucketBatchSampler) -> Any:
         or getattr(wrapper, "batch_sampler", None) is not sampler
     ):
         return loader
-    if sampler.num_replicas > 1:
-        wrapper.num_processes = 1
-        wrapper.process_index = 0
     wrapper.set_epoch = sampler.set_epoch
     return loader

@@ -10,7 +10,8 @@ this adds is a mixin, :class:`CompileTrainerMixin` (``CompileTrainer`` is the mi
   exactly once under several processes. Returning a batch sampler from ``_get_train_sampler``
   crashes (Trainer passes it as ``sampler=``), and ``group_by_length`` is gone in transformers 5;
 * the optimizer (``create_optimizer``): :func:`~torchcompile_kit.compile_optimizer` on Trainer's
-  own optimizer, driven by Trainer's own scheduler;
+  own optimizer (by default; ``compile_optimizer_kwargs=False`` opts out), driven by Trainer's
+  own scheduler;
 * the compile figures (``log``): ``Trainer.log`` appends to ``log_history`` and then calls every
   callback, ``report_to`` integrations first, so keys added in a callback's ``on_log`` reach
   neither; overriding ``log`` reaches every consumer;
@@ -21,11 +22,13 @@ this adds is a mixin, :class:`CompileTrainerMixin` (``CompileTrainer`` is the mi
 from __future__ import annotations
 
 import functools
-from typing import Any
+import logging
+import warnings
+from typing import Any, Literal
 
 from .. import _dynamo
 from ..diagnostics import CompileMonitor
-from ..errors import BatchShapeError
+from ..errors import BatchShapeError, UnsupportedOptimizerError
 from ..optim import compile_optimizer
 from ..regional import get_regional_plan
 from ..shapes import BucketBatchSampler
@@ -34,6 +37,7 @@ from .accelerate import check_sharding, shard_once
 __all__ = ["CompileTrainerMixin"]  # and CompileTrainer, built on first access (__getattr__)
 
 _LOG_PREFIX = "compile/"
+logger = logging.getLogger(__name__)
 
 
 class CompileTrainerMixin:
@@ -42,13 +46,17 @@ class CompileTrainerMixin:
     Args:
         *args: passed to ``Trainer``.
         train_batch_sampler: a :class:`~torchcompile_kit.BucketBatchSampler` over
-            ``train_dataset`` (build it after ``TrainingArguments`` so ``num_replicas=None``
-            sees the processes); pair it with ``data_collator=PadToBucketCollator(...)``.
+            ``train_dataset`` (``num_replicas=None``, the default: it shards exactly once on
+            any number of processes); pair it with ``data_collator=PadToBucketCollator(...)``.
             ``None``: Trainer's own loader.
-        compile_optimizer_kwargs: ``None`` leaves the optimizer alone; a dict (``{}`` or
-            ``{"backend": "inductor"}``) compiles Trainer's optimizer with
-            :func:`~torchcompile_kit.compile_optimizer` (needs ``optim="adamw_torch"``: the
-            default ``adamw_torch_fused`` is already one kernel).
+        compile_optimizer_kwargs: how Trainer's optimizer is compiled with
+            :func:`~torchcompile_kit.compile_optimizer` (logged at INFO, naming the optimizer).
+            ``None`` (default): with ``{}`` (inductor) when the optimizer can be compiled; one
+            that cannot (Trainer's default ``optim="adamw_torch_fused"``: a fused step is
+            already one kernel; ``"adamw_torch"``, ``"sgd"`` can be compiled) stays eager, with
+            a warning saying so and naming the fix. A dict (``{"backend": "aot_eager"}``):
+            compile with it, and raise if the optimizer cannot be compiled. ``False``: leave
+            the optimizer eager.
         compile_monitor: log ``compile/graphs``, ``compile/recompiles``, ... (the figures of
             ``torchcompile_kit.diagnostics.CompileMonitor``, counted while ``train`` runs) with
             every log; ``False`` to skip.
@@ -58,13 +66,14 @@ class CompileTrainerMixin:
         ValueError: ``args.torch_compile`` is set and the model is regionally compiled.
         BatchShapeError: ``train_batch_sampler`` is not a ``BucketBatchSampler`` or was built
             for another number of processes.
+        TypeError: ``compile_optimizer_kwargs`` is not a dict, ``None`` or ``False``.
 
     Example:
         >>> class MyTrainer(CompileTrainerMixin, Trainer): ...  # doctest: +SKIP
         >>> trainer = CompileTrainer(model=compile_regional(model), args=args,
         ...     train_dataset=ds, data_collator=PadToBucketCollator(buckets=buckets),
         ...     train_batch_sampler=BucketBatchSampler(lengths, buckets, batch_size=8),
-        ...     compile_optimizer_kwargs={})  # doctest: +SKIP
+        ... )  # doctest: +SKIP
         >>> trainer.train()  # doctest: +SKIP
     """
 
@@ -72,7 +81,7 @@ class CompileTrainerMixin:
         self,
         *args: Any,
         train_batch_sampler: BucketBatchSampler | None = None,
-        compile_optimizer_kwargs: dict[str, Any] | None = None,
+        compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
         compile_monitor: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -87,6 +96,12 @@ class CompileTrainerMixin:
                 )
             check_sharding(train_batch_sampler, self.args.world_size)
         self.train_batch_sampler = train_batch_sampler
+        if compile_optimizer_kwargs is not None and compile_optimizer_kwargs is not False:
+            if not isinstance(compile_optimizer_kwargs, dict):
+                raise TypeError(
+                    f"compile_optimizer_kwargs must be a dict, None (compile if possible) or "
+                    f"False (keep the optimizer eager), got {compile_optimizer_kwargs!r}"
+                )
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
         self._monitor = CompileMonitor() if compile_monitor else None
@@ -136,19 +151,38 @@ class CompileTrainerMixin:
     # -- optimizer -------------------------------------------------------------------------
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's optimizer, compiled with ``compile_optimizer_kwargs`` (once).
+        """Trainer's optimizer, compiled (once) unless ``compile_optimizer_kwargs=False``.
 
         Returns:
             The optimizer (the same object Trainer built).
 
         Raises:
-            UnsupportedOptimizerError: the optimizer cannot be compiled (the message names the
-                ``TrainingArguments(optim=...)`` fix).
+            UnsupportedOptimizerError: ``compile_optimizer_kwargs`` is a dict and the optimizer
+                cannot be compiled (the message names the ``TrainingArguments(optim=...)``
+                fix). With the default (``None``) such an optimizer stays eager, with a warning.
         """
         optimizer = super().create_optimizer(*args, **kwargs)
-        if self.compile_optimizer_kwargs is not None and optimizer is not self._compiled_optimizer:
-            compile_optimizer(optimizer, **self.compile_optimizer_kwargs)
-            self._compiled_optimizer = optimizer
+        options = self.compile_optimizer_kwargs
+        if options is False or optimizer is self._compiled_optimizer:
+            return optimizer
+        name = type(getattr(optimizer, "optimizer", optimizer)).__name__
+        try:
+            compile_optimizer(optimizer, **({} if options is None else options))
+        except UnsupportedOptimizerError as err:
+            if options is not None:
+                raise
+            warnings.warn(
+                f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
+                "compile_optimizer_kwargs=False to keep it eager without this warning)",
+                stacklevel=2,
+            )
+            return optimizer
+        logger.info(
+            "CompileTrainer compiled the %s optimizer with compile_optimizer(%s)",
+            name,
+            ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()),
+        )
+        self._compiled_optimizer = optimizer
         return optimizer
 
     # -- observation -----------------------------------------------------------------------

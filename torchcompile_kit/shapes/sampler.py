@@ -7,7 +7,10 @@ its own bucket (14% at 8 buckets on the same mix, see docs/shapes.md).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any
 
 import torch
 
@@ -31,10 +34,34 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     shape for :func:`~torchcompile_kit.warmup_shapes`. (Why carry: a partial batch per bucket
     would double the shapes, and 2 × 8 exceeds dynamo's ``recompile_limit`` of 8.)
 
-    Under DDP (``num_replicas > 1``) the epoch's batch list, identical on every rank, is dealt out
-    round-robin; every rank gets the same number of batches: with ``drop_last=False`` the list is
-    topped up by repeating its first batches (as ``DistributedSampler`` repeats samples), with
-    ``drop_last=True`` the surplus batches are dropped, which keeps the shards disjoint.
+    **Epochs.** The order of an iteration is drawn from ``seed + epoch``. :meth:`set_epoch` sets
+    the epoch of the next iteration; an iteration that no ``set_epoch`` call preceded uses the
+    epoch after the previous iteration's, so a loop that never calls ``set_epoch`` still gets a
+    new order each epoch (``torch``'s ``DistributedSampler`` repeats epoch 0 instead). Under
+    accelerate, ``DataLoaderShard`` calls ``set_epoch(loader.iteration)`` at every iteration and
+    reaches this sampler (through :attr:`sampler`), so there the epoch is accelerate's count.
+
+    **Sharding: exactly once, whoever deals.** Each epoch's batch list is the same on every rank.
+    With ``P`` parts it is first made a multiple of ``P`` long: with ``drop_last=False`` its first
+    ``(-len) % P`` batches are appended again (at most ``P - 1`` batches; the samples in them are
+    seen twice that epoch, every other sample exactly once), with ``drop_last=True`` its last
+    ``len % P`` batches are left out (their samples are not seen that epoch; the shards are
+    disjoint). Rank ``r`` then gets batches ``r, r + P, r + 2P, ...``: every rank the same
+    number. Who deals them out:
+
+    * this sampler, when iterated directly (DDP by hand, a plain ``DataLoader``): ``P`` is
+      ``num_replicas`` and the sampler yields rank ``rank``'s batches;
+    * accelerate, when ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))`` wrapped it
+      in ``BatchSamplerShard`` (which deals batch ``i`` to process ``i % num_processes``): the
+      sampler sees that the wrapper is what iterates (or measures) it and yields the whole
+      list, made a multiple of ``P = num_processes`` as above, so accelerate deals it out once
+      and adds no top-up of its own. (With ``Accelerator(split_batches=True)`` accelerate
+      splits every batch instead: the whole list is yielded as is.) The ranks' batches are the
+      same either way (were both to deal, each of 2 ranks would see a quarter of the data).
+
+    Resuming mid-epoch: set the epoch (``loader.set_epoch(epoch)`` or
+    ``sampler.set_epoch(epoch)``), then skip the batches already trained on (accelerate's
+    ``skip_first_batches(loader, n)``): the rest of the epoch is exactly the batches not seen.
 
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
@@ -45,19 +72,20 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
         seed: base seed; the epoch's order is drawn from ``seed + epoch`` (see :meth:`set_epoch`).
-        num_replicas: number of DDP ranks; ``None`` reads ``torch.distributed`` when initialized,
-            else 1. Exactly one party may shard: this sampler (``num_replicas`` = world size) or
-            ``accelerate`` (``num_replicas=1, rank=0``; its ``BatchSamplerShard`` deals the
-            batches out), never both, or each rank sees a quarter of the data on 2 ranks.
-            ``torchcompile_kit.integrations`` (``prepare_bucket_dataloader``,
-            ``CompileTrainer``) check this and make accelerate's wrapper a pass-through when
-            the sampler shards.
-        rank: this process's rank; ``None`` reads ``torch.distributed`` when initialized, else 0.
+        num_replicas: number of ranks this sampler deals to when iterated directly; ``None``
+            reads ``torch.distributed`` at each iteration (so the sampler may be built before
+            ``init_process_group``/``Accelerator()``), 1 when it is not initialized. Under
+            accelerate's ``BatchSamplerShard`` accelerate deals (see above); an explicit
+            ``num_replicas`` other than 1 or accelerate's ``num_processes`` then raises.
+        rank: this process's rank; ``None`` reads ``torch.distributed`` like ``num_replicas``.
         max_tokens: a token budget: bucket ``b`` gets batches of
             ``min(batch_size, max(1, max_tokens // b))`` samples, so ``batch × length`` stays near
             constant while the number of shapes stays one per bucket.
 
     Attributes:
+        sampler: what accelerate's ``DataLoaderShard.set_epoch`` calls ``set_epoch`` on when
+            this sampler sits inside its ``BatchSamplerShard`` (``batch_sampler.batch_sampler
+            .sampler``); it forwards to :meth:`set_epoch`. Not an index sampler.
         batch_size: the size of every batch when all are equal, else ``None`` (``max_tokens``,
             or a partial batch): accelerate shards by it and must not trust a varying one.
         batch_sizes: the batch size of each bucket.
@@ -65,6 +93,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     Raises:
         SequenceTooLongError: a length exceeds the last bucket.
         ValueError: empty or non-positive lengths, bad buckets, sizes or rank.
+        BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with the
+            ``BatchSamplerShard`` of accelerate that wraps the sampler.
 
     Example:
         >>> lengths = [5, 6, 30, 31, 7, 29]
@@ -104,11 +134,14 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             self._bucket_of.append(self.buckets.index(bucket))
             self._members[self._bucket_of[-1]].append(index)
         self.batch_sizes = batch_sizes_for(self.buckets, batch_size, max_tokens)
-        self.num_replicas, self.rank = _resolve_replicas(num_replicas, rank)
+        _resolve_replicas(num_replicas, rank)  # check explicit values now
+        self._num_replicas, self._rank = num_replicas, rank
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
         self.epoch = 0
+        self._epoch_used = False  # an iteration drew from `epoch` since set_epoch
+        self.sampler = _EpochRelay(self)
         # `batch_size` means "every batch but the last has this size" to torch's BatchSampler and
         # to accelerate's BatchSamplerShard, which shards by it and silently drops batches of
         # another size (half the samples, unequal batch counts per rank: a DDP hang). Ours vary
@@ -117,8 +150,22 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         sizes = {len(batch) for batch in self._global_batches(None)}
         self.batch_size: int | None = sizes.pop() if len(sizes) == 1 else None
 
+    @property
+    def num_replicas(self) -> int:
+        """The number of ranks (given, or ``torch.distributed``'s world size now, else 1)."""
+        return _resolve_replicas(self._num_replicas, self._rank)[0]
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (given, or ``torch.distributed``'s rank now, else 0)."""
+        return _resolve_replicas(self._num_replicas, self._rank)[1]
+
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next iteration's order from ``seed + epoch`` (call before each epoch).
+        """Draw the next iteration's order from ``seed + epoch``.
+
+        Optional: without it each iteration uses the epoch after the previous one (the first
+        uses 0). Call it to resume (``set_epoch(epoch)`` before skipping the trained batches) or
+        to pin the order; accelerate's prepared loader calls it at every iteration.
 
         Args:
             epoch: the epoch number; the same ``(seed, epoch)`` gives the same batches.
@@ -128,6 +175,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             >>> sampler.set_epoch(1)
         """
         self.epoch = epoch
+        self._epoch_used = False
 
     def _global_batches(self, generator: torch.Generator | None) -> list[list[int]]:
         """Every batch of the epoch, on every rank alike (before sharding).
@@ -159,25 +207,50 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator)]
         return batches
 
-    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
-        if self.num_replicas == 1:
-            return batches
-        if self.drop_last:
-            batches = batches[: len(batches) - len(batches) % self.num_replicas]
-        else:
-            missing = -len(batches) % self.num_replicas
-            batches = batches + (batches * (missing // max(len(batches), 1) + 1))[:missing]
-        return batches[self.rank :: self.num_replicas]
+    def _parts(self, caller: FrameType | None) -> tuple[int, int | None]:
+        """``(P, rank)`` to deal to, ``rank=None``: the whole list (accelerate deals it out)."""
+        wrapper = _accelerate_wrapper(self, caller)
+        if wrapper is None:
+            return self.num_replicas, self.rank
+        if wrapper.split_batches:  # accelerate splits each batch across the processes
+            return 1, None
+        processes = wrapper.num_processes
+        if self._num_replicas not in (None, 1, processes) or (
+            self._num_replicas == processes and self._rank not in (None, wrapper.process_index)
+        ):
+            raise BatchShapeError(
+                f"BucketBatchSampler(num_replicas={self._num_replicas!r}, rank={self._rank!r}) "
+                f"is dealt out by accelerate to process {wrapper.process_index!r} of "
+                f"{processes!r}; build it with num_replicas=None, rank=None (accelerate deals "
+                "the batches, each once)"
+            )
+        return processes, None
+
+    def _deal(self, batches: list[list[int]], parts: int, rank: int | None) -> list[list[int]]:
+        """Make ``batches`` a multiple of ``parts`` long (top-up or cut), then take a rank's."""
+        if parts > 1:
+            if self.drop_last:
+                batches = batches[: len(batches) - len(batches) % parts]
+            else:
+                missing = -len(batches) % parts
+                batches = batches + (batches * (missing // max(len(batches), 1) + 1))[:missing]
+        return batches if rank is None else batches[rank::parts]
 
     def __iter__(self) -> Iterator[list[int]]:
+        # not a generator: the caller (accelerate's BatchSamplerShard or not) is the frame below
+        parts, rank = self._parts(sys._getframe(1))
+        if self._epoch_used:  # no set_epoch since the last iteration: the next epoch
+            self.epoch += 1
+        self._epoch_used = True
         generator = None
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from self._shard(self._global_batches(generator))
+        return iter(self._deal(self._global_batches(generator), parts, rank))
 
     def __len__(self) -> int:
         # the batch count depends only on the bucket sizes, not on the shuffle
-        return len(self._shard(self._global_batches(None)))
+        parts, rank = self._parts(sys._getframe(1))
+        return len(self._deal(self._global_batches(None), parts, rank))
 
     def warmup_indices(self) -> list[list[int]]:
         """One batch of real indices for each distinct batch shape this sampler yields.
@@ -220,6 +293,45 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             f"shuffle={self.shuffle!r}, drop_last={self.drop_last!r}, seed={self.seed!r}, "
             f"num_replicas={self.num_replicas!r}, rank={self.rank!r})"
         )
+
+
+class _EpochRelay:
+    """``BucketBatchSampler.sampler``: where accelerate's ``set_epoch`` looks, forwarding it."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: BucketBatchSampler) -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return f"<set_epoch relay of {type(self._owner).__name__}>"
+
+
+def _accelerate_wrapper(sampler: BucketBatchSampler, caller: FrameType | None) -> Any | None:
+    """accelerate's ``BatchSamplerShard`` when it is what iterates (or measures) ``sampler``.
+
+    accelerate deals the batches of any batch sampler it prepares out to the processes, by
+    iterating it inside ``BatchSamplerShard`` (``for idx, batch in enumerate(
+    self.batch_sampler)``, ``len(self.batch_sampler)``), and offers no way to opt out. So the
+    sampler looks at its caller's frame: this one place knows accelerate's wrapper, and
+    ``tests/integrations/test_accelerate.py`` checks it against the installed accelerate. A
+    wrapper made a pass-through (``num_processes == 1``, as transformers' Trainer does for its
+    ``BatchRebalanceSampler``) counts as no wrapper: the sampler deals then.
+    """
+    module = sys.modules.get("accelerate.data_loader")  # never imported from here
+    if module is None or caller is None:
+        return None
+    wrapper = caller.f_locals.get("self")
+    if (
+        isinstance(wrapper, module.BatchSamplerShard)
+        and wrapper.batch_sampler is sampler
+        and wrapper.num_processes > 1
+    ):
+        return wrapper
+    return None
 
 
 def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
