@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
                        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md")
     bench.add_argument("--timeout", type=float, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
+    bench.add_argument("--repeat", type=int, default=1, metavar="N",
+                       help="run every row N times, in rounds, and pool their paired blocks (a narrower interval; "
+                       "load in one round is outvoted); warm-up s is the median (default: %(default)s)")
+    bench.add_argument("--no-pair", action="store_true",
+                       help="time each row alone, without its baseline's eager copy stepping beside it (half the "
+                       "memory; × base then divides rows measured minutes apart: not robust to load)")
     bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
     # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
@@ -96,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--steady-seconds", type=float, default=None, metavar="S",
                       help="time each candidate's steady steps for at least S seconds (default: 30)")
     tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
+    tune.add_argument("--no-pair", action="store_true",
+                      help="time each candidate alone, without an eager copy stepping beside it (half the memory; "
+                      "candidates are then ranked on step times measured at different moments)")
     tune.add_argument("--verify", action="store_true", help="then run the recommendation for N steps: predicted vs measured total")
     tune.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # test switch, as for bench
     return parser
@@ -130,7 +139,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.list:
         print(_recipe_list())
         return 0
-    for flag in ("steps", "warmup_steps"):
+    for flag in ("steps", "warmup_steps", "repeat"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             return _error(f"--{flag.replace('_', '-')} must be a positive int, got {value!r}")
@@ -165,6 +174,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
     from .bench.charts import charts_available, write_charts
+    from .bench.paired import merge_repeats
     from .bench.progress import BenchProgress
     from .bench.report import format_results
     from .bench.results import build_results, now, write_results
@@ -172,16 +182,20 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
 
     started = now()
     backend = args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
-    results = []
-    with BenchProgress(total_recipes=len(names)) as progress:
-        for name in names:
-            on_event = progress.start(name)
-            result = run_recipe_isolated(
-                name, spec=args.model, preset=preset, steps=args.steps, warmup_steps=args.warmup_steps,
-                out_dir=args.out, backend=backend, timeout_s=args.timeout, on_event=on_event,
-            )
-            results.append(result)
-            progress.finish(name, _summary(result))
+    runs: dict[str, list] = {name: [] for name in names}
+    with BenchProgress(total_recipes=len(names) * args.repeat) as progress:
+        for round_ in range(args.repeat):  # rounds, so that each row's runs are spread in time
+            for name in names:
+                label = name if args.repeat == 1 else f"{name} ({round_ + 1}/{args.repeat})"
+                on_event = progress.start(label)
+                result = run_recipe_isolated(
+                    name, spec=args.model, preset=preset, steps=args.steps, warmup_steps=args.warmup_steps,
+                    out_dir=args.out, backend=backend, timeout_s=args.timeout, on_event=on_event,
+                    pair_with=None if args.no_pair else RECIPES[name].baseline,
+                )
+                runs[name].append(result)
+                progress.finish(label, _summary(result))
+    results = [merge_repeats(runs[name]) for name in names]
     settings = {
         "preset": preset,
         "steps": args.steps or _preset_value(preset, "steps"),
@@ -189,6 +203,8 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
         "backend": backend,
         "model": args.model or f"captioner:{preset}",
         "recipes": names,
+        "repeat": args.repeat,
+        "paired": not args.no_pair,
         "command": "torchcompile-kit " + shlex.join(args.argv),
     }
     document = build_results(results, settings=settings, started=started)
@@ -212,8 +228,16 @@ def _preset_value(preset: str, key: str) -> int:
 
 def _summary(result) -> str:
     if result.status == "ok":
+        from .bench.paired import paired_ratio
+
         m = result.metrics
-        return f"ok: warm-up {m.get('warmup_s') or 0:.1f} s, {m.get('steps_per_s') or 0:.2f} steps/s"
+        text = f"ok: warm-up {m.get('warmup_s') or 0:.1f} s, {m.get('steps_per_s') or 0:.2f} steps/s"
+        ratio = paired_ratio(m)
+        if ratio is not None:
+            text += f", {ratio['ratio']:.2f}× {ratio['baseline']}"
+            if ratio["low"] is not None:
+                text += f" ({ratio['low']:.2f}–{ratio['high']:.2f})"
+        return text
     if result.status == "skipped":
         return f"skipped: {result.reason}"
     first = (result.error or "").strip().splitlines()
@@ -315,7 +339,7 @@ def _tune(args: argparse.Namespace) -> int:
                       backend=args.backend, preset=args.preset, candidates=args.candidates, warm_start=args.warm_start,
                       steps=args.steps, warmup_steps=args.warmup_steps,
                       steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds,
-                      verify=args.verify, on_event=show)
+                      verify=args.verify, paired=not args.no_pair, on_event=show)
     except ValueError as err:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")

@@ -60,3 +60,29 @@ def make_batch_not_a_dict():
 
 def raises():
     raise OSError("weights not found")
+
+
+class MediumLM(nn.Module):
+    """An MLP LM whose training step takes milliseconds on a CPU (the paired-timing tests)."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, input_ids, labels):
+        hidden = self.embed(input_ids)
+        logits = self.head(hidden + self.mlp(hidden))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def make_medium_batch(step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, VOCAB, (8, 32), generator=gen)
+    return {"input_ids": ids, "labels": ids}
+
+
+def medium_lm():
+    torch.manual_seed(0)
+    return MediumLM(), make_medium_batch

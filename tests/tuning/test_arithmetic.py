@@ -107,7 +107,7 @@ def test_warm_restarts_count_only_with_warm_start():
 def test_the_reason_names_the_break_even_steps():
     ranked, best = rank_candidates(field(), 2_000)
     reason = recommendation_reason(best, ranked, 2_000)
-    assert reason.startswith("regional: 2x eager per step, pays back its 30 s compile after ~600")
+    assert reason.startswith("regional: 2.00x eager per step, pays back its 30 s compile after ~600")
     assert "full (2.5x per step) needs 2,000 steps" not in reason  # 2,000 is not > 2,000
     ranked, best = rank_candidates(field(), 1_500)
     reason = recommendation_reason(best, ranked, 1_500)
@@ -176,3 +176,47 @@ def test_a_run_that_changed_speed_is_flagged_not_taken_as_the_predictions_test()
     assert not episode["steady"] and "re-run on a quiet machine" in episode["steady_note"]
     assert episode["window_ms"][-1] == pytest.approx(100.0)
     assert run_steadiness([0.02] * 50) == {}  # too short to cut
+
+
+def paired(name, *, compile_s, step_s, ratios, restart=False):
+    """A candidate whose run stepped beside eager: one block per ratio (eager's step 0.1 s)."""
+    result = measured(name, compile_s=compile_s, step_s=step_s, restart=restart)
+    result.metrics["paired"] = {"baseline": "eager", "same_batches": True,
+                                "base_s": [[0.1] for _ in ratios], "recipe_s": [[0.1 / r] for r in ratios]}
+    return result
+
+
+def test_paired_candidates_are_ranked_on_their_ratio_to_eager_with_a_margin():
+    # regional's own steps were timed while the machine was loaded (0.3 s), but beside eager's
+    # steps it was 1.17x: its step for the plan is eager's 0.1 s / 1.17
+    results = [
+        measured("eager", compile_s=0.0, step_s=0.1),
+        paired("regional", compile_s=30.0, step_s=0.3, ratios=[1.12, 1.15, 1.17, 1.17, 1.19, 1.22] * 3),
+        paired("full", compile_s=200.0, step_s=0.05, ratios=[1.02, 1.04, 1.05, 1.06, 1.08] * 3),
+    ]
+    ranked, best = rank_candidates(results, 100_000)
+    assert best.name == "regional" and best.paired
+    assert best.speedup == pytest.approx(1.17) and best.step_s == pytest.approx(0.1 / 1.17)
+    assert best.speedup_low <= 1.17 <= best.speedup_high
+    assert best.predicted_total_low_s < best.predicted_total_s < best.predicted_total_high_s
+    assert best.indistinguishable_from == []  # 1.12-1.22 vs full's 1.02-1.08 and eager's 1.0
+    reason = recommendation_reason(best, ranked, 100_000)
+    assert reason.startswith(
+        f"regional: 1.17x eager per step (95% interval {best.speedup_low:.2f}–{best.speedup_high:.2f})"
+    )
+    assert "not distinguishable" not in reason
+
+
+def test_overlapping_intervals_are_called_indistinguishable():
+    noisy = [0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2] * 2
+    results = [
+        measured("eager", compile_s=0.0, step_s=0.1),
+        paired("full", compile_s=0.0, step_s=0.1, ratios=noisy),
+        paired("full-warm", compile_s=0.0, step_s=0.1, ratios=[r * 1.02 for r in noisy], restart=True),
+    ]
+    ranked, best = rank_candidates(results, 10_000, warm_start=True)
+    by_name = {c.name: c for c in ranked}
+    assert "full-warm" in by_name["full"].indistinguishable_from
+    assert "full" in by_name["full-warm"].indistinguishable_from
+    reason = recommendation_reason(best, ranked, 10_000)
+    assert "not distinguishable from" in reason and "either will do" in reason

@@ -253,3 +253,22 @@ def test_recommended_py_runs_as_a_script_from_anywhere_with_the_factorys_optimiz
                              capture_output=True, text=True, timeout=300, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.count("user optimizer step") == 3  # the factory's optimizer trained
+
+
+@pytest.mark.slow
+def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_path, monkeypatch):
+    """full and full-warm run the same compiled code: paired with eager, their ratios overlap."""
+    from torchcompile_kit.bench.runner import INPROCESS_ENV
+
+    monkeypatch.setenv(INPROCESS_ENV, "1")
+    result = tune("tests.bench.user_models:medium_lm", steps_planned=10**6, backend="eager",
+                  candidates=["eager", "full", "full-warm"], warm_start=True, steps=60,
+                  warmup_steps=2, steady_s=0, out_dir=tmp_path)
+    full, warm = result.candidate("full"), result.candidate("full-warm")
+    assert full.status == warm.status == "ok", format_table(result)
+    assert full.paired and warm.paired and full.speedup_low is not None
+    assert "full-warm" in full.indistinguishable_from and "full" in warm.indistinguishable_from
+    table = format_table(result)
+    assert "≈" in next(line for line in table.splitlines() if " full " in line)
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert {c["name"]: c["paired"] for c in saved["candidates"]} == {"eager": False, "full": True, "full-warm": True}

@@ -8,6 +8,8 @@ Modules, one concept each:
 - :mod:`.batches`: each recipe's batches (padding schemes, buckets);
 - :mod:`.runner`: one recipe in its own fresh process (``run_recipe_isolated``);
 - :mod:`.execute`: what that process runs; :mod:`.metrics`: what it measures;
+- :mod:`.paired`: each row's ratio to the baseline that stepped beside it, with its interval,
+  and who else used the CPU meanwhile (what marks a row not to be quoted);
 - :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output;
 - :mod:`.timing` + :mod:`.regional`, :mod:`.shapes`, :mod:`.optimizer`: the older
   micro-benchmarks (``torchcompile-kit micro``).
@@ -25,6 +27,7 @@ from .model_spec import (
     parse_model_spec,
     portable_model_spec,
 )
+from .paired import paired_ratio
 from .recipes import RECIPES, Recipe, RecipeContext
 from .runner import RecipeResult, run_recipe_isolated
 
@@ -42,6 +45,8 @@ __all__ = [
     "load_model_spec",
     "loss_of",
     "missing_requirement",
+    # also used by tune: a run's ratio to eager from its paired blocks, with its interval
+    "paired_ratio",
     "parse_model_spec",
     "portable_model_spec",
     "run_recipe_isolated",

@@ -1,4 +1,5 @@
-"""PNG charts of a bench run: warm-up seconds and steps/s per recipe (headless matplotlib).
+"""PNG charts of a bench run: warm-up seconds, steps/s, and the paired ratio to the baseline with
+its 95% interval as error bars, per recipe (headless matplotlib).
 
 matplotlib is an optional extra (``pip install -e ".[bench]"``); without it no chart is written
 and the caller says so. The ``Agg`` backend is selected on a private figure, so no display is
@@ -52,8 +53,40 @@ def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: 
     return path
 
 
+def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> Path | None:
+    """× base per recipe with its interval as error bars; rows not to be quoted are hatched."""
+    ok = [r for r in rows if r["status"] == "ok" and (r.get("metrics") or {}).get("speedup")]
+    if not ok:
+        return None
+    ok = ok[::-1]
+    values = [r["metrics"]["speedup"] for r in ok]
+    low = [v - (r["metrics"].get("speedup_low") or v) for v, r in zip(values, ok)]
+    high = [(r["metrics"].get("speedup_high") or v) - v for v, r in zip(values, ok)]
+    figure = _figure(len(ok))
+    axes = figure.add_subplot(1, 1, 1)
+    bars = axes.barh(
+        [r["name"] for r in ok], values, xerr=[low, high], capsize=3,
+        color=[_GROUP_COLORS.get(r.get("group"), "#937860") for r in ok],
+        hatch=["//" if r["metrics"].get("not_quotable") else "" for r in ok],
+    )
+    labels = [
+        f"{v:.2f}" + (f" ({r['metrics']['speedup_low']:.2f}–{r['metrics']['speedup_high']:.2f})"
+                      if r["metrics"].get("speedup_low") is not None else "")
+        + (" not quotable" if r["metrics"].get("not_quotable") else "")
+        for v, r in zip(values, ok)
+    ]
+    axes.bar_label(bars, labels=labels, padding=6, fontsize=7)
+    axes.axvline(1.0, color="grey", lw=0.8, ls="--")
+    axes.set_title(title, fontsize=10)
+    axes.set_xlabel("× the group's baseline, 95% interval (higher is better; hatched: not to be quoted)")
+    axes.margins(x=0.35)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
 def write_charts(document: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``warmup.png`` and ``throughput.png`` for a results document.
+    """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a results document.
 
     Args:
         document: a results document (:mod:`.results`).
@@ -74,6 +107,7 @@ def write_charts(document: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
     written = [
         _bar_chart(document["rows"], "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
         _bar_chart(document["rows"], "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
+        _ratio_chart(document["rows"], f"paired ratio to the baseline ({where})", out / "speedup.png"),
     ]
     return [path for path in written if path is not None]
 

@@ -172,10 +172,6 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     return result
 
 
-STEAL_LIMIT = 0.05
-"""Above this share of CPU time stolen by the hypervisor, a row's timings are flagged."""
-
-
 def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -245,13 +241,13 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
                 on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
                 min_steady_s=float(request.get("steady_s") or 0.0),
                 max_steps=int(request["plan_steps"]) if request.get("plan_steps") else None,
+                baseline=_paired_baseline(recipe, request, preset, device),
             )
         )
-    steal = metrics.get("cpu_steal")
-    if steal is not None and steal > STEAL_LIMIT:
-        notes.append(
-            f"warning: the hypervisor took {steal:.0%} of this machine's CPU time during the run "
-            "(steal, /proc/stat): its timings are not quotable; re-run on a quiet machine"
+    if "paired" in metrics:  # whether each block's two sides stepped on the same samples
+        metrics["paired"].update(
+            baseline=request["pair_with"],
+            same_batches=recipe.data != "buckets" or spec.make_batch is not None,
         )
     if request.get("plan_steps"):
         metrics["plan_tokens_per_step"] = planned_tokens_per_step(
@@ -271,6 +267,32 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     if notes:
         metrics["notes"] = notes
     return metrics
+
+
+def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, device: Any):
+    """What builds the eager copy that steps beside the recipe (:mod:`.paired`), or ``None``.
+
+    A fresh model from the same spec (the run's own is compiled in place), its own optimizer
+    (the spec's, or ``Adam(lr=1e-4)``), the baseline recipe's batches; built after the warm-up.
+    Not for the baseline itself, nor for DDP (its ranks step together).
+    """
+    name = request.get("pair_with")
+    if not name or name == recipe.name or recipe.world_size > 1:
+        return None
+    base = RECIPES[name]
+
+    def build():
+        import torch
+
+        spec = _spec(request)
+        model = spec.model.to(device)
+        optimizer = spec.optimizer or torch.optim.Adam(model.parameters(), lr=1e-4)
+        ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"], overrides={}, device=device)
+        base.apply(ctx)  # an eager recipe: nothing is compiled
+        stream, _ = batch_stream(base, spec, preset, device)
+        return _train_step(base, ctx, device, spec), stream
+
+    return build
 
 
 def _check(

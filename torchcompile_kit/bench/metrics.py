@@ -10,11 +10,15 @@ In the recipe's process (:func:`measure_training`):
 - ``tokens_per_s``: the median over steady steps of real (non-pad) tokens / step time;
 - ``padding``: pad tokens / computed tokens over all steps (from the attention mask);
 - ``peak_memory_mb``: peak CUDA memory allocated, or on CPU the process's peak resident set
-  (each recipe has its own process, so it is the recipe's);
+  (each recipe has its own process, so it is the recipe's), read before the paired baseline's
+  eager copy of the model is built;
+- ``paired``: each paired block's seconds, the recipe's and its baseline's (:mod:`.paired`);
+- ``cpu_neighbours``: the share of the machine's CPU time other processes used meanwhile;
 - ``losses``: the loss of every step, for the comparison with eager.
 
-Across recipes (:func:`compare`): ``speedup`` (steps/s ÷ the baseline recipe's, or eager's when
-the baseline did not run),
+Across recipes (:func:`compare`): ``speedup`` (the median ratio of the paired blocks the row
+stepped beside its baseline, with a 95% interval, :mod:`.paired`; for a row that was not paired,
+steps/s ÷ the baseline recipe's, or eager's when the baseline did not run),
 ``warmup_ratio`` (warm-up ÷ the baseline's) and ``loss_max_abs_diff`` (the largest |loss − eager
 loss| over the steps both ran on the same batches).
 """
@@ -125,6 +129,8 @@ def measure_training(
     on_step: Callable[[int, int, str], None] | None = None,
     min_steady_s: float = 0.0,
     max_steps: int | None = None,
+    baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]] | None = None,
+    block_steps: int | None = None,
 ) -> dict[str, Any]:
     """Run ``warmup_steps + steps`` training steps and measure them.
 
@@ -132,6 +138,12 @@ def measure_training(
     their mean is a stretch of the machine's time and not one burst: a shared machine's speed
     drifts by a third within a minute with no CPU steal to show it (a captioner's 30 steps said
     15 ms where its 20,000 steps averaged 24 ms).
+
+    With ``baseline``, the steady steps are *paired* (:mod:`.paired`): after the warm-up the
+    baseline (an eager copy of the model, built then, so it shares neither the warm-up nor its
+    peak memory) is warmed up on the same first batches, then the two step in alternating
+    blocks of ``block_steps`` steps each on the same batch indices (the order swapped every
+    block), so load from other processes that comes and goes hits both sides alike.
 
     Args:
         step: one training step, ``step(batch) -> loss`` (a tensor or float); it moves the batch
@@ -144,110 +156,181 @@ def measure_training(
             compiling every bucket shape up front).
         on_step: progress callback ``(step_index, total, phase)``; ``total`` grows when the
             steady steps are extended to ``min_steady_s``.
-        min_steady_s: time at least this many seconds of steady steps (``steps`` or more).
+        min_steady_s: time at least this many seconds of steady steps (``steps`` or more); when
+            paired, the seconds of both sides count.
         max_steps: never time more steady steps than this (``None``: no cap), e.g. the planned
             run's length.
+        baseline: builds the paired baseline, ``() -> (step, batches)``; ``None``: not paired.
+        block_steps: steps per side in a paired block (``None``: :func:`.paired.block_steps_for`).
 
     Returns:
         ``warmup_s``, ``first_step_s``, ``steps_per_s``, ``tokens_per_s``, ``padding``,
-        ``peak_memory_mb``, ``losses``, ``step_times_s`` with ``step_tokens`` (the computed,
-        padded tokens of each timed step), ``cpu_steal``/``cpu_steal_steady`` (the share of the
-        machine's CPU time the hypervisor took during the run / the steady steps; ``None`` off
-        Linux), ``steady_s`` (seconds of the timed steady steps) and ``steps`` (how many were
-        timed) / ``warmup_steps``.
+        ``peak_memory_mb`` (before the baseline is built), ``losses``, ``step_times_s`` with
+        ``step_tokens`` (the computed, padded tokens of each timed step), ``cpu_steal``/
+        ``cpu_steal_steady`` (the share of the machine's CPU time the hypervisor took during the
+        run / the steady steps; ``None`` off Linux), ``cpu_neighbours``/
+        ``cpu_neighbours_steady`` (the share other processes used; ``None`` without psutil),
+        ``steady_s`` (seconds of the timed steady steps), ``steps`` (how many were timed) /
+        ``warmup_steps``, and when paired ``paired``: ``block_steps``, ``base_s`` and
+        ``recipe_s`` (each block's step seconds per side, a list per block).
     """
     import torch
+
+    from .paired import block_steps_for, cpu_snapshot, neighbour_share
 
     cuda = getattr(device, "type", str(device)) == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    total = warmup_steps + steps
     losses: list[float] = []
     times: list[float] = []
     real_tokens: list[int] = []
     computed_tokens: list[int] = []
-    real_sum = computed_sum = 0
-    sync()
-    cpu_start = cpu_times()
-    start = time.perf_counter()
-    if before_first_step is not None:
-        before_first_step()
-    first_step_s = warmup_s = None
-    cpu_warm = cpu_start
-    index = 0
-    while index < total:
-        batch = next(batches)
+    sums = [0, 0]  # real, computed tokens over every step
+
+    def run(batch: dict[str, Any]) -> float:
         real, computed = real_and_computed(batch)
-        real_sum, computed_sum = real_sum + real, computed_sum + computed
+        sums[0], sums[1] = sums[0] + real, sums[1] + computed
         began = time.perf_counter()
         loss = step(batch)
         losses.append(float(loss))  # also a sync point: the step has finished
         sync()
-        ended = time.perf_counter()
-        if index == 0:
-            first_step_s = ended - began
-        if index == warmup_steps - 1:
-            warmup_s = ended - start
-            cpu_warm = cpu_times()
-        if index >= warmup_steps:
-            times.append(ended - began)
-            real_tokens.append(real)
-            computed_tokens.append(computed)
-        if index == total - 1 and times:
-            total += _extra_steps(times, min_steady_s, max_steps)
+        return time.perf_counter() - began
+
+    def timed_step(total: int) -> float:
+        batch = next(batches)
+        seconds = run(batch)
+        real, computed = real_and_computed(batch)
+        times.append(seconds)
+        real_tokens.append(real)
+        computed_tokens.append(computed)
         if on_step is not None:
-            on_step(index + 1, total, "warm-up" if index < warmup_steps else "steady")
-        index += 1
+            on_step(warmup_steps + len(times), total, "steady")
+        return seconds
+
+    sync()
+    cpu_start, machine_start = cpu_times(), cpu_snapshot()
+    start = time.perf_counter()
+    if before_first_step is not None:
+        before_first_step()
+    first_step_s = None
+    for index in range(warmup_steps):
+        seconds = run(next(batches))
+        first_step_s = seconds if index == 0 else first_step_s
+        if on_step is not None:
+            on_step(index + 1, warmup_steps + steps, "warm-up")
+    sync()
+    warmup_s = time.perf_counter() - start if warmup_steps else None
+    peak = peak_memory_mb(device)
+    paired = None
+    if baseline is not None and steps:
+        base_step, base_batches = baseline()
+        for _ in range(warmup_steps or 1):  # its first steps allocate; the streams then align
+            base_step(next(base_batches))
+        sync()
+        paired = {"block_steps": block_steps or block_steps_for(steps), "base_s": [], "recipe_s": []}
+    cpu_warm, machine_warm = cpu_times(), cpu_snapshot()
+    total = warmup_steps + steps
+    while len(times) < total - warmup_steps:
+        if paired is None:
+            timed_step(total)
+        else:
+            n = min(paired["block_steps"], total - warmup_steps - len(times))
+            sides = ["recipe", "base"] if len(paired["base_s"]) % 2 == 0 else ["base", "recipe"]
+            block: dict[str, list[float]] = {"recipe": [], "base": []}
+            for side in sides:
+                for _ in range(n):
+                    block[side].append(
+                        timed_step(total) if side == "recipe" else _base_step(base_step, base_batches, sync)
+                    )
+            paired["base_s"].append(block["base"])
+            paired["recipe_s"].append(block["recipe"])
+        if len(times) == total - warmup_steps and times:
+            other = sum(map(sum, paired["base_s"])) if paired else 0.0
+            total += _extra_steps(times, min_steady_s, max_steps, other_s=other)
     median = statistics.median(times) if times else None
-    cpu_end = cpu_times()
-    return {
+    cpu_end, machine_end = cpu_times(), cpu_snapshot()
+    metrics = {
         "warmup_s": warmup_s,
         "first_step_s": first_step_s,
         "steps_per_s": 1 / median if median else None,
         "tokens_per_s": statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
-        "padding": 1 - real_sum / computed_sum if computed_sum else None,
-        "peak_memory_mb": peak_memory_mb(device),
+        "padding": 1 - sums[0] / sums[1] if sums[1] else None,
+        "peak_memory_mb": peak if paired is not None else peak_memory_mb(device),
         "losses": losses,
         "step_times_s": times,
         "step_tokens": computed_tokens,
         "cpu_steal": steal_share(cpu_start, cpu_end),
         "cpu_steal_steady": steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,
+        "cpu_neighbours": neighbour_share(machine_start, machine_end),
+        "cpu_neighbours_steady": neighbour_share(machine_warm, machine_end) if times else None,
         "steady_s": sum(times),
         "warmup_steps": warmup_steps,
         "steps": len(times),
     }
+    if paired is not None:
+        metrics["paired"] = paired
+    return metrics
 
 
-def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None) -> int:
-    """Steady steps still to time so that they take ``min_steady_s`` in all (at most
-    ``max_steps`` in all), estimated from the mean step so far (a compile spike in it makes the
-    estimate short, and the steps are extended again when they end)."""
-    short = min_steady_s - sum(times)
+def _base_step(step: Callable[[dict[str, Any]], Any], batches: Iterator[dict[str, Any]], sync: Callable[[], None]) -> float:
+    """One timed step of the paired baseline (its loss is not kept)."""
+    batch = next(batches)
+    began = time.perf_counter()
+    float(step(batch))
+    sync()
+    return time.perf_counter() - began
+
+
+def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None, *, other_s: float = 0.0) -> int:
+    """Steady steps still to time so that they (and ``other_s`` seconds of the paired baseline's
+    steps) take ``min_steady_s`` in all (at most ``max_steps`` in all), estimated from the mean
+    step so far (a compile spike in it makes the estimate short, and the steps are extended
+    again when they end)."""
+    spent = sum(times) + other_s
+    short = min_steady_s - spent
     if short <= 0:
         return 0
-    extra = math.ceil(short / max(sum(times) / len(times), 1e-6))
+    extra = math.ceil(short / max(spent / len(times), 1e-6))
     if max_steps is not None:
         extra = min(extra, max_steps - len(times))
     return max(0, extra)
 
 
 def compare(rows: list[dict[str, Any]], recipes: Mapping[str, Any]) -> None:
-    """Add ``speedup``, ``warmup_ratio`` and ``loss_max_abs_diff`` to each ok row, in place.
+    """Add ``speedup`` (with its interval), ``warmup_ratio``, ``loss_max_abs_diff`` and the
+    quotability marks to each ok row, in place.
+
+    ``speedup`` of a paired row (``metrics["paired"]``, see :mod:`.paired`) is the median of its
+    block ratios to the baseline that stepped beside it, with ``speedup_low``/``speedup_high``
+    (the 95% interval), ``speedup_blocks`` and ``speedup_method``; a row that was not paired
+    divides its steps/s by the baseline row's (``speedup_paired: False``), as before pairing.
+    ``not_quotable`` lists why a row's timings should not be quoted (empty: they can be).
 
     Args:
         rows: result rows (``RecipeResult.to_dict()``), each with ``name``, ``status``, ``metrics``.
         recipes: name -> recipe (its ``baseline`` and ``loss_reference`` names); rows whose recipe
             is unknown (a custom ``tune`` row) compare with ``"eager"``.
     """
+    from .paired import not_quotable, paired_ratio
+
     by_name = {row["name"]: row for row in rows if row.get("status") == "ok"}
     for row in by_name.values():
         recipe = recipes.get(row["name"])
         metrics = row["metrics"]
         # the group's baseline (eager-longest for dynamic shapes), else eager when it did not run
         base = by_name.get(getattr(recipe, "baseline", None) or "eager") or by_name.get("eager")
-        if base is not None and metrics.get("steps_per_s") and base["metrics"].get("steps_per_s"):
+        ratio = paired_ratio(metrics)
+        if ratio is not None:
+            metrics.update(
+                speedup=ratio["ratio"], speedup_low=ratio["low"], speedup_high=ratio["high"],
+                speedup_blocks=ratio["blocks"], speedup_method=ratio["method"],
+                speedup_baseline=ratio["baseline"], speedup_paired=True,
+            )
+        elif base is not None and metrics.get("steps_per_s") and base["metrics"].get("steps_per_s"):
             metrics["speedup"] = metrics["steps_per_s"] / base["metrics"]["steps_per_s"]
+            metrics["speedup_paired"] = base is row  # a baseline is its own pair
+        metrics["not_quotable"] = not_quotable(metrics)
         cold = by_name.get(getattr(recipe, "warmup_baseline", None) or "full")
         if cold is not None and metrics.get("warmup_s") and cold["metrics"].get("warmup_s"):
             metrics["warmup_ratio"] = metrics["warmup_s"] / cold["metrics"]["warmup_s"]

@@ -16,6 +16,7 @@ _COLUMNS: list[tuple[str, str, str]] = [
     ("warm-up s", "warmup_s", "{:.1f}"),
     ("steps/s", "steps_per_s", "{:.2f}"),
     ("× base", "speedup", "{:.2f}"),
+    ("95% interval", "speedup_interval", "{}"),
     ("tokens/s", "tokens_per_s", "{:.0f}"),
     ("graphs", "graphs", "{}"),
     ("recompiles", "recompiles", "{}"),
@@ -23,13 +24,22 @@ _COLUMNS: list[tuple[str, str, str]] = [
     ("padding", "padding", "{:.0%}"),
     ("peak MB", "peak_memory_mb", "{:.0f}"),
     ("|Δloss|", "loss_max_abs_diff", "{:.1e}"),
+    ("others CPU", "cpu_neighbours", "{:.0%}"),
+    ("quote", "quote", "{}"),
 ]
 _GROUP_TITLES = {
-    "static": "static shapes (pad to max); × base = steps/s ÷ eager",
-    "dynamic": "dynamic shapes (variable caption length); × base = steps/s ÷ eager-longest",
-    "warm-up": "warm-up (cold vs warm compile); × base = steps/s ÷ eager",
+    "static": "static shapes (pad to max); × base = paired ratio to eager",
+    "dynamic": "dynamic shapes (variable caption length); × base = paired ratio to eager-longest",
+    "warm-up": "warm-up (cold vs warm compile); × base = paired ratio to eager",
     "distributed": "distributed",
 }
+_HOW_TO_READ = (
+    "× base: the median of the per-block ratios of the row's steps to its baseline's, stepped in "
+    "alternating blocks in the row's own process (load that comes and goes hits both); 95% "
+    "interval: bootstrap over the blocks. others CPU: the share of the machine's CPU other "
+    "processes used during the row. quote NO: see the note under the table."
+)
+_ADVICE = "re-run on a quiet machine, or with --repeat 3 (each row 3 times in rounds, blocks pooled)"
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -69,6 +79,18 @@ def render_table(header: Sequence[str], body: Sequence[Sequence[str]], *, markdo
     return "\n".join(lines)
 
 
+def _derived(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The table's computed cells: the interval as text, and whether the row may be quoted."""
+    low, high = metrics.get("speedup_low"), metrics.get("speedup_high")
+    cells = dict(metrics)
+    cells["speedup_interval"] = f"{low:.2f}–{high:.2f}" if low is not None and high is not None else None
+    if "not_quotable" in metrics:
+        cells["quote"] = "NO" if metrics["not_quotable"] else "yes"
+    if metrics.get("speedup_paired") is False:  # the rows were measured minutes apart
+        cells["speedup_interval"] = "unpaired"
+    return cells
+
+
 def _status_note(row: Mapping[str, Any]) -> str:
     if row["status"] == "skipped":
         return f"skipped: {row.get('reason') or ''}"
@@ -93,7 +115,10 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
         (f"torchcompile-kit bench — {settings.get('model', '?')}, preset {settings.get('preset')}, "
         f"{settings.get('warmup_steps')} warm-up + {settings.get('steps')} steps, backend "
         f"{settings.get('backend')}; {env.get('device')}, torch {env.get('torch')}, "
-        f"{env.get('date', '')[:10]}, commit {env.get('git_commit')}")
+        f"{env.get('date', '')[:10]}, commit {env.get('git_commit')}"
+        + (f"; each row {settings['repeat']} times, pooled" if (settings.get("repeat") or 1) > 1 else "")),
+        _HOW_TO_READ if settings.get("paired", True) else "× base: steps/s ÷ the baseline row's (--no-pair: "
+        "rows measured minutes apart, not robust to load from other processes)",
     ]
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for row in document["rows"]:
@@ -104,8 +129,13 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
         for row in rows:
             metrics = row.get("metrics") or {}
             if row["status"] == "ok":
-                body.append([row["name"], *(_cell(metrics.get(key), fmt) for _, key, fmt in _COLUMNS)])
+                cells = _derived(metrics)
+                body.append([row["name"], *(_cell(cells.get(key), fmt) for _, key, fmt in _COLUMNS)])
                 notes += [f"{row['name']}: {note}" for note in metrics.get("notes", [])]
+                if metrics.get("not_quotable"):
+                    notes.append(
+                        f"{row['name']}: not to be quoted: {'; '.join(metrics['not_quotable'])}; {_ADVICE}"
+                    )
             else:
                 body.append([row["name"], *(["–"] * len(_COLUMNS))])
                 notes.append(f"{row['name']}: {_status_note(row)}")

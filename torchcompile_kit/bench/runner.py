@@ -53,6 +53,7 @@ def run_recipe_isolated(
     plan_steps: int | None = None,
     steady_s: float | None = None,
     check: str | None = None,
+    pair_with: str | None = None,
 ) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
@@ -80,6 +81,11 @@ def run_recipe_isolated(
             the recipe's own compiled model (no second compile), to check it against eager
             (``tune``'s correctness gate); its JSON-able answer is ``metrics["check"]``. See
             :func:`torchcompile_kit.bench.execute.execute_request` for what it is given.
+        pair_with: an eager baseline recipe (``"eager"``, ``"eager-longest"``) whose eager copy
+            of the model steps beside the recipe's, in alternating blocks after the warm-up, so
+            the ratio between them holds when the machine's load changes
+            (:mod:`torchcompile_kit.bench.paired`; ``metrics["paired"]``). ``None``, or the
+            recipe itself: not paired. The copy costs the memory of a second model.
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
@@ -93,8 +99,13 @@ def run_recipe_isolated(
     """
     from .recipes import RECIPES, check_preset, check_recipe_names
 
-    check_recipe_names([recipe])
+    check_recipe_names([recipe] + ([pair_with] if pair_with else []))
     check_preset(preset)
+    if pair_with and RECIPES[pair_with].baseline != pair_with:
+        raise ValueError(
+            f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); pass one of "
+            f"{sorted({r.baseline for r in RECIPES.values()})!r}, or None"
+        )
     out = Path(out_dir)
     work = out / "_work" / recipe
     shutil.rmtree(work, ignore_errors=True)
@@ -112,6 +123,7 @@ def run_recipe_isolated(
         "plan_steps": plan_steps,
         "steady_s": steady_s,
         "check": check,
+        "pair_with": pair_with,
         "cache_dir": str((out / "caches").resolve()),
         "result_path": str((work / "result.json").resolve()),
     }

@@ -1,9 +1,18 @@
-"""Ranking: the arithmetic applied to the measured candidates, and the recommendation."""
+"""Ranking: the arithmetic applied to the measured candidates, and the recommendation.
+
+A candidate whose run was paired with eager (an eager copy stepping beside it in alternating
+blocks, :mod:`torchcompile_kit.bench.paired`) is ranked on that ratio, not on its absolute step
+time, which another process's load measured at another moment can flip: its step is eager's
+step (from eager's own run, the one absolute scale every candidate shares) ÷ the paired ratio,
+scaled to the planned run's tokens as its own timed steps were. The ratio's 95% interval gives
+each predicted total an interval, and candidates whose intervals overlap are *indistinguishable*.
+"""
 
 from __future__ import annotations
 
 import math
 
+from ..bench import paired_ratio
 from .arithmetic import Cost, break_even_steps, cost_from_metrics, predicted_total
 from .result import CandidateResult
 
@@ -45,6 +54,16 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
             result.status, result.reason = "failed", f"no timing in the run's metrics ({err!r})"
             continue
+        ratio = paired_ratio(result.metrics) if eager_cost is not None else None
+        slow = fast = None
+        if ratio is not None:
+            # the planned run's tokens against the timed steps', as the run's own line says
+            scale = cost.step_s / cost.measured_step_s if cost.measured_step_s else 1.0
+            cost.step_s = eager_cost.step_s * scale / ratio["ratio"]
+            if ratio["low"] is not None:
+                slow = eager_cost.step_s * scale / ratio["low"]
+                fast = eager_cost.step_s * scale / ratio["high"]
+            result.paired = True
         result.compile_s, result.recompile_s, result.step_s = (
             cost.compile_s,
             cost.recompile_s,
@@ -52,9 +71,36 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
         )
         result.measured_step_s = cost.measured_step_s
         result.predicted_total_s = predicted_total(cost, steps_planned)
+        if fast is not None:
+            result.predicted_total_low_s = cost.overhead_s + steps_planned * fast
+            result.predicted_total_high_s = cost.overhead_s + steps_planned * slow
         if eager_cost is not None:
             result.speedup = eager_cost.step_s / cost.step_s
+            if fast is not None:
+                result.speedup_low, result.speedup_high = eager_cost.step_s / slow, eager_cost.step_s / fast
             result.break_even_steps = break_even_steps(cost, eager_cost)
+    _mark_indistinguishable([r for r in results if r.status == "ok" and r.predicted_total_s is not None])
+
+
+def _total_interval(result: CandidateResult) -> tuple[float, float]:
+    """The predicted total's interval; a point for eager (the scale) and unpaired candidates."""
+    if result.predicted_total_low_s is None:
+        return result.predicted_total_s, result.predicted_total_s
+    return result.predicted_total_low_s, result.predicted_total_high_s
+
+
+def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
+    """Each candidate's ``indistinguishable_from``: the others whose total intervals overlap it."""
+    for result in measured:
+        low, high = _total_interval(result)
+        result.indistinguishable_from = [
+            other.name
+            for other in measured
+            if other is not result
+            and (result.paired or other.paired)
+            and _total_interval(other)[0] <= high
+            and low <= _total_interval(other)[1]
+        ]
 
 
 def rank_candidates(

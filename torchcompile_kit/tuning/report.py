@@ -32,6 +32,39 @@ def _steps(value: float | None) -> str:
     return "never" if math.isinf(value) else f"{int(value):,}"
 
 
+def _interval(c: CandidateResult) -> str:
+    if c.speedup_low is not None:
+        return f"{c.speedup_low:.2f}–{c.speedup_high:.2f}"
+    return "-" if c.paired or c.verdict == "eager" or c.status != "ok" else "unpaired"
+
+
+def _margin(c: CandidateResult) -> str:
+    """``1.17x eager per step (95% interval 1.12–1.22)``."""
+    text = f"{c.speedup:.2f}x eager per step"
+    if c.speedup_low is not None:
+        text += f" (95% interval {c.speedup_low:.2f}–{c.speedup_high:.2f})"
+    return text
+
+
+def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult], steps_planned: int) -> str:
+    """The candidates the measurement cannot tell from the recommendation, with their totals."""
+    by_name = {c.name: c for c in candidates}
+    others = [by_name[n] for n in chosen.indistinguishable_from if n in by_name and by_name[n].eligible]
+    if not others:
+        return ""
+
+    def total(c: CandidateResult) -> str:
+        if c.predicted_total_low_s is None:
+            return f"{c.name} {c.predicted_total_s:,.0f} s"
+        return f"{c.name} {c.predicted_total_low_s:,.0f}–{c.predicted_total_high_s:,.0f} s"
+
+    return (
+        f"; not distinguishable from {', '.join(c.name for c in others)} at {steps_planned:,} steps "
+        f"(predicted {', '.join(total(c) for c in [chosen, *others])}: the intervals overlap, "
+        "so either will do; --steps or --steady-seconds narrow them)"
+    )
+
+
 def format_table(result: TuneResult) -> str:
     """The ranked table as fixed-width text (one row per candidate).
 
@@ -52,6 +85,7 @@ def format_table(result: TuneResult) -> str:
         "compile s",
         "step ms",
         "x eager",
+        "95% interval",
         "break-even",
         f"total s @{result.steps_planned:,}",
         "graphs",
@@ -65,6 +99,8 @@ def format_table(result: TuneResult) -> str:
         note = c.offending if c.verdict == "fail" else (c.reason or "")
         if c.restart and c.status == "ok":
             note = note or "warm restart (loads a saved cache)"
+        if c.indistinguishable_from:
+            note = f"≈ {', '.join(c.indistinguishable_from)}" + (f"; {note}" if note else "")
         rows.append(
             (
                 f"{rank}{mark}",
@@ -74,6 +110,7 @@ def format_table(result: TuneResult) -> str:
                 _num(c.compile_s, ".1f"),
                 _num(None if c.step_s is None else c.step_s * 1e3, ".2f"),
                 _num(c.speedup, ".2f"),
+                _interval(c),
                 _steps(c.break_even_steps),
                 _num(c.predicted_total_s, ".1f"),
                 _num(c.graphs, "d"),
@@ -158,12 +195,12 @@ def recommendation_reason(
         text = f"{chosen.name}: the lowest predicted total for {steps_planned:,} steps (eager not measured)"
     elif not chosen.break_even_steps:
         text = (
-            f"{chosen.name}: {chosen.speedup:.2g}x eager per step, and its one-off cost is no more "
+            f"{chosen.name}: {_margin(chosen)}, and its one-off cost is no more "
             "than eager's: ahead from the first step"
         )
     else:
         text = (
-            f"{chosen.name}: {chosen.speedup:.2g}x eager per step, pays back its "
+            f"{chosen.name}: {_margin(chosen)}, pays back its "
             f"{chosen.compile_s:.0f} s compile after ~{_steps(chosen.break_even_steps)} steps "
             f"(of {steps_planned:,} planned)"
         )
@@ -179,6 +216,7 @@ def recommendation_reason(
             f"{chosen.predicted_total_s:,.0f} s for {steps_planned:,} steps) but was not checked "
             "against eager (its run reported no correctness check), so it is not recommended"
         )
+    text += _indistinguishable(chosen, candidates, steps_planned)
     if wrong:
         text += "; not recommended because it computes different numbers: " + ", ".join(
             c.name for c in wrong
@@ -217,13 +255,19 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
         style = "--" if c.restart else ("-" if c.verdict != "fail" else ":")
         width = 2.5 if c.name == result.recommendation else 1.2
         overhead = (c.compile_s or 0.0) + (c.recompile_s or 0.0)
-        ax.plot(
+        (line,) = ax.plot(
             [0, horizon],
             [overhead, overhead + horizon * c.step_s],
             style,
             lw=width,
             label=c.name + (" (wrong results)" if c.verdict == "fail" else ""),
         )
+        if c.speedup_low is not None and c.speedup:  # the 95% interval of its paired ratio
+            fast, slow = c.step_s * c.speedup / c.speedup_high, c.step_s * c.speedup / c.speedup_low
+            ax.fill_between(
+                [0, horizon], [overhead, overhead + horizon * fast], [overhead, overhead + horizon * slow],
+                color=line.get_color(), alpha=0.15, lw=0,
+            )
     ax.axvline(result.steps_planned, color="grey", ls="--", lw=1)
     ax.set_xlabel("training steps")
     ax.set_ylabel("predicted wall time, s")

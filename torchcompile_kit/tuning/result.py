@@ -67,6 +67,20 @@ class CandidateResult:
     """Seconds its process took (start-up, build, compile, measurement, check)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """The bench runner's raw metrics (losses, step times, padding, memory ...)."""
+    speedup_low: float | None = None
+    """Low end of the 95% interval of ``speedup`` (paired runs; ``None``: no interval)."""
+    speedup_high: float | None = None
+    """High end of the 95% interval of ``speedup``."""
+    paired: bool = False
+    """``speedup`` and ``step_s`` come from steps paired with eager's in the candidate's own
+    run (:mod:`torchcompile_kit.bench.paired`), not from two runs at different moments."""
+    predicted_total_low_s: float | None = None
+    """``predicted_total_s`` at the high end of the speedup's interval (the fast end)."""
+    predicted_total_high_s: float | None = None
+    """``predicted_total_s`` at the low end of the speedup's interval (the slow end)."""
+    indistinguishable_from: list[str] = field(default_factory=list)
+    """Candidates whose predicted-total intervals overlap this one's: the measurement cannot
+    tell them apart for the planned run."""
 
     @property
     def eligible(self) -> bool:

@@ -57,6 +57,9 @@ class RunPlan:
     """Warm restarts count for the planned run."""
     runs: Path
     """The runner's ``out_dir``."""
+    paired: bool = True
+    """Each candidate's steps alternate with an eager copy's in its own process, so it is
+    ranked on its ratio to eager measured at the same moments (:mod:`torchcompile_kit.bench.paired`)."""
 
 
 def measure_candidate(
@@ -135,6 +138,8 @@ def measure_candidate(
         steady_s=plan.steady_s,
         check=CHECK_HOOK if candidate.gate is not None else None,
         on_event=progress,
+        # every candidate's ratio is to eager (pad to max), the table's "x eager"
+        pair_with="eager" if plan.paired and candidate.recipe != "eager" else None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error

@@ -66,6 +66,7 @@ def tune(
     warmup_steps: int | None = None,
     steady_s: float = STEADY_S,
     verify: bool = False,
+    paired: bool = True,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
@@ -95,6 +96,10 @@ def tune(
         verify: afterwards run the recommendation for ``steps_planned`` steps in a fresh process
             and record predicted vs measured total (``TuneResult.verification``); outside the
             budget.
+        paired: in each candidate's process, an eager copy of the model steps beside it in
+            alternating blocks, and candidates are ranked on those paired ratios to eager (with a
+            95% interval), which hold when the machine's load changes between runs; ``False``:
+            on step times measured alone, at different moments (half the memory).
         on_event: progress callback, ``{"event": "candidate", "name": ..., "status": ...}``,
             and ``{"event": "check", "name": ..., "status": "pass" | "fail"}`` after a compiled
             candidate's run.
@@ -138,6 +143,7 @@ def tune(
         steps_planned=steps_planned,
         warm_start=warm_start,
         runs=out / "runs",
+        paired=paired,
     )
     by_name = {c.name: c for c in CANDIDATES}
     results: list[CandidateResult] = []
@@ -153,7 +159,8 @@ def tune(
         candidates=ranked,
         settings=_settings(
             spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
-        ),
+        )
+        | {"paired": paired},
         notes=_notes(loaded, preset, results),
     )
     if verify and recommended is not None:

@@ -1,0 +1,355 @@
+"""Numbers that hold on a busy machine: paired ratios with an interval, and who else used the CPU.
+
+A row's ``× base`` used to divide its steps/s by the baseline row's, measured minutes earlier in
+another process: load from any other process that came and went between the two flipped the
+ratio (the same compiled code read 1.0× and 3.5× eager in one run). Now the recipe's process also
+builds an eager copy of the model (the group's baseline recipe) and, after the warm-up, steps the
+two in alternating *blocks* on the same batches (:func:`.metrics.measure_training`), so load that
+comes and goes hits both sides. This module turns those blocks into the ratio and its interval,
+says whether the machine got in the way, and pools the rows of ``--repeat``:
+
+- :func:`ratio_interval`: the median of the per-block ratios (the baseline's median step ÷ the
+  recipe's, in the block) with a bootstrap confidence interval (:func:`scipy.stats.bootstrap`); for a recipe whose
+  batches are not the baseline's (``buckets``: its sampler groups samples by length), the ratio
+  of the two sides' total time over all blocks, bootstrapped over blocks (a per-block ratio would
+  compare different batch mixes);
+- :func:`cpu_snapshot` / :func:`neighbour_share`: the share of the machine's CPU time that
+  processes other than this one and its children used (psutil), which the hypervisor's steal
+  does not show (a neighbour on the same VM);
+- :func:`not_quotable`: why a row's timings should not be quoted (wide interval, neighbours,
+  steal), empty when they can be;
+- :func:`merge_repeats`: the runs of one row under ``--repeat`` as one row, blocks pooled.
+
+psutil and scipy are the ``bench`` extra's; without psutil the neighbours are not measured
+(``None``), without scipy the interval is the block ratios' interquartile range.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CONFIDENCE",
+    "MIN_BLOCKS",
+    "NEIGHBOUR_LIMIT",
+    "STEAL_LIMIT",
+    "WIDTH_LIMIT",
+    "CpuSnapshot",
+    "block_steps_for",
+    "cpu_snapshot",
+    "merge_repeats",
+    "neighbour_share",
+    "not_quotable",
+    "paired_ratio",
+    "ratio_interval",
+]
+
+CONFIDENCE = 0.95
+"""Confidence level of the interval."""
+MIN_BLOCKS = 5
+"""Fewer blocks give no interval (a median of 4 numbers has no useful bootstrap)."""
+WIDTH_LIMIT = 0.20
+"""An interval wider than this share of its ratio (``(high - low) / ratio``, i.e. about ±10%)
+is too wide to quote."""
+NEIGHBOUR_LIMIT = 0.10
+"""Other processes using more than this share of the machine's CPU time during a row (0.2 of
+one core on a 2-core machine) make its timings not quotable."""
+STEAL_LIMIT = 0.05
+"""Above this share of CPU time stolen by the hypervisor, a row's timings are not quotable."""
+_RESAMPLES = 2000
+
+
+def block_steps_for(steps: int) -> int:
+    """Steps per side in one block: one or two, so that ``steps`` steady steps make many blocks.
+
+    Short blocks keep the two sides close in time (load that switches on and off hits both) and
+    keep a rare slow step (a thread descheduled by another process) inside few blocks, which the
+    median then outvotes (on a 2-core machine with another job using more than a core, 60 blocks
+    of 2 steps kept the ratio of one compiled model to eager within 3% where 20 blocks of 6 moved
+    it by 20%); many blocks give the median a narrow interval.
+
+    Example:
+        >>> block_steps_for(20), block_steps_for(120), block_steps_for(600)
+        (1, 2, 10)
+    """
+    return max(1, steps // 60)
+
+
+def ratio_interval(
+    base_s: Sequence[float],
+    recipe_s: Sequence[float],
+    *,
+    same_batches: bool = True,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
+
+    Args:
+        base_s: seconds the baseline took in each block.
+        recipe_s: seconds the recipe took in the same blocks (same steps, same batches).
+        same_batches: both sides stepped on the same samples in each block: the ratio is the
+            median of the per-block ratios. ``False`` (their batches differ, e.g. ``buckets``):
+            the ratio of the two sides' total seconds, bootstrapped over blocks.
+        confidence: the interval's confidence level.
+
+    Returns:
+        ``ratio``, ``low``, ``high`` (``None`` with fewer than :data:`MIN_BLOCKS` blocks),
+        ``blocks``, ``method`` (``"median of block ratios"`` or ``"ratio of totals"``, with
+        ``", bootstrap"`` or ``", IQR"`` for the interval) and ``confidence``.
+
+    Raises:
+        ValueError: the sides have different lengths, no block, or a non-positive time.
+
+    Example:
+        >>> r = ratio_interval([0.2] * 10, [0.1] * 10)
+        >>> r["ratio"], r["low"], r["high"]
+        (2.0, 2.0, 2.0)
+    """
+    base, recipe = [float(v) for v in base_s], [float(v) for v in recipe_s]
+    if len(base) != len(recipe) or not base:
+        raise ValueError(
+            f"paired blocks need as many baseline as recipe times, at least one; got "
+            f"{len(base)!r} and {len(recipe)!r}"
+        )
+    if min(base + recipe) <= 0:
+        raise ValueError(f"block times must be positive seconds, got {min(base + recipe)!r}")
+    ratios = [b / r for b, r in zip(base, recipe)]
+    if same_batches:
+        ratio, method = statistics.median(ratios), "median of block ratios"
+    else:
+        ratio, method = sum(base) / sum(recipe), "ratio of totals"
+    low = high = None
+    if len(ratios) >= MIN_BLOCKS:
+        low, high, how = _interval(base, recipe, ratios, same_batches, confidence)
+        # the percentile bootstrap of a median can sit just beside it on few distinct values
+        low, high = min(low, ratio), max(high, ratio)
+        method += f", {how}"
+    return {
+        "ratio": ratio,
+        "low": low,
+        "high": high,
+        "blocks": len(ratios),
+        "method": method,
+        "confidence": confidence,
+    }
+
+
+def _interval(
+    base: list[float], recipe: list[float], ratios: list[float], same_batches: bool, confidence: float
+) -> tuple[float, float, str]:
+    try:
+        import numpy as np
+        from scipy import stats
+    except ImportError:  # the bench extra is not installed: the spread of the block ratios
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return q1, q3, "IQR (install scipy for a bootstrap interval)"
+    rng = np.random.default_rng(0)  # the same blocks give the same interval
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate data (every block alike) is fine here
+        if same_batches:
+            result = stats.bootstrap(
+                (np.asarray(ratios),), np.median, confidence_level=confidence,
+                n_resamples=_RESAMPLES, method="percentile", random_state=rng, batch=100,
+            )
+        else:
+            result = stats.bootstrap(
+                (np.asarray(base), np.asarray(recipe)),
+                lambda b, r, axis=-1: b.sum(axis=axis) / r.sum(axis=axis),
+                paired=True, vectorized=True, confidence_level=confidence,
+                n_resamples=_RESAMPLES, method="percentile", random_state=rng, batch=100,
+            )
+    low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        low = high = float(np.median(ratios)) if same_batches else sum(base) / sum(recipe)
+    return low, high, "bootstrap"
+
+
+def paired_ratio(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ratio and interval of a row's paired blocks (``metrics["paired"]``), or ``None``.
+
+    Example:
+        >>> paired_ratio({"paired": {"baseline": "eager", "base_s": [[2.0, 2.2]] * 5,
+        ...                          "recipe_s": [[1.0, 1.1]] * 5, "same_batches": True}})["ratio"]
+        2.0
+    """
+    paired = metrics.get("paired")
+    if not isinstance(paired, Mapping) or not paired.get("base_s"):
+        return None
+    same = bool(paired.get("same_batches", True))
+    # a block's side: the median of its steps on the same batches (a step that waited for a
+    # descheduled thread does not make its block slow), else their total (other batch mixes)
+    block = statistics.median if same else sum
+    result = ratio_interval(
+        [block(_steps(b)) for b in paired["base_s"]],
+        [block(_steps(r)) for r in paired["recipe_s"]],
+        same_batches=same,
+    )
+    result["baseline"] = paired.get("baseline")
+    return result
+
+
+def _steps(block: Any) -> list[float]:
+    """A block's step seconds (a list), or its one number (a block given as its total)."""
+    return list(block) if isinstance(block, (list, tuple)) else [float(block)]
+
+
+# --- the machine: who else used the CPU ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSnapshot:
+    """CPU seconds at one moment: the whole machine's and this process tree's."""
+
+    busy_s: float
+    """CPU seconds every process of the machine ran (all CPUs; idle, iowait and steal excluded)."""
+    total_s: float
+    """CPU seconds of all CPUs, busy or not (steal included)."""
+    own_s: float
+    """CPU seconds this process and its descendants ran (waited-for children included)."""
+
+
+def _own_cpu_seconds(psutil: Any) -> float:
+    """This process and every live descendant, each with the children it has waited for
+    (inductor's compile workers and probes are descendants: the row's own work)."""
+    me = psutil.Process(os.getpid())
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
+
+
+def cpu_snapshot() -> CpuSnapshot | None:
+    """The machine's and this process tree's CPU seconds now; ``None`` without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    times = psutil.cpu_times()
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    steal = getattr(times, "steal", 0.0)
+    # guest time is already inside user (Linux); the rest of the fields sum to the CPUs' time
+    fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    total = sum(getattr(times, name, 0.0) for name in fields)
+    return CpuSnapshot(busy_s=total - idle - steal, total_s=total, own_s=_own_cpu_seconds(psutil))
+
+
+def neighbour_share(before: CpuSnapshot | None, after: CpuSnapshot | None) -> float | None:
+    """The share of the machine's CPU time that *other* processes used between two snapshots.
+
+    The machine's busy CPU seconds minus this process tree's, over all CPUs' seconds: another
+    job on the same machine or VM, which the hypervisor's steal does not count.
+
+    Example:
+        >>> neighbour_share(CpuSnapshot(busy_s=10, total_s=100, own_s=5),
+        ...                 CpuSnapshot(busy_s=60, total_s=200, own_s=35))
+        0.2
+    """
+    if before is None or after is None or after.total_s <= before.total_s:
+        return None
+    others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    return max(0.0, others / (after.total_s - before.total_s))
+
+
+# --- marking -------------------------------------------------------------------------------------
+
+
+def not_quotable(metrics: Mapping[str, Any]) -> list[str]:
+    """Why a row's timings should not be quoted; empty when they can be.
+
+    Args:
+        metrics: a row's metrics: ``speedup``/``speedup_low``/``speedup_high``/``speedup_blocks``
+            (paired rows), ``cpu_neighbours``/``cpu_neighbours_steady`` and ``cpu_steal``.
+
+    Returns:
+        One short reason per problem.
+
+    Example:
+        >>> not_quotable({"cpu_neighbours": 0.31, "cpu_steal": 0.0})
+        ["other processes used 31% of the machine's CPU during it (limit 10%)"]
+    """
+    reasons = []
+    shares = [metrics.get(k) for k in ("cpu_neighbours", "cpu_neighbours_steady")]
+    shares = [s for s in shares if isinstance(s, (int, float))]
+    if shares and max(shares) > NEIGHBOUR_LIMIT:
+        reasons.append(
+            f"other processes used {max(shares):.0%} of the machine's CPU during it "
+            f"(limit {NEIGHBOUR_LIMIT:.0%})"
+        )
+    steal = metrics.get("cpu_steal")
+    if isinstance(steal, (int, float)) and steal > STEAL_LIMIT:
+        reasons.append(f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})")
+    ratio, low, high = (metrics.get(k) for k in ("speedup", "speedup_low", "speedup_high"))
+    blocks = metrics.get("speedup_blocks")
+    if blocks is not None and (low is None or high is None):
+        reasons.append(f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more --steps)")
+    elif ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
+        reasons.append(
+            f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans {(high - low) / ratio:.0%} "
+            f"of the ratio (limit {WIDTH_LIMIT:.0%})"
+        )
+    return reasons
+
+
+# --- --repeat ------------------------------------------------------------------------------------
+
+_MEDIAN_KEYS = ("warmup_s", "first_step_s", "tokens_per_s", "cpu_neighbours", "cpu_neighbours_steady",
+                "cpu_steal", "cpu_steal_steady", "peak_memory_mb")
+
+
+def merge_repeats(results: Sequence[Any]) -> Any:
+    """The runs of one recipe under ``--repeat`` as one result.
+
+    Steady steps and paired blocks are pooled (the interval then covers every run's blocks);
+    warm-up, tokens/s, memory and the machine's shares are the runs' medians; losses, counts and
+    notes are the first ok run's. ``metrics["repeats"]`` keeps each run's own figures.
+
+    Args:
+        results: the :class:`~.outcome.RecipeResult` of each run, in order.
+
+    Returns:
+        One :class:`~.outcome.RecipeResult` (the last run's when none is ok).
+    """
+    ok = [r for r in results if r.status == "ok"]
+    if len(results) == 1 or not ok:
+        return results[-1]
+    merged = type(ok[0]).from_dict(ok[0].to_dict())
+    metrics = merged.metrics
+    for key in _MEDIAN_KEYS:
+        values = [r.metrics[key] for r in ok if isinstance(r.metrics.get(key), (int, float))]
+        metrics[key] = statistics.median(values) if values else None
+    times = [t for r in ok for t in r.metrics.get("step_times_s") or []]
+    metrics["step_times_s"] = times
+    metrics["step_tokens"] = [n for r in ok for n in r.metrics.get("step_tokens") or []]
+    metrics["steps"] = len(times)
+    metrics["steady_s"] = sum(times)
+    metrics["steps_per_s"] = 1 / statistics.median(times) if times else None
+    pairs = [r.metrics["paired"] for r in ok if isinstance(r.metrics.get("paired"), Mapping)]
+    if pairs:
+        metrics["paired"] = {
+            **pairs[0],
+            "base_s": [s for p in pairs for s in p["base_s"]],
+            "recipe_s": [s for p in pairs for s in p["recipe_s"]],
+        }
+    metrics["repeats"] = [_repeat_summary(r) for r in results]
+    merged.wall_s = sum(r.wall_s or 0.0 for r in results)
+    return merged
+
+
+def _repeat_summary(result: Any) -> dict[str, Any]:
+    m = result.metrics
+    summary: dict[str, Any] = {"status": result.status}
+    for key in ("warmup_s", "steps_per_s", "cpu_neighbours", "cpu_steal"):
+        summary[key] = m.get(key)
+    ratio = paired_ratio(m)
+    if ratio is not None:
+        summary.update(speedup=ratio["ratio"], speedup_low=ratio["low"], speedup_high=ratio["high"])
+    return summary
