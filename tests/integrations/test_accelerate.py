@@ -117,6 +117,25 @@ def test_prepare_bucket_dataloader_refuses_double_or_wrong_sharding(fresh_accele
         )
 
 
+def test_dispatch_batches_is_refused_not_half_read(fresh_accelerate_state):
+    """dispatch_batches=True: process 0 would concatenate every process's batches (of different
+    buckets) and read only its own share of the sampler; the sampler refuses by name."""
+    from accelerate import DataLoaderConfiguration
+
+    from torchcompile_kit import BatchShapeError
+
+    accelerator = accelerate.Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True)
+    )
+    rows, lengths = rows_and_lengths(8)
+    sampler = BucketBatchSampler(lengths, BUCKETS, batch_size=2)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(
+        rows, batch_sampler=sampler, collate_fn=PadToBucketCollator(buckets=BUCKETS)))
+    assert type(loader).__name__ == "DataLoaderDispatcher"
+    with pytest.raises(BatchShapeError, match="dispatch_batches=False"):
+        list(loader)
+
+
 def test_compile_optimizer_refuses_accelerated_optimizer_with_grad_scaler(fresh_accelerate_state):
     from accelerate.optimizer import AcceleratedOptimizer
 

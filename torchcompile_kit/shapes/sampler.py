@@ -58,6 +58,9 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
       and adds no top-up of its own. (With ``Accelerator(split_batches=True)`` accelerate
       splits every batch instead: the whole list is yielded as is.) The ranks' batches are the
       same either way (were both to deal, each of 2 ranks would see a quarter of the data).
+    * accelerate's ``dispatch_batches=True`` (process 0 fetches and concatenates every process's
+      batches) is refused with ``BatchShapeError``: batches of different buckets do not
+      concatenate, and process 0 would read only its own share.
 
     Resuming mid-epoch: set the epoch (``loader.set_epoch(epoch)`` or
     ``sampler.set_epoch(epoch)``), then skip the batches already trained on (accelerate's
@@ -211,6 +214,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         """``(P, rank)`` to deal to, ``rank=None``: the whole list (accelerate deals it out)."""
         wrapper = _accelerate_wrapper(self, caller)
         if wrapper is None:
+            _refuse_dispatcher(caller)
             return self.num_replicas, self.rank
         if wrapper.split_batches:  # accelerate splits each batch across the processes
             return 1, None
@@ -332,6 +336,34 @@ def _accelerate_wrapper(sampler: BucketBatchSampler, caller: FrameType | None) -
     ):
         return wrapper
     return None
+
+
+def _refuse_dispatcher(caller: FrameType | None) -> None:
+    """Raise when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates us.
+
+    There process 0 alone iterates the loader, concatenates ``num_processes`` of its batches and
+    splits the result: batches of different buckets cannot be concatenated (accelerate's
+    ``RuntimeError``), and where they happen to match, process 0 would read only the share this
+    sampler deals to rank 0: the other ranks' batches would never be seen. torch's data-loader
+    iterator calls ``iter(batch_sampler)`` a few frames below the dispatcher's ``__iter__``
+    (through its ``base_dataloader``), so the frames up to there are searched.
+    """
+    module = sys.modules.get("accelerate.data_loader")  # never imported from here
+    frame, depth = caller, 0
+    while module is not None and frame is not None and depth < 8:
+        if isinstance(frame.f_locals.get("self"), module.DataLoaderDispatcher):
+            break
+        frame, depth = frame.f_back, depth + 1
+    else:
+        return
+    if frame is not None:
+        raise BatchShapeError(
+            "BucketBatchSampler under accelerate's dispatch_batches=True: process 0 would fetch "
+            "and concatenate every process's batches, which differ in length by bucket (and "
+            "would see only its own share of this sampler's). Use "
+            "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False)), the "
+            "default for map-style datasets: each process then fetches its own batches."
+        )
 
 
 def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
