@@ -186,3 +186,15 @@ def cohere2(n_layer: int = 4, hidden: int = 32):
         bos_token_id=1, eos_token_id=2, pad_token_id=0, attention_dropout=0.0,
     )
     return Cohere2ForCausalLM(config)
+
+
+def roberta(n_layer: int = 2, hidden: int = 32):
+    """Of the BERT family: a block whose ``forward`` only calls submodules."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    config = RobertaConfig(
+        vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=n_layer, num_attention_heads=4,
+        intermediate_size=2 * hidden, max_position_embeddings=128, pad_token_id=0,
+    )
+    _no_dropout(config, "hidden_dropout_prob", "attention_probs_dropout_prob")
+    return RobertaForMaskedLM(config)

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     # errors
     "BatchShapeError": "errors",
     "BlockSelectorError": "errors",
+    "CompiledMismatchError": "errors",
     "NoRepeatedBlocksError": "errors",
     "SequenceTooLongError": "errors",
     "TorchCompileKitError": "errors",

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BatchShapeError",
     "BlockSelectorError",
+    "CompiledMismatchError",
     "NoRepeatedBlocksError",
     "SequenceTooLongError",
     "TorchCompileKitError",
@@ -59,3 +60,17 @@ class UnsupportedTorchError(TorchCompileKitError, RuntimeError):
 
 class BatchShapeError(TorchCompileKitError, ValueError):
     """A length, bucket, batch or dynamic-dim argument cannot be honoured (buckets, dynamic)."""
+
+
+class CompiledMismatchError(TorchCompileKitError, RuntimeError):
+    """A recipe's first compiled call computed something else than eager on the same batch.
+
+    Raised by the first-call check of ``compile_regional(nested=True)``, ``compile_peft`` and
+    ``compile_optimizer`` (``verify=``) before the call returns; the message names the recipe,
+    the torch version, the backend and the largest difference. ``record`` is the
+    ``FirstCallCheck`` (also in a running ``CompileMonitor``'s ``first_call_checks``).
+    """
+
+    def __init__(self, message: str, *, record: object = None) -> None:
+        super().__init__(message)
+        self.record = record

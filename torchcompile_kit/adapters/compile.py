@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_choice
+from ..diagnostics import check_verify_arg
 from ..regional import compile_regional, find_repeated_blocks
 from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
@@ -99,6 +100,7 @@ def compile_peft(
     hotswap_target_rank: int | None = None,
     generate: GenerateMode = "eager",
     hook_guards: bool = True,
+    verify: bool | None = None,
     **compile_kwargs: Any,
 ) -> nn.Module:
     """Check a PEFT model, compile it in place, and guard the risky runtime operations.
@@ -142,6 +144,14 @@ def compile_peft(
         hook_guards: guard module hooks in the compiled regions (the fix for ``adapter_names=``
             reusing a graph traced without PEFT's hooks). ``False`` is dynamo's default and is
             unsafe with ``adapter_names=``; it exists to measure what the guards cost.
+        verify: compare the first forward in each adapter state (active adapters, disabled,
+            merged, ``adapter_names=``, grad mode, train/eval: each a new graph) with an eager
+            run of the same call, outputs and, with grad on, the trainable (adapter) gradients,
+            and raise ``CompiledMismatchError`` (recipe, torch version, largest difference)
+            before the call returns if they differ. ``None`` (default) and ``True`` check;
+            ``False`` does not. The cost is a few percent of that state's compile
+            (``docs/peft.md``); ``generate()`` is not checked. A running
+            :class:`~torchcompile_kit.CompileMonitor` records each check.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
             ``dynamic``, ``options``).
 
@@ -153,6 +163,9 @@ def compile_peft(
         ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``policy``,
             ``on_violation`` or ``generate``; ``NoRepeatedBlocksError`` when ``regional=True``
             finds no blocks.
+        TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
+        CompiledMismatchError: (at a later forward, not here) the first call in an adapter
+            state differed from eager, with ``verify`` on.
 
     Example:
         >>> model = compile_peft(get_peft_model(base, LoraConfig(r=8)))  # doctest: +SKIP
@@ -160,6 +173,7 @@ def compile_peft(
     """
     check_choice("generate", generate, ("eager", "compiled"),
                  hint="'eager' skips the compiled blocks in generate(); 'compiled' compiles them")
+    verify = check_verify_arg(verify, recipe="compile_peft") is not False
     fullgraph = bool(compile_kwargs.get("fullgraph", False))
     decisions: list[Decision] = []
     extra = [] if hook_guards else [finding(rule_by_id("hook-guards-off"), "hook_guards=False")]
@@ -180,7 +194,7 @@ def compile_peft(
         limit = compile_kwargs["recompile_limit"] = limit + 4 * blocks
     limit = int(compile_kwargs.get("recompile_limit") or limit)
     if regional:
-        compile_regional(model, **compile_kwargs)
+        compile_regional(model, verify=False, **compile_kwargs)  # the guard below checks
     else:
         model.compile(**compile_kwargs)
     if facts.is_peft_model:
@@ -190,7 +204,7 @@ def compile_peft(
         )
         AdapterGuard(
             model, policy=policy, fullgraph=fullgraph, regional=regional,
-            on_violation=on_violation, record=record, compile_kwargs=compile_kwargs,
+            on_violation=on_violation, record=record, compile_kwargs=compile_kwargs, verify=verify,
         ).install()
     return model
 

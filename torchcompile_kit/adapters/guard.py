@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import _dynamo
 from .._compat import has_set_stance
+from ..diagnostics import FirstCallVerifier
 from ..regional import register_undo
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
 from .facts import describe_peft_model
@@ -59,6 +60,7 @@ class AdapterGuard:
         on_violation: OnViolation,
         record: PeftCompileRecord,
         compile_kwargs: dict[str, Any],
+        verify: bool = False,
     ) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -77,6 +79,11 @@ class AdapterGuard:
         self.hook: Any = None
         self.adapters = self._adapter_key()
         self.known = {(d.rule_id, d.message) for d in record.decisions}
+        # the first call in each adapter state (a new graph) is compared with eager
+        self.verifier = FirstCallVerifier(
+            model, recipe="compile_peft", backend=compile_kwargs.get("backend", "inductor"),
+            state=self.verify_state,
+        ) if verify else None
 
     def install(self) -> None:
         model = self.model
@@ -90,11 +97,15 @@ class AdapterGuard:
                     _dynamo.set_compiled_call(module, _dynamo.with_module_hook_guards(call))
             # the PeftModel's own forward stays eager: a pre-hook runs in Python on every call
             self.hook = model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
+            if self.verifier is not None:  # after the guard's hook: a refused call is not checked
+                register_undo(model, self.verifier.install_hooks())
         else:
             # a pre-hook would be traced by dynamo (it runs inside the compiled _call_impl), so
             # the check goes in front of the compiled call instead
             call = _dynamo.get_compiled_call(model)
             self.compiled_call = _dynamo.with_module_hook_guards(call) if self.record.hook_guards else call
+            if self.verifier is not None:
+                self.compiled_call = self.verifier.wrap(self.compiled_call)
             _dynamo.set_compiled_call(model, self.call_compiled)
         for name in ("disable_adapter", "merge_and_unload", "generate"):
             if hasattr(model, name):
@@ -161,6 +172,10 @@ class AdapterGuard:
 
     def _adapter_key(self) -> tuple[tuple[str, int], ...]:
         return tuple((name, id(config)) for name, config in getattr(self.model, "peft_config", {}).items())
+
+    def verify_state(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The state a first-call check is made once for (a bound method: deepcopy rebinds it)."""
+        return self._state(kwargs.get("adapter_names"))
 
     def _state(self, adapter_names: Any) -> tuple[Any, ...]:
         names = tuple(adapter_names) if adapter_names is not None else None

@@ -1,16 +1,20 @@
 """What the compiler did, measured: compile events, graph breaks, recompile guards, equivalence.
 
 The topic's API. Modules: :mod:`.monitor` (``CompileMonitor``), :mod:`.explain`
-(``explain_graph_breaks``), :mod:`.recompiles` (``no_recompiles``) and :mod:`.equivalence`
-(``check_compile_equivalence``). :mod:`.trace_records` (the record's data classes and the readers
-of torch's texts) and :mod:`.recorder` (the trace handler) serve the monitor.
+(``explain_graph_breaks``), :mod:`.recompiles` (``no_recompiles``), :mod:`.equivalence`
+(``check_compile_equivalence``) and :mod:`.first_call` (the first-call check the fragile recipes
+run, ``verify=``). :mod:`.trace_records` (the record's data classes and the readers
+of torch's texts) and :mod:`.recorder` (the trace handler) serve the monitor; :mod:`.regions`
+tags what dynamo compiled with the region (a ``compile_regional`` block group) whose call ran.
 """
 
 from .equivalence import EquivalenceReport, EquivalenceStep, TensorDiff, check_compile_equivalence
 from .explain import explain_graph_breaks
+from .first_call import FirstCallVerifier, check_in_place_update, check_verify_arg
 from .monitor import CompileMonitor
 from .recompiles import allow_first_compile, no_recompiles
-from .trace_records import CompiledFrame, GraphBreak, LimitHit, Recompile
+from .regions import current_region, mark_region
+from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
 
 __all__ = [
     # top level UX
@@ -22,10 +26,18 @@ __all__ = [
     "CompiledFrame",
     "EquivalenceReport",
     "EquivalenceStep",
+    "FirstCallCheck",
     "GraphBreak",
     "LimitHit",
     "Recompile",
     "TensorDiff",
     # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
     "allow_first_compile",
+    # for other topics: a compiled region whose compiles the monitor attributes to it
+    "current_region",
+    "mark_region",
+    # for the fragile recipes (regional nested, adapters, optim): the first-call check
+    "FirstCallVerifier",
+    "check_in_place_update",
+    "check_verify_arg",
 ]

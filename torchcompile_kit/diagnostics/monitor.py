@@ -32,10 +32,22 @@ from .trace_records import (
     owner_of,
 )
 
-__all__ = ["CompileMonitor"]
+__all__ = ["CompileMonitor", "record_first_call_check"]
 
 _CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 _CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
+# the monitors recording now, in start order: the first-call checks report to each of them
+_RUNNING: list[CompileMonitor] = []
+
+
+def record_first_call_check(check: Any) -> None:
+    """Give a first-call check (a ``FirstCallCheck``) to every running monitor (internal).
+
+    Example:
+        >>> record_first_call_check(record)  # doctest: +SKIP
+    """
+    for monitor in _RUNNING:
+        monitor._first_call_checks.append(check)
 
 
 class CompileMonitor:
@@ -65,6 +77,7 @@ class CompileMonitor:
         self._notes: list[str] = []
         self._filled = 0
         self._trace_missing = False
+        self._first_call_checks: list[Any] = []
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -81,6 +94,7 @@ class CompileMonitor:
         if self._running:
             raise RuntimeError("CompileMonitor.start(): already recording; call stop() first")
         self._running = True
+        _RUNNING.append(self)
         self._start_us = time.time_ns() // 1000
         self._cache_start = _dynamo.compile_cache_counters()
         self._breaks_start = _dynamo.graph_break_counts()
@@ -116,6 +130,8 @@ class CompileMonitor:
                 self._cache_done[name] += value
             self._running = False
             self._logger = None
+            if self in _RUNNING:
+                _RUNNING.remove(self)
 
     def __enter__(self) -> CompileMonitor:
         return self.start()
@@ -146,6 +162,20 @@ class CompileMonitor:
         return self._recorder.limit_hits
 
     @property
+    def first_call_checks(self) -> list[Any]:
+        """Every first-call check a fragile recipe ran while recording (``FirstCallCheck``).
+
+        ``compile_regional(nested=True)``, ``compile_peft`` and ``compile_optimizer`` compare
+        their first compiled call in each state with eager (``verify=``); each check, passed,
+        failed (it raised ``CompiledMismatchError``) or skipped, is one entry.
+
+        Example:
+            >>> [c.status for c in mon.first_call_checks]  # doctest: +SKIP
+            ['passed']
+        """
+        return list(self._first_call_checks)
+
+    @property
     def notes(self) -> list[str]:
         """What the record could not see, and where weaker sources stood in."""
         return list(self._notes)
@@ -154,7 +184,8 @@ class CompileMonitor:
         """Running counts, flat and JSON-able, for a training log.
 
         Returns:
-            ``frames``, ``graphs``, ``graph_breaks`` (distinct), ``recompiles``,
+            ``frames``, ``graphs``, ``graph_breaks`` (distinct), ``graph_breaks_met`` (every
+            time one was met, as dynamo's ``counters["graph_break"]`` counts), ``recompiles``,
             ``compile_seconds`` (forward + backward), ``recompile_limit_hits``, ``cache_hits`` and
             ``cache_misses`` (inductor FX-graph + AOTAutograd caches, over the monitor's life).
 
@@ -171,6 +202,7 @@ class CompileMonitor:
             "frames": len(self.frames),
             "graphs": sum(f.graphs for f in self.frames),
             "graph_breaks": len(self.graph_breaks),
+            "graph_breaks_met": sum(b.count for b in self.graph_breaks),
             "recompiles": len(self.recompiles),
             "compile_seconds": round(self.compile_seconds(), 6),
             "recompile_limit_hits": len(self.limit_hits),
@@ -223,9 +255,11 @@ class CompileMonitor:
             >>> sorted(json.loads(json.dumps(mon.as_dict())))[:3]
             ['cache', 'compile_seconds_by_function', 'counts']
         """
-        return self._record(
+        record = self._record(
             range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
         )
+        record["first_call_checks"] = [c.as_dict() for c in self._first_call_checks]
+        return record
 
     def summary(self) -> str:
         """A readable table: counts, frames with seconds, breaks, recompiles, limit hits, notes.
@@ -293,6 +327,41 @@ class CompileMonitor:
             [h for h in self.limit_hits if keep(h.function, h.file, h.line, h.owner)],
         )
 
+    def record_for_region(self, region: str) -> dict[str, Any]:
+        """The part of :meth:`as_dict` dynamo compiled while a marked region's call ran.
+
+        Every frame compiled inside the region's call counts (its own entry frame, the code
+        resumed after its graph breaks, callees dynamo compiled as frames of their own), with
+        their graphs, breaks and recompiles, and the region's recompile-limit hits; see
+        :func:`~torchcompile_kit.diagnostics.mark_region`.
+
+        Example:
+            >>> mon.record_for_region(group.region)["counts"]["graphs"]  # doctest: +SKIP
+            1
+        """
+        frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
+        chosen = set(frames)
+        return self._record(
+            frames,
+            [b for b in self.graph_breaks if b.region == region],
+            [r for r in self.recompiles if r.frame in chosen],
+            [h for h in self.limit_hits if h.region == region],
+        )
+
+    def add_note(self, text: str) -> None:
+        """Add a line to the record's ``notes`` (and the summary), once.
+
+        For instruments that read the record and correct what was said before it (the regional
+        report withdraws a preflight warning that dynamo's count disproved).
+
+        Example:
+            >>> mon = CompileMonitor()
+            >>> mon.add_note("checked by hand")
+            >>> mon.notes
+            ['checked by hand']
+        """
+        self._note(text)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _record(
@@ -313,6 +382,7 @@ class CompileMonitor:
             "frames": len(chosen),
             "graphs": sum(f.graphs for f in chosen),
             "graph_breaks": len(breaks),
+            "graph_breaks_met": sum(b.count for b in breaks),
             "recompiles": len(recompiles),
             "recompile_limit_hits": len(hits),
             "compile_seconds": round(sum(by_function.values()), 6),
@@ -445,6 +515,9 @@ def _format_summary(monitor: CompileMonitor) -> str:
         for again in monitor.recompiles:
             who = code_label(again.function, again.owner)
             lines.append(f"  [{again.compile_id}] {who} ({again.file}:{again.line}): {again.guard}")
+    if monitor.first_call_checks:
+        lines.append("first-call checks (compiled vs eager):")
+        lines += [f"  {check.message()}" for check in monitor.first_call_checks]
     for note in monitor.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

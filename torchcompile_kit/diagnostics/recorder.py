@@ -7,6 +7,14 @@ torch's structured trace (``torch.__trace``) emits, per frame compile, in this o
 backward. Records carry ``frame_id``/``frame_compile_id``, which restart at 0 after
 ``torch._dynamo.reset()`` (and per ``isolate_recompiles`` region), so they are only used to tie
 records of one compile *in flight* together; finished compiles are kept in arrival order.
+
+A compile may restart its analysis (``RestartAnalysis``: a graph break met inside an inlined call,
+``TensorifyScalarRestartAnalysis`` for a float scalar): dynamo then traces the frame again and
+discards what the earlier attempt built, so a graph is counted once, from the attempt that
+finished (records carry ``attempt``). A graph break is logged once, in the attempt that met it
+(the restarts replay it from dynamo's speculation log), so every break record counts, as dynamo's
+``counters["graph_break"]`` does. Each frame and limit hit is tagged with the marked region
+running while torch reported it (:mod:`.regions`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _dynamo
+from .regions import current_region
 from .trace_records import (
     CompiledFrame,
     GraphBreak,
@@ -41,9 +50,13 @@ class _InFlight:
     """What arrived for one compile before its ``compilation_metrics`` record."""
 
     graphs: int = 0
+    attempt: int = 0
+    """Dynamo's analysis attempt the graphs belong to (a restart discards the earlier ones)."""
     sources: list[tuple[str, int]] = field(default_factory=list)
     breaks: list[GraphBreak] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    region: str | None = None
+    """The marked region running when the compile started."""
 
 
 class TraceRecorder(logging.Handler):
@@ -66,7 +79,7 @@ class TraceRecorder(logging.Handler):
         self._strings: dict[int, str] = {}
         self._starts: dict[_Key, tuple[str, str | None, int | None]] = {}
         self._in_flight: dict[_Key, _InFlight] = {}
-        self._break_index: dict[tuple[Any, Any, str], GraphBreak] = {}
+        self._break_index: dict[tuple[Any, Any, Any, str], GraphBreak] = {}
         self._by_frame_id: dict[tuple[Any, Any], tuple[str, str | None, int | None]] = {}
         self._limit_function: tuple[str, str | None, int | None] | None = None
         self._mutex = threading.RLock()
@@ -102,8 +115,12 @@ class TraceRecorder(logging.Handler):
         elif name == "dynamo_start":
             code = value["stack"][-1]  # the frame being compiled comes last
             self._starts[key] = (code["name"], self._string(code.get("filename")), code.get("line"))
+            self._in_flight.setdefault(key, _InFlight()).region = current_region()
         elif name == "dynamo_output_graph":
             flight = self._in_flight.setdefault(key, _InFlight())
+            attempt = int(metadata.get("attempt") or 0)
+            if attempt > flight.attempt:  # dynamo restarted its analysis: that graph is gone
+                flight.graphs, flight.sources, flight.attempt = 0, [], attempt
             flight.graphs += 1
             if isinstance(payload, str):
                 flight.sources.extend(graph_sources(payload))
@@ -145,7 +162,7 @@ class TraceRecorder(logging.Handler):
                 start = self._limit_function or (self._by_frame_id.get(key[:2]) if key else None)
             self._limit_function = None
             flight = self._in_flight.pop(key, None) if key is not None else None
-            flight = flight or _InFlight()
+            flight = flight or _InFlight(region=current_region())
             function = metrics.get("co_name") or (start[0] if start else "<unknown>")
             file = metrics.get("co_filename") or (start[1] if start else None)
             line = metrics.get("co_firstlineno") or (start[2] if start else None)
@@ -161,7 +178,8 @@ class TraceRecorder(logging.Handler):
                     # process-wide one is the limit that was hit
                     value = _dynamo.recompile_limit()
                 self.limit_hits.append(
-                    LimitHit(**where, limit=value, limit_type=limit[1], last_reason=last)
+                    LimitHit(**where, limit=value, limit_type=limit[1], last_reason=last,
+                             region=flight.region or current_region())
                 )
                 return
             graphs = flight.graphs
@@ -180,16 +198,19 @@ class TraceRecorder(logging.Handler):
                     seconds=_seconds(metrics, "entire_frame_compile_time_s"),
                     recompile_reason=metrics.get("recompile_reason"),
                     failed=failed,
+                    region=flight.region,
                     sources=flight.sources,
                 )
             )
             for found in flight.breaks:
+                found.region = flight.region
                 self._add_break(found, function=function, compile_id=compile_id, frame=index)
             reason = metrics.get("recompile_reason")
             if reason:
                 self.recompiles.append(
                     Recompile(
-                        **where, reason=reason, reasons=flight.reasons or [reason], frame=index
+                        **where, reason=reason, reasons=flight.reasons or [reason], frame=index,
+                        region=flight.region,
                     )
                 )
 
@@ -201,7 +222,7 @@ class TraceRecorder(logging.Handler):
     def _add_break(
         self, found: GraphBreak, *, function: str | None, compile_id: str, frame: int | None
     ) -> None:
-        same = (found.file, found.line, found.reason)
+        same = (found.region, found.file, found.line, found.reason)
         if same in self._break_index:  # met again (a resume frame, a recompile, after reset)
             self._break_index[same].count += found.count
             return

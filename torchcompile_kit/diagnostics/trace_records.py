@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "RESUME_PREFIX",
     "CompiledFrame",
+    "FirstCallCheck",
     "GraphBreak",
     "LimitHit",
     "Recompile",
@@ -61,6 +62,9 @@ class CompiledFrame:
     """Why the compile failed (then the frame runs eagerly), first line of torch's reason."""
     owner: str | None = None
     """The module class the frame belongs to (``GPT2Block``), once attributed."""
+    region: str | None = None
+    """The marked region whose call was running when dynamo compiled the frame
+    (:func:`~torchcompile_kit.diagnostics.mark_region`; a ``compile_regional`` block group)."""
     sources: list[tuple[str, int]] = field(default_factory=list)
     """``(file, line)`` of the user code in the graph; used to attribute wrapper frames."""
 
@@ -106,6 +110,8 @@ class GraphBreak:
     """Index of that frame in the monitor's ``frames``, where it was recorded."""
     owner: str | None = None
     """The module class it belongs to, once attributed."""
+    region: str | None = None
+    """The marked region it happened in (see :attr:`CompiledFrame.region`)."""
 
     @property
     def location(self) -> str:
@@ -137,6 +143,8 @@ class Recompile:
     """Index of the new frame in the monitor's ``frames``."""
     owner: str | None = None
     """The module class it belongs to, once attributed."""
+    region: str | None = None
+    """The marked region it happened in (see :attr:`CompiledFrame.region`)."""
 
     @property
     def guard(self) -> str:
@@ -146,6 +154,60 @@ class Recompile:
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
         return {**asdict(self), "guard": self.guard, "location": f"{self.file}:{self.line}"}
+
+
+@dataclass(kw_only=True, slots=True)
+class FirstCallCheck:
+    """A fragile recipe compared its first compiled call (in one state) with eager.
+
+    Made by ``compile_regional(nested=True)``, ``compile_peft`` and ``compile_optimizer`` (see
+    ``verify=`` on each); a ``"failed"`` one was raised as ``CompiledMismatchError``.
+    """
+
+    recipe: str
+    """The recipe that checked itself (``"compile_regional(nested=True)"``)."""
+    status: str
+    """``"passed"``, ``"failed"`` or ``"skipped"`` (``note`` says why)."""
+    state: str
+    """The call's state (``"train mode, grad on"``, an adapter state, ``"first compiled step"``)."""
+    torch_version: str
+    backend: str
+    compared: list[str] = field(default_factory=list)
+    """What was compared: ``outputs``, ``gradients`` (a model); ``updates``, ``state`` (a step)."""
+    tensors: int = 0
+    """Tensors compared."""
+    failures: int = 0
+    """Tensors outside tolerance."""
+    max_abs: float = 0.0
+    """The largest absolute difference over every compared tensor."""
+    worst: str = ""
+    """The tensor furthest outside (or closest to) its tolerance."""
+    worst_ratio: float = 0.0
+    """Its difference over its tolerance (at most 1 passes)."""
+    check_seconds: float = 0.0
+    """Time the check added: the eager reference (forward, backward) and the comparison."""
+    compiled_seconds: float = 0.0
+    """Time of the compiled call (its compile included) and, with gradients, of the compiled
+    backward's first run (its compile, which the user's ``backward()`` then skips)."""
+    note: str = ""
+    """Why it was skipped, or what was not compared."""
+
+    def message(self) -> str:
+        """One line: recipe, state, verdict, the largest difference, the cost."""
+        share = (f", {self.check_seconds:.3g} s check vs {self.compiled_seconds:.3g} s compiled call"
+                 if self.compiled_seconds else "")
+        what = "+".join(self.compared) or "nothing"
+        verdict = (f"{self.status.upper()} ({what}, {self.tensors} tensors, max diff "
+                   f"{self.max_abs:.3g}{share})")
+        if self.status == "skipped":
+            verdict = f"SKIPPED{share and ' (' + share[2:] + ')'}"
+        tail = f": {self.note}" if self.note else ""
+        return (f"first-call check {self.recipe} [{self.state}] on torch {self.torch_version} "
+                f"({self.backend}): {verdict}{tail}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields."""
+        return asdict(self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -168,6 +230,8 @@ class LimitHit:
     """The guard failure that asked for one compile too many."""
     owner: str | None = None
     """The module class it belongs to, once attributed."""
+    region: str | None = None
+    """The marked region it happened in (see :attr:`CompiledFrame.region`)."""
 
     def message(self) -> str:
         """A loud one-paragraph explanation with the fix."""

@@ -19,6 +19,7 @@ keeps ``state_dict()`` loadable by a plain ``torch.optim`` optimizer.
 
 from __future__ import annotations
 
+import logging
 import types
 import warnings
 from collections.abc import Callable, Iterable
@@ -28,7 +29,7 @@ import torch
 
 from .. import _dynamo
 from .._checks import check_choice
-from ..diagnostics import allow_first_compile
+from ..diagnostics import allow_first_compile, check_in_place_update, check_verify_arg
 from ..errors import UnsupportedOptimizerError
 
 __all__ = ["compile_optimizer", "zero_grads"]
@@ -47,6 +48,11 @@ _IMPLS = ("step", "foreach_map")
 # this attribute) since the installed step records `_opt_called` itself.
 _SCHEDULER_WRAP_FLAG = "_wrapped_by_lr_sched"
 _COMPILED_FLAG = "_torchcompile_kit_impl"
+# verify=None checks the first compiled step when the parameters and state it copies twice take at
+# most this much (about 22M fp32 parameters with Adam); past it the copies cost real memory.
+_VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
+
+logger = logging.getLogger(__name__)
 
 
 def compile_optimizer(
@@ -55,6 +61,7 @@ def compile_optimizer(
     impl: Literal["step", "foreach_map"] = "step",
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     static_grads: bool = False,
+    verify: bool | None = None,
     **compile_kwargs: Any,
 ) -> torch.optim.Optimizer:
     """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
@@ -96,6 +103,15 @@ def compile_optimizer(
             useful when gradients keep their storage: zero them with :func:`zero_grads` or
             ``optimizer.zero_grad(set_to_none=False)``; a warning says when they were
             re-allocated.
+        verify: run the first compiled step eagerly too, from the same parameters and state,
+            and compare the parameter updates and the new state; on a difference beyond the
+            dtype's tolerance, restore the parameters and state to before the step and raise
+            ``CompiledMismatchError`` (recipe, torch version, largest difference); otherwise the
+            compiled step's result is kept. It costs one eager step and, while it runs, two
+            copies of the parameters and state. ``None`` (default) checks when those take at
+            most 256 MiB (with Adam, about 22M fp32 parameters) and skips above, ``True``
+            always checks, ``False`` never. A running :class:`~torchcompile_kit.CompileMonitor`
+            records the check.
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``options``, ``recompile_limit`` ...).
 
@@ -107,6 +123,9 @@ def compile_optimizer(
         UnsupportedOptimizerError: for an optimizer or option listed above as unsupported, an
             unknown ``impl``, ``fullgraph=True`` with ``impl="step"``, a scheduler bound to
             another optimizer, or an optimizer already compiled.
+        TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
+        CompiledMismatchError: (at the first compiled step, not here) the compiled step
+            differed from the eager step, with ``verify`` on.
 
     Example:
         >>> model = torch.nn.Linear(4, 2)
@@ -117,8 +136,10 @@ def compile_optimizer(
         >>> opt.step(); sched.step(); opt.zero_grad()
     """
     wrapper, optimizer = optimizer, _unwrap_accelerated(optimizer)
+    verify = check_verify_arg(verify, recipe="compile_optimizer")
     _check_arguments(optimizer, impl, scheduler, compile_kwargs)
-    runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, **compile_kwargs)
+    runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, verify=verify,
+                           **compile_kwargs)
 
     def step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
         return runner(closure)
@@ -269,9 +290,12 @@ class _CompiledStep:
         *,
         impl: str,
         static_grads: bool,
+        verify: bool | None = False,
         **compile_kwargs: Any,
     ) -> None:
         self.optimizer = optimizer
+        self.verify = verify
+        self.backend = compile_kwargs.get("backend", "inductor")
         self.is_adam = isinstance(optimizer, torch.optim.Adam)
         self.static_grads = static_grads
         self._grads_marked = False
@@ -313,9 +337,41 @@ class _CompiledStep:
                 # the user's no_recompiles() block when the whole loop is: let it through (once;
                 # a later recompile still fails there). See no_recompiles' docstring.
                 with allow_first_compile():
-                    self.compiled_step()
+                    self._first_compiled_step()
                 self._compiled_once = True
         return loss
+
+    def _first_compiled_step(self) -> None:
+        """The first compiled step, compared with an eager step from the same start (``verify``)."""
+        tensors, params = self._step_tensors()
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        if self.verify is False or (self.verify is None and size > _VERIFY_DEFAULT_MAX_BYTES):
+            if self.verify is None:
+                logger.info("compile_optimizer: first compiled step not checked against eager: "
+                            "parameters and state take %.0f MiB (pass verify=True to check)",
+                            size / 2**20)
+            self.compiled_step()
+            return
+        # raises CompiledMismatchError with the parameters and state restored; _compiled_once
+        # stays False, so the next step is checked again
+        check_in_place_update(tensors, run_eager=self.eager_step, run_compiled=self.compiled_step,
+                              recipe=f"compile_optimizer({type(self.optimizer).__name__})",
+                              backend=self.backend, updates=params)
+
+    def _step_tensors(self) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+        """What a step changes in place: parameters with a gradient and their state tensors."""
+        tensors: dict[str, torch.Tensor] = {}
+        params = set()
+        for g, group in enumerate(self.optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                tensors[f"param.{g}.{i}"] = p
+                params.add(f"param.{g}.{i}")
+                for key, value in self.optimizer.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        tensors[f"state.{g}.{i}.{key}"] = value
+        return tensors, frozenset(params)
 
     # -- hyperparameters -------------------------------------------------------------------
 

@@ -18,10 +18,11 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_module
+from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan, register_undo, run_undo
-from .preflight import preflight_group
+from .preflight import preflight_group, share_recompile_budget
 from .transformers_support import disable_cache_in_plain_forwards, set_explicit_loss_functions
 
 __all__ = ["compile_regional", "uncompile"]
@@ -36,6 +37,7 @@ def compile_regional(
     remainder: bool = False,
     keep_kv_cache: bool = False,
     nested: bool = False,
+    verify: bool | None = None,
     **compile_kwargs: Any,
 ) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
@@ -70,6 +72,14 @@ def compile_regional(
             Experimental: with inductor on CPU (torch 2.13) its gradients were measured to
             differ from eager, so that combination is refused (``UnsafeCompileModeError``); with
             inductor elsewhere it warns that it is unverified.
+        verify: compare the model's first call in each state (train/eval, grad on/off) with an
+            eager run of the same call (outputs, and gradients when grad is on), and raise
+            ``CompiledMismatchError`` (recipe, torch version, largest difference) before the call
+            returns if they differ. ``None`` (default) checks with ``nested=True``, the recipe
+            that ran every block with block 0's weights on torch 2.14/2.15 (the check costs a few
+            percent of that first compiled call, ``docs/regional.md``), and not block by block;
+            ``True``/``False`` force it. Each check is recorded by a running
+            :class:`~torchcompile_kit.CompileMonitor` (``first_call_checks``).
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``fullgraph``, ``dynamic``, ``options``, ...).
 
@@ -82,13 +92,19 @@ def compile_regional(
         NoRepeatedBlocksError: no block class repeats and ``blocks`` was not given.
         UnsafeCompileModeError: ``nested=True`` with inductor on CPU (wrong gradients measured).
         BlockSelectorError: a ``blocks=`` selector matches nothing.
+        TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
+        CompiledMismatchError: (at a later call, not here) the first call in a state differed
+            from eager, with ``verify`` on.
 
     Example:
         >>> model = compile_regional(GPT2LMHeadModel(config))  # doctest: +SKIP
+        >>> model = compile_regional(model, nested=True, backend="aot_eager")  # doctest: +SKIP
+        >>> model(**batch).loss.backward()  # checked against eager first  # doctest: +SKIP
         >>> model = compile_regional(vit_gpt2, blocks={"encoder.*": {"mode": "max-autotune"},
         ...                                            "decoder.*": {}})  # doctest: +SKIP
     """
     _check_model(model)
+    verify = check_verify_arg(verify, recipe="compile_regional")
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
     if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
         warnings.warn(
@@ -100,7 +116,8 @@ def compile_regional(
         return model
     plan = find_repeated_blocks(model, blocks)
     if nested and _nested_supported():
-        return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache, **compile_kwargs)
+        return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
+                               verify=verify is not False, **compile_kwargs)
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
@@ -113,9 +130,15 @@ def compile_regional(
         group.predicted_graphs = preflight.graphs
         group.may_vary = list(preflight.may_vary)
         group.block_class = type(instances[0])  # for the measured report (plan.report)
+        group.preflight_warning = preflight.warning
         if preflight.recompile_limit is not None:
             group.compile_kwargs["recompile_limit"] = preflight.recompile_limit
+    share_recompile_budget(plan.groups)  # one code object, one limit: sized for all its groups
+    for group in plan.groups:
+        instances = [model.get_submodule(name) for name in group.names]
         compile_in_place(instances, **group.compile_kwargs)
+        # the measured report credits the group with what dynamo compiles inside these calls
+        group.region = mark_region(instances, group.class_name)
     if remainder:
         for name in plan.eager:
             module = model.get_submodule(name)
@@ -128,6 +151,10 @@ def compile_regional(
         regions = [*plan.blocks, *plan.remainder]
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
             register_undo(model, undo)
+    if verify:  # last, so its pre-hook sees the call as the other hooks left it
+        verifier = FirstCallVerifier(model, recipe="compile_regional",
+                                     backend=compile_kwargs.get("backend", "inductor"))
+        register_undo(model, verifier.install_hooks())
     setattr(model, PLAN_ATTR, plan)
     logger.info("compile_regional: %s", plan.summary())
     return model
@@ -193,7 +220,9 @@ def _nested_supported() -> bool:
     return False
 
 
-def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, **compile_kwargs: Any) -> nn.Module:
+def _compile_nested(
+    model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify: bool, **compile_kwargs: Any
+) -> nn.Module:
     """The hybrid: blocks marked as nested compile regions, the whole model compiled once."""
     if any(group.compile_kwargs for group in plan.groups):
         raise ValueError(
@@ -229,6 +258,10 @@ def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, **compi
     if not keep_kv_cache:
         for undo in disable_cache_in_plain_forwards(model):
             register_undo(model, undo)
+    if verify:  # the compiled call itself is wrapped (uncompile clears it with the rest)
+        verifier = FirstCallVerifier(model, recipe="compile_regional(nested=True)",
+                                     backend=compile_kwargs.get("backend", "inductor"))
+        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
     plan.remainder.extend(plan.eager)  # compiled, as part of the whole-model graph
     setattr(model, PLAN_ATTR, plan)
     logger.info("compile_regional(nested=True): %s", plan.summary())

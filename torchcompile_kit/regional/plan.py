@@ -50,8 +50,25 @@ class BlockGroup:
     """Attributes that differ between blocks and are handed on to other functions: each *may*
     add graphs (e.g. ``self_attn.sliding_window`` on models with alternating attention)."""
     block_class: type | None = None
-    """The blocks' class, set by ``compile_regional``; the measured report attributes compiled
-    frames to it (:meth:`RegionalPlan.report`)."""
+    """The blocks' class, set by ``compile_regional``."""
+    region: str | None = None
+    """The group's compiled region (``diagnostics.mark_region``), set by ``compile_regional``:
+    the measured report credits the group with every frame dynamo compiled while one of its
+    blocks' compiled calls ran (:meth:`RegionalPlan.report`)."""
+    preflight_warning: str | None = None
+    """The warning the preflight gave for this group, if any; the measured report confirms it
+    or withdraws it."""
+    shared_code: str | None = None
+    """The code object dynamo compiles for these blocks (``forward_with_checkpointing (file:line)``
+    for every transformers block class)."""
+    shares_budget_with: list[str] = field(default_factory=list)
+    """Other groups' classes whose blocks run the same code object: one dynamo cache, one
+    recompile limit for all of them."""
+    recompile_budget: int | None = None
+    """The recompile limit in force for that code object (sized for all groups sharing it)."""
+    budget_needed: int | None = None
+    """Graphs the groups sharing the code object may need together (twice their predictions:
+    train and eval grad modes)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,16 +100,33 @@ class RegionalPlan:
         if self.remainder:
             line += f"; also compiled: {', '.join(self.remainder)}"
         eager = [name for name in self.eager if name not in self.remainder]
-        return f"{line}; eager: {', '.join(eager) if eager else '(none)'}"
+        line = f"{line}; eager: {', '.join(eager) if eager else '(none)'}"
+        shared: dict[str, list[BlockGroup]] = {}
+        for group in self.groups:
+            if group.shares_budget_with and group.shared_code:
+                shared.setdefault(group.shared_code, []).append(group)
+        for code, groups in shared.items():
+            first = groups[0]
+            line += (
+                f"; {' + '.join(g.class_name for g in groups)} run one code object "
+                f"({code.split(' (')[0]}) and share one recompile limit: "
+                f"{first.recompile_budget} for up to {first.budget_needed} graphs"
+            )
+        return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
         """The measured side of the plan: what each group really compiled under ``monitor``.
 
         Run the first step(s) under a :class:`~torchcompile_kit.CompileMonitor`, then ask. Per
-        group: graphs compiled (against the preflight's prediction), recompiles with the failed
-        guard, graph breaks inside the blocks, recompile-limit hits and compile seconds. A group
-        that compiled nothing, more graphs than predicted, broke its graph or hit the limit is
-        flagged; the prediction stays a prediction, the flags are measured.
+        group: predicted against measured graphs, recompiles with the failed guard, graph breaks
+        inside the blocks or their callees, recompile-limit hits and compile seconds. What is
+        measured is what dynamo compiled while the group's blocks ran (each group is a marked
+        region): the blocks' entry frames, the code resumed after their breaks and the callees
+        dynamo compiled as frames of their own, each graph once however often dynamo restarted
+        its analysis. So the groups add up to dynamo's own counts. A group that compiled nothing,
+        more graphs than predicted, broke its graph or hit the limit is flagged; a preflight
+        warning that dynamo disproved (fewer graphs than predicted) is withdrawn, in the report
+        and as a note in the monitor's record.
 
         Args:
             monitor: a monitor that was recording while the model ran (running or stopped).
@@ -105,10 +139,10 @@ class RegionalPlan:
             >>> with CompileMonitor() as mon:  # doctest: +SKIP
             ...     model(**batch).loss.backward()
             >>> print(get_regional_plan(model).report(mon))  # doctest: +SKIP
-            GPT2Block: 1 graph (predicted 1), 0 recompiles, 0 graph breaks, 0.41 s  ok
+            GPT2Block (2 blocks): predicted 1 graph(s), measured 1; 0 recompiles, 0 graph breaks, 0.41 s  ok
         """
         classes = [g.block_class for g in self.groups if g.block_class is not None]
-        monitor.attribute(*classes)
+        monitor.attribute(*classes)  # names the frames in the monitor's own summary
         groups, notes = [], list(monitor.notes)
         for group in self.groups:
             if group.block_class is None:
@@ -117,6 +151,7 @@ class RegionalPlan:
                         class_name=group.class_name,
                         blocks=len(group.names),
                         predicted_graphs=group.predicted_graphs,
+                        measured=False,
                     )
                 )
                 notes.append(
@@ -125,35 +160,76 @@ class RegionalPlan:
                     "blocks are part of one whole-model graph; see the monitor's frames)"
                 )
                 continue
-            record = monitor.record_for(group.block_class)
-            counts, breaks = record["counts"], record["graph_breaks"]
-            flags = []
-            if counts["graphs"] == 0:
-                flags.append(
-                    "compiled nothing: the blocks ran eagerly (not called while the monitor "
-                    "recorded, or dynamo skipped them)"
-                )
-            elif counts["graphs"] > group.predicted_graphs:
-                predicted = group.predicted_graphs
-                flags.append(f"{counts['graphs']} graphs where {predicted} were predicted")
-            if counts["graph_breaks"]:
-                flags.append(f"{counts['graph_breaks']} graph break(s) inside the block")
-            if counts["recompile_limit_hits"]:
-                flags.append("hit the recompile limit: later variants run eagerly")
-            groups.append(
-                GroupReport(
-                    class_name=group.class_name,
-                    blocks=len(group.names),
-                    predicted_graphs=group.predicted_graphs,
-                    graphs=counts["graphs"],
-                    recompiles=[r["guard"] for r in record["recompiles"]],
-                    graph_breaks=[f"{b['location']}: {b['reason']}" for b in breaks],
-                    limit_hits=[str(h["last_reason"]) for h in record["limit_hits"]],
-                    compile_seconds=counts["compile_seconds"],
-                    flags=flags,
-                )
+            # what dynamo compiled while the group's blocks ran: their entry frames, the code
+            # resumed after breaks, callees compiled as frames of their own; a plan recorded
+            # before regions existed falls back to the frames' owner class
+            record = (
+                monitor.record_for_region(group.region)
+                if group.region is not None
+                else monitor.record_for(group.block_class)
             )
+            _name_entry_frames(monitor, group)
+            groups.append(_group_report(group, record, monitor))
         return PlanReport(groups=groups, notes=notes)
+
+
+def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
+    """Name the group's class on its entry frames that source lines could not name (a block
+    whose ``forward`` holds no op of its own), so the monitor's summary reads
+    ``BertLayer.forward (via forward_with_checkpointing)``."""
+    code = getattr(getattr(group.block_class, "forward", None), "__code__", None)
+    if code is None or group.region is None:
+        return
+    for frame in monitor.frames:
+        if (
+            frame.region == group.region
+            and frame.owner is None
+            and (frame.function, frame.file, frame.line)
+            == (code.co_name, code.co_filename, code.co_firstlineno)
+        ):
+            frame.owner = group.class_name
+
+
+def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
+    counts, breaks = record["counts"], record["graph_breaks"]
+    graphs, predicted = counts["graphs"], group.predicted_graphs
+    flags, withdrawn = [], None
+    if graphs == 0:
+        flags.append(
+            "compiled nothing: the blocks ran eagerly (not called while the monitor "
+            "recorded, or dynamo skipped them)"
+        )
+    elif graphs > predicted:
+        flags.append(f"{graphs} graphs where {predicted} were predicted")
+    if counts["graph_breaks"]:
+        flags.append(
+            f"{counts['graph_breaks_met']} graph break(s) inside the blocks or their callees"
+        )
+    if counts["recompile_limit_hits"]:
+        flags.append("hit the recompile limit: later variants run eagerly")
+    if group.preflight_warning and 0 < graphs < predicted:
+        # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
+        # and in the monitor's record, so the warning does not stand uncorrected
+        withdrawn = (
+            f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) is "
+            f"withdrawn: dynamo compiled {graphs} graph(s) for the group"
+        )
+        monitor.add_note(withdrawn)
+    return GroupReport(
+        class_name=group.class_name,
+        blocks=len(group.names),
+        predicted_graphs=predicted,
+        graphs=graphs,
+        frames=counts["frames"],
+        recompiles=[r["guard"] for r in record["recompiles"]],
+        graph_breaks=[f"{b['location']}: {b['reason']}" for b in breaks],
+        graph_break_count=counts["graph_breaks_met"],
+        limit_hits=[str(h["last_reason"]) for h in record["limit_hits"]],
+        compile_seconds=counts["compile_seconds"],
+        flags=flags,
+        withdrawn=withdrawn,
+        shares_budget_with=list(group.shares_budget_with),
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,18 +242,31 @@ class GroupReport:
     """How many blocks the group has."""
     predicted_graphs: int
     """The preflight's prediction."""
+    measured: bool = True
+    """``False`` for a group that was not compiled block by block (no per-group record)."""
     graphs: int = 0
-    """Graphs compiled for the group while the monitor recorded (forward graphs)."""
+    """Graphs dynamo compiled while the group's blocks ran (forward graphs; a restarted
+    analysis counts once)."""
+    frames: int = 0
+    """Frames dynamo compiled for the group (entry frames, resumed code, callees)."""
     recompiles: list[str] = field(default_factory=list)
-    """The failed guard of each recompile, in ``TORCH_LOGS=recompiles`` words."""
+    """The failed guard of each recompile, in ``TORCH_LOGS=recompiles`` words. Where block
+    classes share one code object, the first compile of the second class is one of these."""
     graph_breaks: list[str] = field(default_factory=list)
-    """``file:line: reason`` of each distinct break inside the blocks."""
+    """``file:line: reason`` of each distinct break inside the blocks or their callees."""
+    graph_break_count: int = 0
+    """How often a graph break was met (dynamo's ``counters["graph_break"]`` counts this)."""
     limit_hits: list[str] = field(default_factory=list)
     """The last failing guard of each recompile-limit hit."""
     compile_seconds: float = 0.0
     """Forward and backward compile seconds of the group."""
     flags: list[str] = field(default_factory=list)
     """What needs a look; empty when the group compiled as predicted."""
+    withdrawn: str | None = None
+    """The preflight warned, and dynamo compiled fewer graphs than it predicted: the warning is
+    withdrawn (also a note in the monitor's record)."""
+    shares_budget_with: list[str] = field(default_factory=list)
+    """Other groups sharing the blocks' code object and so the recompile limit."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -199,11 +288,21 @@ class PlanReport:
         lines = []
         for g in self.groups:
             verdict = "; ".join(g.flags) if g.flags else "ok"
+            if not g.measured:
+                verdict = "not measured per group"
             lines.append(
-                f"{g.class_name} ({g.blocks} blocks): {g.graphs} graph(s) (predicted "
-                f"{g.predicted_graphs}), {len(g.recompiles)} recompiles, {len(g.graph_breaks)} "
+                f"{g.class_name} ({g.blocks} blocks): predicted {g.predicted_graphs} graph(s), "
+                f"measured {g.graphs}; {len(g.recompiles)} recompiles, {g.graph_break_count} "
                 f"graph breaks, {g.compile_seconds:.2f} s  {verdict}"
             )
+            if g.withdrawn:
+                lines.append(f"    {g.withdrawn.split(': ', 1)[1]}")
+            if g.shares_budget_with and g.recompiles:
+                lines.append(
+                    f"    shares its code object and recompile limit with "
+                    f"{', '.join(g.shares_budget_with)}: the first compile of one class counts "
+                    "as a recompile of the other's code"
+                )
             lines += [f"    recompiled: {reason}" for reason in g.recompiles]
             lines += [f"    graph break: {where}" for where in g.graph_breaks]
         lines += [f"note: {note}" for note in self.notes]

@@ -24,8 +24,15 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .plan import BlockGroup
 
-__all__ = ["GuardFinding", "Preflight", "find_instance_variants", "preflight_group"]
+__all__ = [
+    "GuardFinding",
+    "Preflight",
+    "find_instance_variants",
+    "preflight_group",
+    "share_recompile_budget",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,9 @@ class Preflight:
     """Attributes that differ and are handed on to other functions: each may add graphs."""
     recompile_limit: int | None = None
     """A per-group ``recompile_limit`` to pass to ``torch.compile``, when one is needed."""
+    warning: str | None = None
+    """The warning the preflight gave (``None`` if it gave none): the measured report confirms
+    it or withdraws it (``RegionalPlan.report``)."""
 
 
 def _value_key(value: Any, owner: nn.Module | None = None) -> tuple[str, Hashable] | None:
@@ -267,6 +277,7 @@ def preflight_group(
     limit = _dynamo.recompile_limit()
     if every_block_its_own or needed > limit:
         warnings.warn(message, stacklevel=3)
+        result = Preflight(graphs=variants, may_vary=result.may_vary, warning=message)
     else:
         logger.info(message)
     if "recompile_limit" in compile_kwargs or needed <= limit:
@@ -280,4 +291,80 @@ def preflight_group(
         )
         return result
     logger.info("%s: recompile_limit=%d for this group (%d variants)", class_name, needed, variants)
-    return Preflight(graphs=variants, may_vary=result.may_vary, recompile_limit=needed)
+    return Preflight(
+        graphs=variants, may_vary=result.may_vary, recompile_limit=needed, warning=result.warning
+    )
+
+
+def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
+    """Size one recompile limit for the groups whose blocks run one code object, and record it.
+
+    Dynamo's cache, and so its recompile limit, is per code object. transformers runs every
+    block class's ``forward`` through one wrapper (``GradientCheckpointingLayer``'s
+    ``forward_with_checkpointing``), so all block classes of a model (ViT and GPT-2 blocks of a
+    captioner, the T5 blocks of two groups) fill one cache: the second class is compiled as a
+    recompile of the first's code, and a limit sized per class is too small for them together.
+    Here the need of every group sharing a code object (twice its predicted graphs: train and
+    eval grad modes) is summed; where the sum exceeds the limit, each of those groups' compile
+    calls gets ``recompile_limit=`` the sum (torch >= 2.13; older torch gets a warning), never
+    the process. Each group records the classes it shares with and the budget
+    (:attr:`BlockGroup.shared_code`, :attr:`BlockGroup.recompile_budget`), which
+    :meth:`RegionalPlan.summary` states.
+
+    Args:
+        groups: the plan's groups after the preflight (``predicted_graphs``, ``block_class`` and
+            ``compile_kwargs`` set), before they are compiled.
+    """
+    by_code: dict[Any, list[BlockGroup]] = {}
+    for group in groups:
+        code = _forward_code(group.block_class)
+        if code is not None:
+            by_code.setdefault(code, []).append(group)
+    limit = _dynamo.recompile_limit()
+    for code, sharing in by_code.items():
+        needed = sum(2 * group.predicted_graphs for group in sharing)
+        # a limit the preflight set for one group is twice its graphs; any other came from the
+        # user (compile_regional(recompile_limit=) or a blocks= mapping) and is kept
+        set_by_user = [
+            g.compile_kwargs["recompile_limit"]
+            for g in sharing
+            if g.compile_kwargs.get("recompile_limit", 2 * g.predicted_graphs)
+            != 2 * g.predicted_graphs
+        ]
+        own = [g.compile_kwargs.get("recompile_limit", limit) for g in sharing]
+        budget = min(set_by_user) if set_by_user else min(own)
+        if len(sharing) > 1 and needed > budget and not set_by_user:
+            if _dynamo.recompile_limit_kwarg() is None:
+                warnings.warn(
+                    f"{' and '.join(g.class_name for g in sharing)} run one code object "
+                    f"({code.co_name}) and so share one recompile limit ({limit}), but may need "
+                    f"{needed} graphs together; this torch cannot raise the limit per compile "
+                    "call, so the last variants will run eagerly. Raise "
+                    "torch._dynamo.config.recompile_limit around your loop.",
+                    stacklevel=3,
+                )
+            else:
+                budget = needed
+                for group in sharing:
+                    group.compile_kwargs["recompile_limit"] = needed
+        names = [group.class_name for group in sharing]
+        for group in sharing:
+            group.recompile_budget = budget
+            group.budget_needed = needed
+            group.shared_code = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+            group.shares_budget_with = [n for n in names if n != group.class_name] if len(
+                sharing
+            ) > 1 else []
+        if len(sharing) > 1:
+            logger.info(
+                "%s share one code object (%s) and one recompile limit: %d for up to %d graphs",
+                " and ".join(names), code.co_name, budget, needed,
+            )
+
+
+def _forward_code(cls: type | None) -> Any:
+    """The code object dynamo compiles for a block class (``None``: torch.nn's own classes,
+    which ``compile_in_place`` gives an isolated frame per group)."""
+    if cls is None or cls.__module__.startswith("torch.nn."):
+        return None
+    return getattr(getattr(cls, "forward", None), "__code__", None)

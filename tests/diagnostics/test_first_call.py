@@ -1,0 +1,298 @@
+"""The first-call check of the fragile recipes: nested regions, compile_peft, compile_optimizer.
+
+A backend that adds 1e-2 to a graph's outputs (``tests/miscompute.py``) stands for a torch that
+miscomputes a recipe: the check must raise before the call returns, naming the recipe, the torch
+version and the largest difference; a correct compile passes, the monitor records each check, and
+the user's gradients, RNG stream and buffers are what they would be without it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from miscompute import perturbed_backward, perturbed_forward, perturbed_updates
+from tiny_models import gpt2
+from torch import nn
+
+from torchcompile_kit import (
+    CompiledMismatchError,
+    CompileMonitor,
+    TorchCompileKitError,
+    _dynamo,
+    compile_optimizer,
+    compile_regional,
+    uncompile,
+)
+
+needs_nested = pytest.mark.skipif(
+    not _dynamo.has_nested_compile_region(), reason="torch.compiler.nested_compile_region needs torch >= 2.8"
+)
+pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
+
+
+def _batch(seed: int = 0):
+    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}
+
+
+# --- the error and the keyword -----------------------------------------------------------------
+
+
+def test_error_is_public_and_a_runtime_error():
+    assert issubclass(CompiledMismatchError, TorchCompileKitError)
+    assert issubclass(CompiledMismatchError, RuntimeError)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0.5, "auto"])
+def test_verify_keyword_is_validated(bad):
+    with pytest.raises(TypeError, match=r"compile_regional: verify=.* must be True .*False .*None"):
+        compile_regional(gpt2(), verify=bad, backend="eager")
+    with pytest.raises(TypeError, match=r"compile_optimizer: verify="):
+        compile_optimizer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), verify=bad)
+
+
+# --- compile_regional(nested=True): on by default ----------------------------------------------
+
+
+@needs_nested
+@pytest.mark.parametrize("backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"])
+def test_nested_raises_on_a_miscomputing_backend(backend):
+    model = gpt2()
+    compile_regional(model, nested=True, backend=backend)
+    with CompileMonitor() as mon, pytest.raises(CompiledMismatchError) as raised:
+        model(**_batch())
+    message = str(raised.value)
+    assert "compile_regional(nested=True)" in message and torch.__version__ in message
+    assert "largest difference 0.01" in message and "verify=False" in message
+    expected = "output.logits" if backend is perturbed_forward else "grad."
+    assert expected in message
+    assert [c.status for c in mon.first_call_checks] == ["failed"]
+    assert all(p.grad is None for p in model.parameters())  # nothing accumulated
+    with pytest.raises(CompiledMismatchError):  # still wrong: still raises
+        model(**_batch())
+
+
+@needs_nested
+def test_nested_passes_and_leaves_training_untouched():
+    model = gpt2(n_layer=3)
+    plain = copy.deepcopy(model)  # the same compile without the check: what the user would get
+    reference = copy.deepcopy(model)
+    compile_regional(model, nested=True, backend="aot_eager")
+    compile_regional(plain, nested=True, backend="aot_eager", verify=False)
+
+    with CompileMonitor() as mon:
+        torch.manual_seed(1)
+        out = model(**_batch())
+        rng_after = torch.get_rng_state()
+        out.loss.backward()
+        model(**_batch())  # same state: not checked again
+        with torch.no_grad():
+            model(**_batch())  # a new state (grad off): checked, outputs only
+    torch.manual_seed(1)
+    plain_out = plain(**_batch())
+    assert torch.equal(rng_after, torch.get_rng_state())  # the eager reference drew from a fork
+    plain_out.loss.backward()
+    expected = reference(**_batch())
+    expected.loss.backward()
+
+    assert torch.equal(out.logits, plain_out.logits)  # the call returns the compiled result
+    torch.testing.assert_close(out.logits, expected.logits)
+    for (name, p), (_, q), (_, r) in zip(model.named_parameters(), plain.named_parameters(),
+                                         reference.named_parameters()):
+        assert torch.equal(p.grad, q.grad), name  # the check added nothing to .grad
+        torch.testing.assert_close(q.grad, r.grad, msg=name)
+    checks = mon.first_call_checks
+    assert [(c.status, c.compared, c.state) for c in checks] == [
+        ("passed", ["outputs", "gradients"], "train mode, grad on"),
+        ("passed", ["outputs"], "train mode, grad off"),
+    ]
+    assert checks[0].recipe == "compile_regional(nested=True)" and checks[0].max_abs < 1e-5
+    assert checks[0].torch_version == torch.__version__ and checks[0].backend == "aot_eager"
+    assert "first-call checks" in mon.summary() and mon.as_dict()["first_call_checks"][0]["status"] == "passed"
+
+
+@needs_nested
+def test_nested_verify_false_does_not_check():
+    model = gpt2()
+    compile_regional(model, nested=True, backend=perturbed_forward, verify=False)
+    with CompileMonitor() as mon:
+        model(**_batch())  # wrong, and not checked: the user asked
+    assert mon.first_call_checks == []
+
+
+# --- compile_regional block by block: opt-in ---------------------------------------------------
+
+
+def test_regional_checks_only_when_asked():
+    model = gpt2()
+    compile_regional(model, backend=perturbed_forward)
+    with CompileMonitor() as mon:
+        model(**_batch())
+    assert mon.first_call_checks == []
+
+    torch._dynamo.reset()
+    model = gpt2()
+    compile_regional(model, backend=perturbed_forward, verify=True)
+    with pytest.raises(CompiledMismatchError, match=r"compile_regional computed .* torch "):
+        model(**_batch())
+    uncompile(model)  # the check's hooks go with the rest
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    model(**_batch())
+
+
+def test_regional_opt_in_passes_and_restores_buffers():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)) for _ in range(2))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model, reference = Net(), None
+    reference = copy.deepcopy(model)
+    compile_regional(model, blocks=[nn.Sequential], backend="aot_eager", verify=True)
+    x = torch.randn(4, 8)
+    with CompileMonitor() as mon:
+        out = model(x)
+    expected = reference(x)
+    torch.testing.assert_close(out, expected)
+    for (name, b), (_, c) in zip(model.named_buffers(), reference.named_buffers()):
+        torch.testing.assert_close(b, c, msg=name)  # running stats updated once, not twice
+    assert [c.status for c in mon.first_call_checks] == ["passed"]
+
+
+# --- RNG: dropout ------------------------------------------------------------------------------
+
+
+@needs_nested
+def test_dropout_is_compared_under_the_same_rng_with_aot_eager():
+    model = gpt2()
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.3
+    compile_regional(model, nested=True, backend="aot_eager")
+    with CompileMonitor() as mon:
+        model(**_batch())
+    assert [c.status for c in mon.first_call_checks] == ["passed"]
+
+
+def test_dropout_under_a_backend_with_its_own_rng_is_skipped_and_said():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 8), nn.Dropout(0.5))
+
+    def own_rng(gm, example_inputs):  # stands for inductor: same graph, other random numbers
+        def run(*args):
+            torch.manual_seed(1234)
+            return gm(*args)
+
+        return run
+
+    compile_regional(model, blocks=["0", "2"], backend=own_rng, verify=True)
+    with CompileMonitor() as mon, pytest.warns(UserWarning, match="first-call check skipped.*dropout"):
+        model(torch.randn(4, 8))
+    assert [c.status for c in mon.first_call_checks] == ["skipped"]
+
+
+# --- compile_peft: on by default, once per adapter state ---------------------------------------
+
+
+def _peft_model():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(gpt2(), peft.LoraConfig(r=4, target_modules=["c_attn"]))
+    with torch.no_grad():  # LoRA B starts at zero: make the adapter matter
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_peft_raises_on_a_miscomputing_backend():
+    from torchcompile_kit import compile_peft
+
+    model = compile_peft(_peft_model(), backend=perturbed_forward)
+    with pytest.raises(CompiledMismatchError, match=r"compile_peft computed .*largest difference"):
+        model(**_batch())
+    with pytest.raises(TypeError, match="compile_peft: verify="):
+        compile_peft(_peft_model(), backend="eager", verify="on")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("regional", [True, False])
+def test_peft_checks_each_adapter_state_once(regional):
+    from torchcompile_kit import compile_peft
+
+    model = _peft_model()
+    reference = copy.deepcopy(model)
+    compile_peft(model, backend="aot_eager", regional=regional)
+    with CompileMonitor() as mon:
+        out = model(**_batch())
+        out.loss.backward()
+        model(**_batch(1)).loss.backward()  # same state
+        with model.disable_adapter():
+            model(**_batch())  # a new state
+    expected = reference(**_batch())
+    expected.loss.backward()
+    reference(**_batch(1)).loss.backward()
+    torch.testing.assert_close(out.logits, expected.logits)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    checks = mon.first_call_checks
+    assert [(c.recipe, c.status) for c in checks] == [("compile_peft", "passed")] * 2
+    assert checks[0].compared == ["outputs", "gradients"]
+
+
+# --- compile_optimizer: the first compiled step ------------------------------------------------
+
+
+def _train_steps(opt, model, steps):
+    for step in range(steps):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("impl", ["step", "foreach_map"])
+def test_optimizer_first_compiled_step_passes_and_matches_eager(impl):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    reference = copy.deepcopy(model)
+    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), impl=impl, backend="aot_eager")
+    with CompileMonitor() as mon:
+        _train_steps(opt, model, 3)
+    _train_steps(torch.optim.AdamW(reference.parameters(), lr=1e-2), reference, 3)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+    (check,) = mon.first_call_checks
+    assert check.status == "passed" and check.recipe == "compile_optimizer(AdamW)"
+    assert check.compared == ["updates", "state"] and check.tensors == 4 * 4  # 4 parameters: update, step, 2 moments
+
+
+def test_optimizer_raises_and_restores_the_step():
+    model = nn.Linear(8, 2)
+    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), backend=perturbed_updates)
+    _train_steps(opt, model, 1)  # the eager first step
+    model(torch.randn(4, 8)).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(opt.state_dict()["state"])
+    with pytest.raises(CompiledMismatchError, match=r"compile_optimizer\(AdamW\) .*largest difference 0.01"):
+        opt.step()
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)  # the wrong step was not applied
+    for key, entry in opt.state_dict()["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(value, state[key][name]), name
+
+
+def test_optimizer_verify_false_and_size_default():
+    model = nn.Linear(8, 2)
+    opt = compile_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                            backend=perturbed_updates, verify=False)
+    with CompileMonitor() as mon:
+        _train_steps(opt, model, 3)
+    assert mon.first_call_checks == []

@@ -1,0 +1,236 @@
+"""The measured regional report agrees with dynamo's own record (issue 22).
+
+Each test compiles a tiny model block by block, runs a training step under a ``CompileMonitor``
+and compares the report, group by group, with what dynamo itself counted: graphs (a counting
+backend, ``counters["stats"]["unique_graphs"]``), breaks (dynamo's graph-break log), recompiles
+(cache entries per code object) and frames (``counters["frames"]``). Numbers are never taken
+from the code under test; the expectations are relations to dynamo's counts.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import tiny_models as tm
+import torch
+from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters, get_compilation_metrics
+
+from torchcompile_kit import CompileMonitor, _dynamo, compile_regional, get_regional_plan
+
+from .arch_sweep import BreakLog, dynamo_record
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
+
+
+def _run(model, steps, *, backend="aot_eager"):
+    """compile_regional, then ``steps()`` under a monitor; the report and dynamo's record."""
+    counters.clear()
+    compile_regional(model, backend=backend)
+    with BreakLog() as breaks, CompileMonitor() as monitor:
+        steps(model)
+    return get_regional_plan(model).report(monitor), monitor, dynamo_record(breaks)
+
+
+def _assert_agrees(report, monitor, dynamo):
+    summed = {
+        "graphs": sum(g.graphs for g in report.groups),
+        "recompiles": sum(len(g.recompiles) for g in report.groups),
+        "graph_breaks": sum(g.graph_break_count for g in report.groups),
+        "frames": sum(g.frames for g in report.groups),
+    }
+    assert summed == {k: dynamo[k] for k in summed}
+    snapshot = monitor.snapshot()
+    assert (snapshot["graphs"], snapshot["recompiles"], snapshot["graph_breaks_met"]) == (
+        dynamo["graphs"], dynamo["recompiles"], dynamo["graph_breaks"]
+    )
+    for group in report.groups:  # a group that compiled is never said to have run eagerly
+        assert group.graphs > 0
+        assert not any("compiled nothing" in flag for flag in group.flags)
+
+
+def _lm_step(model):
+    model(**tm.token_batch()).loss.backward()
+
+
+def test_bert_blocks_whose_forward_holds_no_op_are_credited_with_their_graph():
+    # BertLayer.forward only calls submodules: no source line of it is in the graph, and the
+    # frame is transformers' shared wrapper; before regions the report said "compiled nothing"
+    report, monitor, dynamo = _run(tm.bert(), _lm_step)
+    assert dynamo["graphs"] > 0
+    _assert_agrees(report, monitor, dynamo)
+    (group,) = report.groups
+    assert group.class_name == "BertLayer" and group.flags == []
+
+
+def test_roberta_of_the_bert_family_too():
+    report, monitor, dynamo = _run(tm.roberta(), _lm_step)
+    assert dynamo["graphs"] > 0
+    _assert_agrees(report, monitor, dynamo)
+
+
+def test_t5_encoder_and_decoder_blocks_add_up_to_dynamos_count():
+    def step(model):
+        batch = tm.token_batch()
+        model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.backward()
+
+    report, monitor, dynamo = _run(tm.t5(), step)
+    assert dynamo["graphs"] > 1  # encoder and decoder blocks differ in structure
+    _assert_agrees(report, monitor, dynamo)
+    (group,) = report.groups
+    assert group.graphs <= group.predicted_graphs  # the preflight saw both structures
+
+
+class ExpScaled(nn.Module):
+    """A per-layer float read in ``forward`` through ``math.exp``: once dynamo makes the float
+    symbolic (the second layer), it must restart its analysis to specialize it again
+    (``TensorifyScalarRestartAnalysis``)."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = 0.1 * index
+
+    def forward(self, x):
+        return x + self.lin(x) * math.exp(self.scale) * (1 + self.scale)
+
+
+class Routed(nn.Module):
+    def __init__(self, index):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _route(self.lin(x)) + x
+
+
+def _route(x):
+    if x.sum() > 0:  # data-dependent: dynamo breaks inside this callee
+        return x * 2
+    return x - 1
+
+
+class Stack(nn.Module):
+    def __init__(self, block, layers=4):
+        super().__init__()
+        self.layers = nn.ModuleList([block(i) for i in range(layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _two_steps(model):
+    for _ in range(2):
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+
+
+def test_a_restarted_analysis_counts_its_graph_once():
+    backend = CompileCounterWithBackend("aot_eager")
+    with pytest.warns(UserWarning, match="differ in state their code uses"):
+        report, monitor, dynamo = _run(Stack(ExpScaled), _two_steps, backend=backend)
+    restarted = [m for m in get_compilation_metrics() if m.restart_reasons]
+    assert any("Tensorify" in str(m.restart_reasons) for m in restarted)  # the case is real
+    _assert_agrees(report, monitor, dynamo)
+    # the backend was handed the restarted graph twice; dynamo installed it once, and so counts
+    assert backend.frame_count > dynamo["graphs"] == monitor.snapshot()["graphs"]
+    (group,) = report.groups
+    if group.graphs >= group.predicted_graphs:  # the warning was right: it stands
+        assert group.withdrawn is None and not monitor.notes
+
+
+class Scaled(nn.Module):
+    """A per-layer float used in ``forward``: the preflight predicts a graph per value, dynamo
+    makes the float symbolic after the first recompile (measured: fewer graphs)."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = 0.8 - 0.6 * 0.7**index
+
+    def forward(self, x):
+        return x + self.lin(x) * self.scale
+
+
+def test_a_warning_that_dynamo_disproved_is_withdrawn_in_the_report_and_the_monitor():
+    with pytest.warns(UserWarning, match="differ in state their code uses") as warned:
+        report, monitor, dynamo = _run(Stack(Scaled), _two_steps)
+    _assert_agrees(report, monitor, dynamo)
+    (group,) = report.groups
+    assert f"compiles {group.predicted_graphs} graphs" in str(warned[0].message)
+    assert 0 < dynamo["graphs"] < group.predicted_graphs  # what makes the warning wrong
+    assert group.withdrawn and "withdrawn" in group.withdrawn
+    assert f"dynamo compiled {dynamo['graphs']} graph(s)" in group.withdrawn
+    assert group.withdrawn in monitor.notes and group.withdrawn in monitor.summary()
+    assert "withdrawn" in report.summary() and group.flags == []
+
+
+def test_breaks_inside_a_callee_are_credited_to_the_block_group():
+    backend = CompileCounterWithBackend("aot_eager")
+    report, monitor, dynamo = _run(Stack(Routed), _two_steps, backend=backend)
+    assert dynamo["graph_breaks"] > 0 and backend.frame_count == dynamo["graphs"]
+    _assert_agrees(report, monitor, dynamo)
+    (group,) = report.groups
+    # the callee's own frames (compiled because of the break) belong to the group too
+    assert {f.function for f in monitor.frames} > {"forward"}
+    assert all(f.region == get_regional_plan_region(monitor) for f in monitor.frames)
+    assert any("graph break" in flag for flag in group.flags)
+    assert any(f"{__file__}:" in where for where in group.graph_breaks)
+
+
+def get_regional_plan_region(monitor):
+    (region,) = {f.region for f in monitor.frames}
+    return region
+
+
+def test_two_block_classes_share_one_code_object_and_their_counts_still_add_up():
+    def step(model):
+        labels = tm.token_batch()["input_ids"]
+        model(pixel_values=torch.randn(2, 3, 32, 32), labels=labels).loss.backward()
+
+    report, monitor, dynamo = _run(tm.vision_encoder_decoder(), step, backend="eager")
+    _assert_agrees(report, monitor, dynamo)
+    by_class = {g.class_name: g for g in report.groups}
+    assert set(by_class) == {"ViTLayer", "GPT2Block"}
+    assert by_class["ViTLayer"].shares_budget_with == ["GPT2Block"]
+    # one code object: dynamo filed the second class's first graph as a recompile
+    assert dynamo["recompiles"] >= 1
+
+
+def test_the_recompile_limit_is_sized_for_all_classes_sharing_a_code_object():
+    if _dynamo.recompile_limit_kwarg() is None:
+        pytest.skip("this torch has no per-call recompile_limit")
+    with torch._dynamo.config.patch(recompile_limit=3):
+        model = compile_regional(tm.vision_encoder_decoder(), backend="eager")
+    plan = get_regional_plan(model)
+    needed = sum(2 * g.predicted_graphs for g in plan.groups)
+    assert needed > 3  # each class alone fits in 3, together they do not
+    assert all(2 * g.predicted_graphs <= 3 for g in plan.groups)
+    assert [g.compile_kwargs.get("recompile_limit") for g in plan.groups] == [needed, needed]
+    assert f"share one recompile limit: {needed} for up to {needed} graphs" in plan.summary()
+
+    default = get_regional_plan(compile_regional(tm.vision_encoder_decoder(), backend="eager"))
+    assert all("recompile_limit" not in g.compile_kwargs for g in default.groups)
+    assert f"share one recompile limit: {_dynamo.recompile_limit()}" in default.summary()
+
+
+def test_a_limit_the_user_set_is_kept_for_the_shared_code_object():
+    if _dynamo.recompile_limit_kwarg() is None:
+        pytest.skip("this torch has no per-call recompile_limit")
+    with torch._dynamo.config.patch(recompile_limit=3), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = compile_regional(tm.vision_encoder_decoder(), backend="eager", recompile_limit=3)
+    assert {g.compile_kwargs["recompile_limit"] for g in get_regional_plan(model).groups} == {3}
+
+
+def test_an_outer_compile_traces_through_the_regions_without_a_break():
+    model = compile_regional(Stack(ExpScaled, layers=2), backend="eager")
+    x = torch.randn(2, 8)
+    with CompileMonitor() as monitor:
+        out = torch.compile(model, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(out, model(x))
+    assert monitor.snapshot()["graph_breaks"] == 0

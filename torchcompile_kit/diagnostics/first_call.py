@@ -1,0 +1,423 @@
+"""The first-call check: a fragile recipe compares its compiled result with eager, once per state.
+
+Lists of tested torch versions go stale, and the fragile recipes have miscomputed silently before
+(``compile_regional(nested=True)`` ran every block with block 0's weights on torch 2.14/2.15). So
+they check themselves where it is cheap: the first call in each state (grad mode and train/eval
+for a model, the adapter state for PEFT; a new state is a new graph, so the check rides on a
+compile) runs an eager reference on the same batch and the same weights, compares outputs and,
+when gradients are enabled, the gradients of every trainable parameter, and raises
+:class:`~torchcompile_kit.errors.CompiledMismatchError` naming the recipe, the torch version and
+the largest difference before the call returns. :func:`check_in_place_update` does the same for
+an in-place update (``compile_optimizer``'s first compiled step).
+
+Nothing the user observes changes (``tests/diagnostics/test_first_call.py``):
+
+- **gradients**: both sides are differentiated with ``torch.autograd.grad`` (never accumulated
+  into ``.grad``), the compiled side with ``retain_graph=True`` so the user's own ``backward()``
+  still runs on the returned output. The probe loss is the output's ``loss``, else the mean square
+  of the differentiable outputs (``check_compile_equivalence``'s). Cost: an eager forward and
+  backward, one more compiled backward, and two gradient-sized buffers, once per state.
+- **RNG**: the eager reference runs first under ``torch.random.fork_rng`` from the same RNG state
+  the compiled call then starts from, so dropout draws the same masks where the backend draws like
+  eager (``eager``, ``aot_eager``), and the user's RNG stream is the compiled call's alone. Other
+  backends (inductor) draw differently: the reference is then run twice from different seeds, and
+  a model whose outputs depend on the seed (active dropout) is recorded as *skipped*, with a
+  warning, rather than compared (``check_compile_equivalence(..., dropout=False)`` checks it).
+- **buffers** changed by the eager forward (BatchNorm statistics) are restored before the compiled
+  call, which then updates them once, as without the check.
+- **distributed**: under ``torch.distributed`` the check is skipped (ranks could disagree on the
+  verdict, and backward hooks there run collectives), and recorded as such.
+
+Every check, passed, failed or skipped, is recorded by the running
+:class:`~torchcompile_kit.CompileMonitor` s (``monitor.first_call_checks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CompiledMismatchError
+from .equivalence import TensorDiff, _backend_name, _compare_tree, _leaves, _loss
+from .monitor import record_first_call_check
+from .trace_records import FirstCallCheck
+
+__all__ = ["FirstCallVerifier", "check_in_place_update", "check_verify_arg"]
+
+logger = logging.getLogger(__name__)
+
+# backends that draw random numbers exactly as eager does (their graphs run torch's own ops)
+_RNG_EXACT_BACKENDS = frozenset({"eager", "aot_eager"})
+StateFn = Callable[[tuple, dict], Hashable]
+
+
+def check_verify_arg(verify: Any, *, recipe: str) -> bool | None:
+    """``verify`` if it is ``True``, ``False`` or ``None`` (the recipe's default), else ``TypeError``.
+
+    Example:
+        >>> check_verify_arg(None, recipe="compile_peft") is None
+        True
+    """
+    if verify is None or isinstance(verify, bool):
+        return verify
+    raise TypeError(
+        f"{recipe}: verify={verify!r} must be True (compare the first call with eager), False "
+        "(do not) or None (the recipe's default, see its docstring); got "
+        f"{type(verify).__name__}."
+    )
+
+
+def _default_state(args: tuple, kwargs: dict) -> Hashable:
+    return torch.is_grad_enabled()
+
+
+class FirstCallVerifier:
+    """Compares a compiled model's first call in each state with an eager run of the same call.
+
+    Two ways in: :meth:`wrap` wraps a compiled call (a model compiled in place as a whole), and
+    :meth:`install_hooks` adds a forward pre-hook and hook to a model whose inside is compiled
+    (``compile_regional``'s blocks). A state that passed is not checked again; one that failed is
+    checked (and raises) again at its next call.
+
+    Args:
+        model: the model whose calls are checked (its parameters and buffers).
+        recipe: how it was compiled, for the record and the error
+            (``"compile_regional(nested=True)"``).
+        backend: the ``torch.compile`` backend (decides whether RNG draws match eager).
+        state: ``(args, kwargs) -> key``; one check per key. ``model.training`` is always part.
+
+    Example:
+        >>> verifier = FirstCallVerifier(model, recipe="compile_regional", backend="aot_eager")  # doctest: +SKIP
+        >>> undo = verifier.install_hooks()  # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, *, recipe: str, backend: Any, state: StateFn | None = None) -> None:
+        self.model = model
+        self.recipe = recipe
+        self.backend = _backend_name(backend)
+        self.state = state or _default_state
+        self.checked: set[Hashable] = set()
+        self.records: list[FirstCallCheck] = []
+        self._busy = False
+        self._pending: _Pending | None = None
+        self._warned_skip = False
+
+    # -- the two ways in ----------------------------------------------------------------------
+
+    def wrap(self, compiled_call: Callable[..., Any]) -> Callable[..., Any]:
+        """A call that runs ``compiled_call`` and checks it when its state is new.
+
+        The eager reference is ``compiled_call`` under ``torch.compiler.set_stance("force_eager")``.
+        """
+
+        def checked_call(*args: Any, **kwargs: Any) -> Any:
+            if self._busy or not self._due(args, kwargs):
+                return compiled_call(*args, **kwargs)
+            self._begin(args, kwargs, lambda: _force_eager(compiled_call, args, kwargs))
+            return self._finish(compiled_call(*args, **kwargs))
+
+        return checked_call
+
+    def install_hooks(self) -> Callable[[], None]:
+        """Add the forward pre-hook (eager reference) and hook (comparison); return the removal."""
+        model = self.model
+        pre = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        post = model.register_forward_hook(self._post_hook, with_kwargs=True)
+
+        def remove() -> None:
+            pre.remove()
+            post.remove()
+
+        return remove
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._pending = None
+        if self._busy or not self._due(args, kwargs):
+            return
+        # the eager call runs the hooks again; _busy makes ours step aside
+        self._begin(args, kwargs, lambda: _force_eager(module.forward, args, kwargs))
+
+    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._busy or self._pending is None:
+            return
+        self._finish(output)
+
+    # -- the check ----------------------------------------------------------------------------
+
+    def _due(self, args: tuple, kwargs: dict) -> bool:
+        if torch.compiler.is_compiling():
+            return False  # traced by an outer compile: the check is Python, not graph
+        key = (self.model.training, self.state(args, kwargs))
+        if key in self.checked:
+            return False
+        if _distributed():
+            self.checked.add(key)
+            self._record(key, "skipped", note="torch.distributed is initialized: the check is "
+                         "per rank and could make ranks diverge, so it does not run")
+            return False
+        return True
+
+    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[[], Any]) -> None:
+        key = (self.model.training, self.state(args, kwargs))
+        start = time.perf_counter()
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        grads_wanted = torch.is_grad_enabled() and bool(params)
+        pending = _Pending(key=key, params=params)
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        self._busy = True
+        try:
+            with _fork_rng(self.model):
+                output = run_eager()
+                if grads_wanted:
+                    pending.eager_grads, pending.note = _grads(output, params, retain=False)
+            pending.eager_output = _detached(output)
+            del output
+            if self.backend not in _RNG_EXACT_BACKENDS and not self.backend.startswith("aot_eager"):
+                pending.random = self._depends_on_rng(run_eager, pending.eager_output)
+        finally:
+            _restore_buffers(self.model, buffers)
+            self._busy = False
+        pending.check_seconds = time.perf_counter() - start
+        pending.compiled_start = time.perf_counter()
+        self._pending = pending
+
+    def _depends_on_rng(self, run_eager: Callable[[], Any], reference: Any) -> bool:
+        with _fork_rng(self.model), torch.no_grad():
+            torch.manual_seed(torch.initial_seed() + 1)
+            again = _detached(run_eager())
+        return any(d.max_abs > 0 for d in _compare_tree("output", reference, again, (0.0, 0.0)))
+
+    def _finish(self, output: Any) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return output
+        compiled_seconds = time.perf_counter() - pending.compiled_start
+        start = time.perf_counter()
+        if pending.random:
+            self.checked.add(pending.key)
+            note = (f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
+                    "them differently from eager, so the outputs cannot be compared; run "
+                    "check_compile_equivalence(model, batch, dropout=False) to check it")
+            self._record(pending.key, "skipped", note=note, compiled_seconds=compiled_seconds,
+                         check_seconds=pending.check_seconds + time.perf_counter() - start)
+            if not self._warned_skip:
+                self._warned_skip = True
+                warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=4)
+            return output
+        diffs = _compare_tree("output", pending.eager_output, _detached(output), (None, None))
+        compared = ["outputs"]
+        note = pending.note
+        if pending.eager_grads is not None:
+            backward_start = time.perf_counter()
+            compiled_grads, grad_note = _grads(output, pending.params, retain=True)
+            # the compiled backward's first run compiles it, which the user's backward then skips:
+            # counted with the compiled call, not as the check's cost
+            backward = time.perf_counter() - backward_start
+            compiled_seconds += backward
+            start += backward
+            note = note or grad_note
+            if compiled_grads is not None:
+                compared.append("gradients")
+                for (name, _), eager, compiled in zip(pending.params, pending.eager_grads, compiled_grads):
+                    diffs += _compare_tree(f"grad.{name}", eager, compiled, (None, None))
+        seconds = pending.check_seconds + time.perf_counter() - start
+        self._conclude(pending.key, diffs, compared, note=note, check_seconds=seconds,
+                       compiled_seconds=compiled_seconds)
+        return output
+
+    def _conclude(self, key: Hashable, diffs: list[TensorDiff], compared: list[str], **extra: Any) -> None:
+        failures = [d for d in diffs if not d.ok]
+        record = self._record(key, "failed" if failures else "passed", diffs=diffs, compared=compared, **extra)
+        if failures:
+            raise CompiledMismatchError(_mismatch_message(record, failures), record=record)
+        self.checked.add(key)
+
+    def _record(self, key: Hashable, status: str, *, diffs: list[TensorDiff] = (), **extra: Any) -> FirstCallCheck:
+        record = _make_record(self.recipe, self.backend, status, _describe_state(key), diffs, **extra)
+        self.records.append(record)
+        record_first_call_check(record)
+        logger.info("%s", record.message())
+        return record
+
+
+class _Pending:
+    __slots__ = ("check_seconds", "compiled_start", "eager_grads", "eager_output", "key", "note",
+                 "params", "random")
+
+    def __init__(self, *, key: Hashable, params: list[tuple[str, torch.Tensor]]) -> None:
+        self.key = key
+        self.params = params
+        self.eager_output: Any = None
+        self.eager_grads: list[torch.Tensor | None] | None = None
+        self.note = ""
+        self.random = False
+        self.check_seconds = 0.0
+        self.compiled_start = 0.0
+
+
+def check_in_place_update(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    run_eager: Callable[[], Any],
+    run_compiled: Callable[[], Any],
+    recipe: str,
+    backend: Any,
+    updates: frozenset[str] = frozenset(),
+) -> FirstCallCheck:
+    """Run an in-place update eagerly and compiled from the same start; keep the compiled result.
+
+    ``tensors`` are what the update changes in place (parameters, optimizer state). They are
+    copied, ``run_eager`` runs, its results are copied, the start is restored and
+    ``run_compiled`` runs on the real tensors, which then hold the compiled result. On a mismatch
+    the start is restored again (the wrong update is not applied) before the error. ``updates``
+    names the tensors compared as the change they received (``after - before``: parameters,
+    whose update is small next to their value) rather than as their value. Costs two copies of
+    ``tensors`` while it runs.
+
+    Returns:
+        The record (also given to the running monitors).
+
+    Raises:
+        CompiledMismatchError: a tensor differs beyond the tolerance of its dtype.
+
+    Example:
+        >>> check_in_place_update({"w": w}, run_eager=eager_step, run_compiled=compiled_step,
+        ...                       recipe="compile_optimizer", backend="inductor")  # doctest: +SKIP
+    """
+    backend_name = _backend_name(backend)
+    if _distributed():
+        run_compiled()
+        record = _make_record(recipe, backend_name, "skipped", "first compiled step", [],
+                              note="torch.distributed is initialized: the check is per rank and "
+                              "could make ranks diverge, so it does not run")
+        record_first_call_check(record)
+        return record
+    start = time.perf_counter()
+    with torch.no_grad():
+        before = {name: t.detach().clone() for name, t in tensors.items()}
+        run_eager()
+        eager = {name: t.detach().clone() for name, t in tensors.items()}
+        _copy_into(tensors, before)
+    check_seconds = time.perf_counter() - start
+    started = time.perf_counter()
+    run_compiled()
+    compiled_seconds = time.perf_counter() - started
+    start = time.perf_counter()
+    diffs: list[TensorDiff] = []
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name in updates:
+                diffs += _compare_tree(f"update.{name}", eager[name] - before[name],
+                                       tensor.detach() - before[name], (None, None))
+            else:
+                diffs += _compare_tree(name, eager[name], tensor.detach(), (None, None))
+        failures = [d for d in diffs if not d.ok]
+        if failures:
+            _copy_into(tensors, before)
+    check_seconds += time.perf_counter() - start
+    record = _make_record(recipe, backend_name, "failed" if failures else "passed",
+                          "first compiled step", diffs, compared=["updates", "state"],
+                          check_seconds=check_seconds, compiled_seconds=compiled_seconds)
+    record_first_call_check(record)
+    logger.info("%s", record.message())
+    if failures:
+        raise CompiledMismatchError(_mismatch_message(record, failures, restored=True), record=record)
+    return record
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _force_eager(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    with torch.compiler.set_stance("force_eager"):
+        return call(*args, **kwargs)
+
+
+def _fork_rng(model: nn.Module) -> Any:
+    accelerators = {p.device for p in model.parameters() if p.device.type != "cpu"}
+    if not accelerators:
+        return torch.random.fork_rng(devices=[])
+    device_type = next(iter(accelerators)).type
+    indices = sorted({d.index or 0 for d in accelerators if d.type == device_type})
+    return torch.random.fork_rng(devices=indices, device_type=device_type)
+
+
+def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
+           ) -> tuple[list[torch.Tensor | None] | None, str]:
+    try:
+        loss = _loss(output)
+    except ValueError:
+        return None, "gradients not compared: the output has no loss and no differentiable tensor"
+    if loss.grad_fn is None:
+        return None, "gradients not compared: the output does not depend on a trainable parameter"
+    try:
+        grads = torch.autograd.grad(loss, [p for _, p in params], retain_graph=retain, allow_unused=True)
+    except RuntimeError as error:  # e.g. reentrant activation checkpointing refuses autograd.grad
+        return None, f"gradients not compared: {str(error)[:200]}"
+    return [None if g is None else g.detach() for g in grads], ""
+
+
+def _detached(tree: Any) -> Any:
+    return {name: t.detach() for name, t in _leaves(tree)}
+
+
+def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            old = saved.get(name)
+            if old is not None and old.shape == buffer.shape and not torch.equal(old, buffer):
+                buffer.copy_(old)
+
+
+def _copy_into(tensors: Mapping[str, torch.Tensor], values: Mapping[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        tensor.detach().copy_(values[name])
+
+
+def _describe_state(key: Hashable) -> str:
+    if isinstance(key, str):
+        return key
+    training, state = key
+    if isinstance(state, bool):  # the default state: grad mode
+        return f"{'train' if training else 'eval'} mode, grad {'on' if state else 'off'}"
+    return f"{'train' if training else 'eval'} mode, {state!r}"
+
+
+def _make_record(recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any) -> FirstCallCheck:
+    worst = max(diffs, key=lambda d: d.ratio, default=None)
+    return FirstCallCheck(
+        recipe=recipe, status=status, state=state, torch_version=torch.__version__, backend=backend,
+        tensors=len(diffs), failures=sum(1 for d in diffs if not d.ok),
+        max_abs=max((d.max_abs for d in diffs), default=0.0),
+        worst=worst.name if worst else "", worst_ratio=worst.ratio if worst else 0.0, **extra,
+    )
+
+
+def _mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False) -> str:
+    worst = max(failures, key=lambda d: d.ratio)
+    largest = max(failures, key=lambda d: d.max_abs)
+    shown = ", ".join(d.name for d in failures[:5]) + (", ..." if len(failures) > 5 else "")
+    kept = ("the parameters and state were restored to before the step" if restored
+            else "the call raised before returning its result")
+    infinite = math.isinf(largest.max_abs)
+    biggest = f"{largest.note}" if infinite else f"{largest.max_abs:.3g}"
+    return (
+        f"{record.recipe} computed a different result than eager at its first call "
+        f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: largest "
+        f"difference {biggest} in {largest.name!r} (worst {worst.name!r}, {worst.ratio:.3g}x its "
+        f"tolerance); {len(failures)} of {record.tensors} tensors outside tolerance: {shown}. "
+        f"Nothing was trained on it ({kept}). This torch/backend miscomputes this recipe: use "
+        "another recipe or backend (e.g. compile_regional(model) block by block), report it with "
+        "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway."
+    )
