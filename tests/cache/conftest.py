@@ -45,7 +45,15 @@ def cold_artifact(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture
 def inductor_dir(tmp_path, monkeypatch) -> Path:
-    """An empty inductor cache dir for this test (the loads install kernels there)."""
+    """An empty inductor cache dir for this test (the loads install kernels there).
+
+    A background CPU ISA probe an earlier test's load started writes its probe files into
+    whatever ``TORCHINDUCTOR_CACHE_DIR`` says when it gets there (seen on torch 2.15): it is
+    waited for first, so this test's directory holds only what this test put there.
+    """
+    from torchcompile_kit import _dynamo
+
+    assert _dynamo.wait_for_cpu_isa_probe(timeout=300)
     directory = tmp_path / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(directory))
     return directory
