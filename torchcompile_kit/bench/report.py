@@ -28,16 +28,17 @@ _COLUMNS: list[tuple[str, str, str]] = [
     ("quote", "quote", "{}"),
 ]
 _GROUP_TITLES = {
-    "static": "static shapes (pad to max); × base = paired ratio to eager",
-    "dynamic": "dynamic shapes (variable caption length); × base = paired ratio to eager-longest",
-    "warm-up": "warm-up (cold vs warm compile); × base = paired ratio to eager",
+    "static": "static shapes (pad to max); × base = ratio to eager",
+    "dynamic": "dynamic shapes (variable caption length); × base = ratio to eager-longest",
+    "warm-up": "warm-up (cold vs warm compile); × base = ratio to eager",
     "distributed": "distributed",
 }
 _HOW_TO_READ = (
     "× base: the median of the per-block ratios of the row's steps to its baseline's, stepped in "
     "alternating blocks in the row's own process (load that comes and goes hits both); 95% "
     "interval: bootstrap over the blocks. others CPU: the share of the machine's CPU other "
-    "processes used during the row. quote NO: see the note under the table."
+    "processes used during the row. quote NO: see the note under the table. A row whose "
+    "interval reads 'unpaired' (--no-pair, DDP) divides its steps/s by the baseline row's."
 )
 _ADVICE = "re-run on a quiet machine, or with --repeat 3 (each row 3 times in rounds, blocks pooled)"
 
