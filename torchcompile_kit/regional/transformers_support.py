@@ -123,6 +123,10 @@ def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwar
     return model
 
 
+# The forward argument a generation step passes its cache in, by transformers version.
+_CACHE_ARGUMENTS = ("past_key_values", "cache")
+
+
 class _PlainForwardsWithoutCache:
     """Forward pre-hook: ``use_cache=False`` unless the caller passed it or a cache."""
 
@@ -132,8 +136,14 @@ class _PlainForwardsWithoutCache:
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]):
         bound = self.signature.bind_partial(*args, **kwargs).arguments
-        if bound.get("past_key_values") is not None:
-            return None  # generating: the cache is wanted
+        extra = bound.get("kwargs") if isinstance(bound.get("kwargs"), dict) else {}
+        # generating: the cache is wanted (transformers < 5.24 names it past_key_values, 5.24 cache)
+        if any(
+            source.get(name) is not None
+            for source in (bound, extra)
+            for name in _CACHE_ARGUMENTS
+        ):
+            return None
         if bound.get("use_cache") is not None:  # the caller decided
             if bound["use_cache"] and not self.warned:
                 self.warned = True
