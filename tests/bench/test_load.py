@@ -22,8 +22,10 @@ from torchcompile_kit.bench.results import load_results
 from torchcompile_kit.bench.runner import INPROCESS_ENV
 from torchcompile_kit.cli import main
 
-SPEC = "tests.bench.user_models:medium_lm"  # ~10 ms steps: a row spans several load switches
-TOGGLE_S = 0.5
+SPEC = "tests.bench.user_models:medium_lm"
+# The load switches every 50 ms, so that even the shortest row (the unpaired eager baseline, a few
+# tenths of a second on a fast machine) spans whole on/off cycles and sees its share of the load.
+TOGGLE_S = 0.05
 
 _BUSY = """
 import sys, time
@@ -47,7 +49,7 @@ print(proc.pid)
 
 @pytest.fixture
 def switching_load():
-    """A neighbour: one core busy for 0.5 s, idle for 0.5 s, ... for at most 120 s."""
+    """A neighbour: one core busy for TOGGLE_S, idle for TOGGLE_S, ... for at most 120 s."""
     out = subprocess.run(
         [sys.executable, "-c", _DETACH, _BUSY, "120", str(TOGGLE_S)],
         capture_output=True, text=True, check=True, timeout=60,
@@ -62,7 +64,7 @@ def switching_load():
 
 
 def _run(out):
-    code = main(["bench", "eager", "full", "full-warm", "--model", SPEC, "--steps", "120",
+    code = main(["bench", "eager", "full", "full-warm", "--model", SPEC, "--steps", "240",
                  "--warmup-steps", "2", "--backend", "eager", "--out", str(out), "--no-charts"])
     assert code == 0
     rows = {row["name"]: row for row in load_results(out)["rows"]}
