@@ -349,13 +349,14 @@ def _refuse_dispatcher(caller: FrameType | None) -> None:
     (through its ``base_dataloader``), so the frames up to there are searched.
     """
     module = sys.modules.get("accelerate.data_loader")  # never imported from here
-    frame, depth = caller, 0
-    while module is not None and frame is not None and depth < 8:
-        if isinstance(frame.f_locals.get("self"), module.DataLoaderDispatcher):
-            break
-        frame, depth = frame.f_back, depth + 1
-    else:
+    if module is None:
         return
+    frame, depth = caller, 0
+    dispatcher = module.DataLoaderDispatcher
+    while frame is not None and not isinstance(frame.f_locals.get("self"), dispatcher):
+        frame, depth = frame.f_back, depth + 1
+        if depth == 8:
+            return
     if frame is not None:
         raise BatchShapeError(
             "BucketBatchSampler under accelerate's dispatch_batches=True: process 0 would fetch "
