@@ -11,18 +11,20 @@ Three things go wrong when ``optimizer.step`` is compiled naively (measured on t
 * a tensor ``lr`` on CPU makes ``Adam(foreach=True)`` raise, because ``capturable`` (the mode that
   accepts tensor hyperparameters in the foreach path) exists only for CUDA-like devices.
 
-:func:`compile_optimizer` holds ``lr`` (and Adam's ``betas``) as 0-d tensors owned by this module,
-copies every float a scheduler writes back into them with ``fill_`` before each step, picks the
-foreach/capturable setting the device allows, runs the state-initialising first step eagerly, and
-keeps ``state_dict()`` loadable by a plain ``torch.optim`` optimizer.
+:func:`compile_optimizer` puts 0-d tensors owned by this module in place of ``lr`` (and Adam's
+``betas``) for the duration of each step, filled with the values the scheduler wrote, with the
+foreach/capturable setting the device allows; between steps the groups hold floats as in a plain
+optimizer, so optimizer and scheduler checkpoints load into plain ``torch.optim`` objects. It runs
+the state-initialising first step eagerly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -48,6 +50,8 @@ _IMPLS = ("step", "foreach_map")
 # this attribute) since the installed step records `_opt_called` itself.
 _SCHEDULER_WRAP_FLAG = "_wrapped_by_lr_sched"
 _COMPILED_FLAG = "_torchcompile_kit_impl"
+# Param-group keys set for the step only: what the device allows with a tensor lr.
+_DEVICE_FLAGS = ("foreach", "capturable")
 # verify=None checks the first compiled step when the parameters and state it copies twice take at
 # most this much (about 22M fp32 parameters with Adam); past it the copies cost real memory.
 _VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
@@ -69,20 +73,21 @@ def compile_optimizer(
     After the call, ``optimizer.step()`` (with or without a closure) runs compiled. What it
     changes on ``optimizer``, and why:
 
-    * ``lr`` of every param group, and ``betas`` for Adam/AdamW, become 0-d tensors (float64 on
-      CPU, float32 on accelerators). A schedule that assigns a float (OneCycleLR writes a new
-      ``betas`` tuple every step, third-party schedulers assign ``lr``) is copied back into the
-      same tensor with ``fill_`` before each step; torch's own schedulers already ``fill_``.
-    * Adam/AdamW groups on CPU get ``foreach=False`` (torch rejects a tensor lr with foreach
-      unless ``capturable``, which CPU lacks; under compile the for-loop is fused horizontally
-      anyway); on CUDA/XPU they get ``capturable=True``.
+    * During each step, ``lr`` of every param group, and ``betas`` for Adam/AdamW, are 0-d
+      tensors owned by this module (float64 on CPU, float32 on accelerators), filled with the
+      group's current values: the compiled graph takes them as inputs, so a schedule (torch's,
+      OneCycleLR's new ``betas`` tuple, a hand-written ``group["lr"] = x``) never recompiles.
+    * During each step, Adam/AdamW groups on CPU get ``foreach=False`` (torch rejects a tensor lr
+      with foreach unless ``capturable``, which CPU lacks; under compile the for-loop is fused
+      horizontally anyway); on CUDA/XPU they get ``capturable=True``.
+    * Between steps the param groups hold what you and your scheduler put there (floats, your
+      ``foreach``/``capturable``), as in a plain optimizer: ``state_dict()``, a scheduler's
+      ``state_dict()`` (``base_lrs``, ``_last_lr``) and ``get_last_lr()`` hold floats, and a
+      checkpoint loads into a plain ``torch.optim`` optimizer and scheduler, and back.
     * The first step, and any step where a parameter has a gradient but no state yet, runs
       eagerly so the compiled graph always sees initialised state (no warm-up step is needed).
       The step compiles at the next call; inside :func:`~torchcompile_kit.no_recompiles` that
       first compile is allowed (a later recompile of the step is not).
-    * ``state_dict()`` saves hyperparameters as Python floats and the ``foreach``/``capturable``
-      the optimizer was built with, so a plain ``torch.optim`` optimizer loads it;
-      ``load_state_dict()`` writes the loaded values into the same tensors.
 
     What the compiled step really did is measured, not assumed: run steps under a
     :class:`~torchcompile_kit.CompileMonitor` and read ``monitor.record_for(optimizer)`` (frames
@@ -117,7 +122,7 @@ def compile_optimizer(
 
     Returns:
         The same ``optimizer``, its ``step`` replaced. ``del optimizer.step`` restores the
-        eager step (hyperparameters stay tensors).
+        eager step.
 
     Raises:
         UnsupportedOptimizerError: for an optimizer or option listed above as unsupported, an
@@ -148,7 +153,6 @@ def compile_optimizer(
     setattr(step, _COMPILED_FLAG, impl)
     step.__doc__ = f"Compiled {type(optimizer).__name__}.step (torchcompile_kit, impl={impl!r})."
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
-    optimizer.register_state_dict_post_hook(runner.plain_state_dict)
     optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
     return wrapper
 
@@ -312,11 +316,8 @@ class _CompiledStep:
             )
         else:
             self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
-        # Per param group: the tensors that stand for its hyperparameters, and the
-        # foreach/capturable values the user built it with (what state_dict() saves).
+        # Per param group: the tensors that stand for its hyperparameters during a step.
         self._tensors: list[dict[str, Any]] = []
-        self._user_flags: list[dict[str, Any]] = []
-        self.sync_hyperparameters()
 
     def __call__(self, closure: Callable[[], Any] | None) -> Any:
         loss = None
@@ -324,21 +325,21 @@ class _CompiledStep:
             with torch.enable_grad():
                 loss = closure()
         self.optimizer._opt_called = True  # type: ignore[attr-defined]  # LRScheduler's check
-        self.sync_hyperparameters()
-        if self._state_missing():
-            self.eager_step()
-        else:
-            if self.static_grads:
-                self._mark_static_grads()
-            if self._compiled_once:
-                self.compiled_step()
+        with self.step_hyperparameters():
+            if self._state_missing():
+                self.eager_step()
             else:
-                # The first compile happens here, at the first step with state, which is inside
-                # the user's no_recompiles() block when the whole loop is: let it through (once;
-                # a later recompile still fails there). See no_recompiles' docstring.
-                with allow_first_compile():
-                    self._first_compiled_step()
-                self._compiled_once = True
+                if self.static_grads:
+                    self._mark_static_grads()
+                if self._compiled_once:
+                    self.compiled_step()
+                else:
+                    # The first compile happens here, at the first step with state, which is
+                    # inside the user's no_recompiles() block when the whole loop is: let it
+                    # through (once; a later recompile still fails there). See no_recompiles.
+                    with allow_first_compile():
+                        self._first_compiled_step()
+                    self._compiled_once = True
         return loss
 
     def _first_compiled_step(self) -> None:
@@ -375,26 +376,37 @@ class _CompiledStep:
 
     # -- hyperparameters -------------------------------------------------------------------
 
-    def sync_hyperparameters(self) -> None:
-        """Give new groups tensors; ``fill_`` floats a scheduler wrote back into them."""
+    @contextlib.contextmanager
+    def step_hyperparameters(self) -> Iterator[None]:
+        """For one step: this module's tensors (and device flags) in every group, then back.
+
+        Between steps every param group holds what the user and their scheduler put there
+        (floats, the ``foreach``/``capturable`` they chose), exactly as in a plain optimizer, so
+        ``state_dict()`` and a scheduler's ``base_lrs``/``_last_lr`` stay floats and load into a
+        plain optimizer. During the step the group holds the same 0-d tensors every time, filled
+        with the current values, so the compiled graph takes them as inputs and never recompiles.
+        """
+        saved = []
         for index, group in enumerate(self.optimizer.param_groups):
             if index == len(self._tensors):  # first sight: __init__, add_param_group
-                self._user_flags.append(
-                    {k: group[k] for k in ("foreach", "capturable") if k in group}
-                )
                 self._tensors.append(self._make_tensors(group))
-                self._set_device_flags(group)
+            saved.append({k: group[k] for k in (*self._tensors[index], *_DEVICE_FLAGS)
+                          if k in group})
             for key, tensor in self._tensors[index].items():
                 current = group[key]
-                if current is tensor:
-                    continue
                 if key == "betas":  # OneCycleLR/CyclicLR: (float, beta2) replaces the tuple
                     for t, value in zip(tensor, current):
                         if value is not t:
                             t.fill_(value)
-                else:
+                elif current is not tensor:
                     tensor.fill_(current)
                 group[key] = tensor
+            self._set_device_flags(group)
+        try:
+            yield
+        finally:
+            for group, values in zip(self.optimizer.param_groups, saved):
+                group.update(values)
 
     def _make_tensors(self, group: dict[str, Any]) -> dict[str, Any]:
         device = group["params"][0].device if group["params"] else torch.device("cpu")
@@ -417,10 +429,6 @@ class _CompiledStep:
             return  # SGD's foreach path accepts a tensor lr on every device
         if group["params"] and all(_is_capturable_device(p.device) for p in group["params"]):
             group["capturable"] = True
-            for p in group["params"]:  # state loaded with capturable=False keeps step on CPU
-                state = self.optimizer.state.get(p)
-                if state and "step" in state and state["step"].device != p.device:
-                    state["step"] = state["step"].to(p.device)
         else:
             group["foreach"] = False
 
@@ -441,32 +449,17 @@ class _CompiledStep:
                     return True
         return False
 
-    def plain_state_dict(
-        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
-    ) -> dict[str, Any]:
-        """``state_dict`` post-hook: floats and the user's foreach/capturable, as torch saves."""
-        for index, saved in enumerate(state_dict["param_groups"]):
-            for key in ("lr", "initial_lr", "betas"):
-                value = saved.get(key)
-                if isinstance(value, torch.Tensor):
-                    saved[key] = value.item()
-                elif isinstance(value, tuple):
-                    saved[key] = tuple(
-                        v.item() if isinstance(v, torch.Tensor) else v for v in value
-                    )
-            if index < len(self._user_flags):
-                saved.update(self._user_flags[index])
-        return state_dict
-
     def after_load_state_dict(self, optimizer: torch.optim.Optimizer) -> None:
-        """``load_state_dict`` post-hook: loaded floats go into the existing tensors."""
-        for index, group in enumerate(optimizer.param_groups):
-            if index < len(self._user_flags):
-                self._user_flags[index] = {
-                    k: group[k] for k in ("foreach", "capturable") if k in group
-                }
-                self._set_device_flags(group)
-        self.sync_hyperparameters()
+        """``load_state_dict`` post-hook: state saved with ``capturable=False`` keeps ``step`` on
+        the CPU; the capturable step this module runs on an accelerator needs it on the device."""
+        for group in optimizer.param_groups:
+            if not (self.is_adam and group["params"]
+                    and all(_is_capturable_device(p.device) for p in group["params"])):
+                continue
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if state and "step" in state and state["step"].device != p.device:
+                    state["step"] = state["step"].to(p.device)
 
     # -- static grads ---------------------------------------------------------------------
 
