@@ -149,12 +149,96 @@ def test_warmup_calls_once_per_distinct_shape_and_leaves_nothing_to_compile():
     assert counter.frame_count == frames
 
 
+_WARM_MODEL = None  # a module named as a global by the warm-up step below, as users write it
+
+
+def _global_forward_backward(batch):
+    _WARM_MODEL(**batch).loss.backward()
+
+
+@pytest.mark.parametrize("reach", ["global", "closure", "compiled_module", "model_arg"])
+def test_warmup_leaves_no_gradients_for_the_first_optimizer_step(reach, monkeypatch):
+    """The tour's loop (warm-up, then step before zero_grad) takes eager's first step.
+
+    warmup_shapes used to leave the warm-up batches' gradients on the parameters, so the first
+    ``optimizer.step()`` of a loop that zeroes after stepping used them too.
+    """
+    torch.manual_seed(0)
+    model = tiny_models.gpt2()
+    reference = tiny_models.gpt2()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="aot_eager")
+    model.transformer.wte.weight.grad = torch.full_like(model.transformer.wte.weight, 0.5)
+    kept = model.transformer.wte.weight.grad
+    model.transformer.wte.weight.grad = None
+    holder = {"model": compiled}
+
+    def closure_step(batch):
+        compiled(**batch).loss.backward()
+
+    def dict_step(batch):
+        holder["model"](**batch).loss.backward()
+
+    monkeypatch.setattr(f"{__name__}._WARM_MODEL", compiled)
+    fn, kwargs = {
+        "global": (_global_forward_backward, {}),
+        "closure": (closure_step, {}),
+        "compiled_module": (lambda b: compiled(**b).loss.backward(), {}),
+        "model_arg": (dict_step, {"model": model}),
+    }[reach]
+    warmup_shapes(fn, [_batch(2, 8), _batch(2, 16)], **kwargs)
+    assert all(p.grad is None for p in model.parameters()), reach
+
+    # a gradient that was there before the warm-up is there after it, in its own storage
+    model.transformer.wte.weight.grad = kept
+    warmup_shapes(fn, [_batch(2, 8)], **kwargs)
+    assert model.transformer.wte.weight.grad is kept
+    assert torch.equal(kept, torch.full_like(kept, 0.5))
+    model.zero_grad(set_to_none=True)
+
+    batch = _batch(2, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    compiled(**batch).loss.backward()
+    optimizer.step()
+    reference(**batch).loss.backward()
+    reference_optimizer.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_warmup_restores_gradients_when_fn_raises():
+    model = torch.nn.Linear(3, 1)
+
+    def fn(batch):
+        model(batch).sum().backward()
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        warmup_shapes(fn, [torch.ones(2, 3)])
+    assert model.weight.grad is None
+
+
+def test_warmup_model_argument_is_checked():
+    with pytest.raises(TypeError, match="model= takes an nn.Module"):
+        warmup_shapes(_summed, [_batch(2, 8)], model=3)
+
+
 def test_warmup_warns_beyond_the_recompile_limit():
     step = torch.compile(_summed, backend=CompileCounter(), dynamic=False)
     with (
         torch._dynamo.config.patch(recompile_limit=2),
-        pytest.warns(UserWarning, match="3 distinct shapes.*recompile_limit is 2"),
+        pytest.warns(UserWarning, match="hit a recompile limit 1 time.*3 distinct shapes.*"
+                                        "recompile_limit is 2"),
     ):
+        warmup_shapes(step, [_batch(2, n) for n in (4, 8, 12)])
+
+
+def test_warmup_is_quiet_when_dynamic_graphs_cover_more_shapes_than_the_limit():
+    """Measured, not predicted: 3 shapes over a limit of 2 with a dynamic graph hit nothing."""
+    step = torch.compile(_summed, backend=CompileCounter(), dynamic=True)
+    with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings():
+        warnings.simplefilter("error")
         warmup_shapes(step, [_batch(2, n) for n in (4, 8, 12)])
 
 

@@ -8,6 +8,8 @@ buckets and compile one static graph per bucket up front (:func:`warmup_shapes`)
 
 from __future__ import annotations
 
+import inspect
+import logging
 import sys
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -19,6 +21,8 @@ from .. import _dynamo
 from ..errors import BatchShapeError
 
 __all__ = ["mark_dynamic_batch", "warmup_shapes"]
+
+logger = logging.getLogger(__name__)
 
 
 def _tensors(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,7 +142,10 @@ def _signature(batch: Any) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ..
 
 
 def warmup_shapes(
-    fn: Callable[[Any], Any], batches: Iterable[Any]
+    fn: Callable[[Any], Any],
+    batches: Iterable[Any],
+    *,
+    model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor] | None = None,
 ) -> list[dict[str, tuple[int, ...]]]:
     """Call ``fn`` once per distinct batch shape so every graph is compiled before training.
 
@@ -147,39 +154,115 @@ def warmup_shapes(
     ``torch.no_grad()`` warm-up does not cover a training step). If ``fn`` updates weights (an
     optimizer step), warm up a forward+backward instead, or save and restore the state.
 
+    The warm-up's gradients are not left behind: every parameter's ``.grad`` is put back to what
+    it was before the call (``None`` stays ``None``), so the first optimizer step sees only its
+    own batch's gradients. The parameters are those of ``model``, or, without it, of the modules
+    ``fn`` reaches: ``fn`` itself, its bound ``self``, and modules it names as globals or closure
+    variables (through ``torch.compile``/``functools.wraps`` wrappers, two calls deep). Pass
+    ``model=`` when the model is reached otherwise (an attribute, a dict).
+
     Args:
         fn: the compiled callable, called as ``fn(batch)``.
         batches: candidate batches, e.g. one per bucket:
             ``(collate([ds[i] for i in idx]) for idx in sampler.warmup_indices())``.
+        model: the module (or optimizer, or parameters) whose gradients ``fn`` accumulates.
 
     Returns:
         One ``{tensor path: shape}`` dict per shape that ``fn`` ran on, in order.
 
     Raises:
-        Whatever ``fn`` raises. Warns when there are more shapes than
-        ``torch._dynamo.config.recompile_limit``: the graphs beyond it would run eagerly.
+        Whatever ``fn`` raises (gradients are restored first). Warns when dynamo hit a recompile
+        limit during the warm-up (measured): the shapes past it run eagerly.
 
     Example:
         >>> step = torch.compile(lambda b: b["x"].sum(), backend="eager", dynamic=False)
         >>> warmup_shapes(step, [{"x": torch.ones(2, 8)}, {"x": torch.ones(2, 8)}])
         [{"batch['x']": (2, 8)}]
     """
+    params = _parameters_of([model] if model is not None else _modules_reached(fn))
+    saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
+    hits_before = _dynamo.recompile_limit_hits()
     seen: set[tuple[tuple[str, tuple[int, ...], torch.dtype], ...]] = set()
     shapes: list[dict[str, tuple[int, ...]]] = []
-    for batch in batches:
-        signature = _signature(batch)
-        if signature in seen:
-            continue
-        seen.add(signature)
-        fn(batch)
-        shapes.append({path: shape for path, shape, _ in signature})
-    limit = _dynamo.recompile_limit()
-    if len(shapes) > limit:
+    try:
+        for batch in batches:
+            signature = _signature(batch)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            _log_progress(len(shapes) + 1, signature)
+            fn(batch)
+            shapes.append({path: shape for path, shape, _ in signature})
+    finally:
+        _restore_grads(saved)
+    hits = _dynamo.recompile_limit_hits() - hits_before
+    if hits:
         warnings.warn(
-            f"warmup_shapes: {len(shapes)} distinct shapes but torch._dynamo.config."
-            f"recompile_limit is {limit}: the shapes beyond the limit run eagerly. Use fewer "
-            f"buckets (or drop_last=True), or compile with torch.compile(..., recompile_limit="
-            f"{len(shapes)})",
+            f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming up "
+            f"{len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
+            f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled and runs "
+            f"eagerly. Use fewer buckets (or drop_last=True), or compile with "
+            f"recompile_limit={len(shapes)} (compile_regional and torch.compile take it)",
             stacklevel=2,
         )
     return shapes
+
+
+def _log_progress(index: int, signature: tuple[tuple[str, tuple[int, ...], Any], ...]) -> None:
+    shapes = ", ".join(f"{path} {tuple(shape)}" for path, shape, _ in signature[:2])
+    logger.info("warmup_shapes: shape %d (%s): compiling ...", index, shapes)
+
+
+def _modules_reached(fn: Any, depth: int = 2) -> list[torch.nn.Module]:
+    """Modules ``fn`` is, is bound to, or names as a global or closure variable (``depth`` deep)."""
+    found: dict[int, torch.nn.Module] = {}
+    seen: set[int] = set()
+    todo = [fn]
+    for _ in range(depth + 1):
+        following = []
+        for obj in todo:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, torch.nn.Module):
+                found[id(obj)] = obj
+                continue
+            bound = getattr(obj, "__self__", None)
+            if isinstance(bound, torch.nn.Module):
+                found[id(bound)] = bound
+            following += [getattr(obj, "__wrapped__", None), getattr(obj, "__func__", None)]
+            if not inspect.isfunction(obj):
+                continue
+            names = inspect.getclosurevars(obj)
+            following += [v for v in (*names.nonlocals.values(), *names.globals.values())
+                          if isinstance(v, torch.nn.Module) or inspect.isfunction(v)]
+        todo = [obj for obj in following if obj is not None]
+    return list(found.values())
+
+
+def _parameters_of(sources: Iterable[Any]) -> list[torch.Tensor]:
+    params: dict[int, torch.Tensor] = {}
+    for source in sources:
+        if isinstance(source, torch.nn.Module):
+            tensors: Iterable[torch.Tensor] = source.parameters()
+        elif isinstance(source, torch.optim.Optimizer):
+            tensors = (p for group in source.param_groups for p in group["params"])
+        elif isinstance(source, Iterable):
+            tensors = source
+        else:
+            raise TypeError(
+                f"warmup_shapes: model= takes an nn.Module, an optimizer or an iterable of "
+                f"parameters; got {type(source).__name__!r}"
+            )
+        params.update((id(p), p) for p in tensors)
+    return list(params.values())
+
+
+def _restore_grads(saved: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    for param, grad in saved:
+        if grad is None:
+            param.grad = None
+        elif param.grad is not None and param.grad.shape == grad.shape:
+            param.grad.copy_(grad)  # keeps the storage (static grads, CUDA graphs)
+        else:
+            param.grad = grad
