@@ -450,7 +450,7 @@ def sampler_tokens(lengths, buckets, batch_size, *, drop_last=False, max_tokens=
     lengths=st.lists(st.integers(1, 40), min_size=1, max_size=60),
     k=st.integers(1, 4),
     batch_size=st.integers(1, 7),
-    max_tokens=st.none() | st.integers(1, 80),
+    max_tokens=st.none() | st.integers(40, 160),  # >= every bucket: lengths <= 40, multiple_of 4
 )
 def test_expected_padding_is_what_the_sampler_batches_give(lengths, k, batch_size, max_tokens):
     buckets = plan_buckets(lengths, max_buckets=k, multiple_of=4)
@@ -520,6 +520,19 @@ def test_many_candidate_lengths_are_thinned_but_never_worse_than_per_sample():
     assert expected_padding(lengths, aware, batch_size=32) <= expected_padding(
         lengths, per_sample, batch_size=32
     )
+
+
+def test_a_bucket_longer_than_max_tokens_is_refused():
+    """It used to yield batches of 1 sample padded to 256 under a budget of 128 tokens."""
+    lengths = [5, 6, 7, 200, 9, 250]
+    with pytest.raises(ValueError, match=r"max_tokens=128 is smaller than bucket\(s\) \[256\]"
+                                         r".*at least 256.*max_length=128"):
+        BucketBatchSampler(lengths, [16, 256], 8, max_tokens=128)
+    with pytest.raises(ValueError, match="plan_buckets: max_tokens=128 is smaller"):
+        plan_buckets(lengths, batch_size=8, max_tokens=128)
+    buckets = plan_buckets(lengths, batch_size=8, max_tokens=128, max_length=128)
+    sampler = BucketBatchSampler([min(n, 128) for n in lengths], buckets, 8, max_tokens=128)
+    assert all(len(b) * buckets[-1] <= 128 or len(b) * 16 <= 128 for b in sampler)
 
 
 def test_batch_options_errors():

@@ -37,6 +37,7 @@ __all__ = [
     "bucket_for",
     "carry_rule",
     "check_buckets",
+    "check_token_budget",
     "expected_padding",
     "plan_buckets",
     "round_up",
@@ -150,6 +151,21 @@ def batch_sizes_for(buckets: Sequence[int], batch_size: int, max_tokens: int | N
     if max_tokens is None:
         return [batch_size] * len(buckets)
     return [min(batch_size, max(1, max_tokens // bucket)) for bucket in buckets]
+
+
+def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller: str) -> None:
+    """Refuse a bucket longer than the token budget: its batches (1 sample, padded to the bucket)
+    would exceed ``max_tokens`` however short their samples (shared with the sampler)."""
+    if max_tokens is None or buckets[-1] <= max_tokens:
+        return
+    over = [b for b in buckets if b > max_tokens]
+    raise BatchShapeError(
+        f"{caller}: max_tokens={max_tokens} is smaller than bucket(s) {over}: a batch of even one "
+        f"sample padded to {over[-1]} holds {over[-1]} tokens, over the budget. Raise max_tokens "
+        f"to at least {over[-1]}, or cap the buckets at the budget: plan_buckets(lengths, "
+        f"max_length={max_tokens}, ...) with PadToBucketCollator(max_length={max_tokens}) to "
+        f"truncate"
+    )
 
 
 def carry_rule(carried: int, members: int, size: int) -> tuple[int, int, int]:
@@ -302,7 +318,8 @@ def plan_buckets(
 
     Raises:
         ValueError: ``lengths`` is empty or holds a non-positive or non-int length, an argument
-            is not a positive int, or ``drop_last``/``max_tokens`` come without ``batch_size``.
+            is not a positive int, ``drop_last``/``max_tokens`` come without ``batch_size``, or
+            the last bucket would be longer than ``max_tokens``.
 
     Example:
         >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, multiple_of=8)
@@ -324,6 +341,7 @@ def plan_buckets(
     top = round_up(max(values), multiple_of)
     if max_length is not None:
         top = min(top, max_length)
+    check_token_budget([top], max_tokens, caller="plan_buckets")
     # A boundary is only ever worth placing at the rounded-up value of some length: moving it down
     # to that value covers the same samples with less padding. So the candidates are those values.
     per_candidate = Counter(min(round_up(value, multiple_of), top) for value in values)

@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from .._checks import check_positive_int
-from .planner import as_lengths, batch_sizes_for, bucket_for, carry_rule, check_buckets
+from .planner import (
+    as_lengths,
+    batch_sizes_for,
+    bucket_for,
+    carry_rule,
+    check_buckets,
+    check_token_budget,
+)
 from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = ["BucketBatchSampler"]
@@ -95,7 +102,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     Raises:
         SequenceTooLongError: a length exceeds the last bucket.
-        ValueError: empty or non-positive lengths, bad buckets, sizes or rank.
+        ValueError: empty or non-positive lengths, bad buckets, sizes or rank, or a bucket
+            longer than ``max_tokens``.
         BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with the
             ``BatchSamplerShard`` of accelerate that wraps the sampler.
 
@@ -123,6 +131,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:
             check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
+        check_token_budget(self.buckets, max_tokens, caller="BucketBatchSampler")
         values = as_lengths(lengths)
         self._members: list[list[int]] = [[] for _ in self.buckets]
         self._bucket_of: list[int] = []  # index -> position of its bucket
