@@ -296,3 +296,56 @@ def test_optimizer_verify_false_and_size_default():
     with CompileMonitor() as mon:
         _train_steps(opt, model, 3)
     assert mon.first_call_checks == []
+
+
+# --- what a check claims -------------------------------------------------------------------------
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3))
+
+
+def test_gradients_are_compared_when_the_backward_has_donated_buffers():
+    """A backward compiled earlier with donated buffers refuses ``retain_graph=True``.
+
+    The check then used to record PASSED with "gradients not compared: ... donated buffers".
+    It now takes the compiled gradients from a second call of the same graph.
+    """
+    from torchcompile_kit.diagnostics.first_call import FirstCallVerifier
+
+    model, reference = _mlp(), _mlp()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    compiled(x).sum().backward()  # compiles the backward without retain_graph: donated buffers
+    with pytest.raises(RuntimeError, match="donated buffers"):  # the trap, still there in torch
+        torch.autograd.grad(compiled(x).sum(), list(model.parameters()), retain_graph=True)
+    model.zero_grad(set_to_none=True)
+    verifier = FirstCallVerifier(model, recipe="test", backend="aot_eager", state=lambda a, k: 2)
+    call = verifier.wrap(compiled)
+    with CompileMonitor() as mon:
+        call(x).sum().backward()
+    (check,) = mon.first_call_checks
+    assert (check.status, check.compared) == ("passed", ["outputs", "gradients"]), check.message()
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)  # the user's own backward is untouched
+
+
+def test_a_gradient_comparison_that_cannot_run_is_partial_and_warned():
+    """Autograd refusing ``autograd.grad`` (reentrant checkpointing) is not a PASSED check."""
+    from torch.utils.checkpoint import checkpoint
+
+    from torchcompile_kit.diagnostics.first_call import FirstCallVerifier
+
+    model = _mlp()
+    verifier = FirstCallVerifier(model, recipe="test", backend="aot_eager")
+    call = verifier.wrap(lambda x: checkpoint(model, x, use_reentrant=True))
+    x = torch.randn(5, 4, requires_grad=True)
+    with CompileMonitor() as mon, pytest.warns(UserWarning, match=r"\[train mode, grad on\] "
+                                                                   r"compared the outputs only"):
+        call(x)
+    (check,) = mon.first_call_checks
+    assert (check.status, check.compared) == ("partial", ["outputs"]), check.message()
+    assert "autograd refused" in check.note and check.message().startswith("first-call check")
+    assert "PARTIAL" in mon.summary()

@@ -14,7 +14,9 @@ Nothing the user observes changes (``tests/diagnostics/test_first_call.py``):
 
 - **gradients**: both sides are differentiated with ``torch.autograd.grad`` (never accumulated
   into ``.grad``), the compiled side with ``retain_graph=True`` so the user's own ``backward()``
-  still runs on the returned output. The probe loss is the output's ``loss``, else the mean square
+  still runs on the returned output. A backward compiled earlier with donated buffers refuses
+  ``retain_graph``: then the same graph runs a second time from the same RNG state and its
+  backward runs once (a compiled forward more, no compile). The probe loss is the output's ``loss``, else the mean square
   of the differentiable outputs (``check_compile_equivalence``'s). Cost: an eager forward and
   backward, one more compiled backward, and two gradient-sized buffers, once per state.
 - **RNG**: the eager reference runs first under ``torch.random.fork_rng`` from the same RNG state
@@ -28,7 +30,9 @@ Nothing the user observes changes (``tests/diagnostics/test_first_call.py``):
 - **distributed**: under ``torch.distributed`` the check is skipped (ranks could disagree on the
   verdict, and backward hooks there run collectives), and recorded as such.
 
-Every check, passed, failed or skipped, is recorded by the running
+A check is *passed* only when everything it claims ran: where grad mode asked for gradients and
+autograd could not give them (reentrant activation checkpointing), it is *partial*, with a warning
+naming what was skipped. Every check, passed, partial, failed or skipped, is recorded by the running
 :class:`~torchcompile_kit.CompileMonitor` s (``monitor.first_call_checks``).
 """
 
@@ -56,6 +60,8 @@ logger = logging.getLogger(__name__)
 # backends that draw random numbers exactly as eager does (their graphs run torch's own ops)
 _RNG_EXACT_BACKENDS = frozenset({"eager", "aot_eager"})
 StateFn = Callable[[tuple, dict], Hashable]
+# the note of a gradient comparison that should have run and could not: the check is "partial"
+_GRADS_FAILED = "gradients not compared, autograd refused"
 
 
 def check_verify_arg(verify: Any, *, recipe: str) -> bool | None:
@@ -120,7 +126,8 @@ class FirstCallVerifier:
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             if self._busy or not self._due(args, kwargs):
                 return compiled_call(*args, **kwargs)
-            self._begin(args, kwargs, lambda: _force_eager(compiled_call, args, kwargs))
+            self._begin(args, kwargs, lambda: _force_eager(compiled_call, args, kwargs),
+                        rerun=lambda: compiled_call(*args, **kwargs))
             return self._finish(compiled_call(*args, **kwargs))
 
         return checked_call
@@ -142,7 +149,8 @@ class FirstCallVerifier:
         if self._busy or not self._due(args, kwargs):
             return
         # the eager call runs the hooks again; _busy makes ours step aside
-        self._begin(args, kwargs, lambda: _force_eager(module.forward, args, kwargs))
+        self._begin(args, kwargs, lambda: _force_eager(module.forward, args, kwargs),
+                    rerun=lambda: module(*args, **kwargs))
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._busy or self._pending is None:
@@ -164,12 +172,14 @@ class FirstCallVerifier:
             return False
         return True
 
-    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[[], Any]) -> None:
+    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[[], Any], *,
+               rerun: Callable[[], Any]) -> None:
         key = (self.model.training, self.state(args, kwargs))
         start = time.perf_counter()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         grads_wanted = torch.is_grad_enabled() and bool(params)
         pending = _Pending(key=key, params=params)
+        pending.rerun = rerun
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         self._busy = True
         try:
@@ -184,6 +194,8 @@ class FirstCallVerifier:
         finally:
             _restore_buffers(self.model, buffers)
             self._busy = False
+        pending.grads_wanted = grads_wanted
+        pending.rng_state = torch.random.get_rng_state()  # what the compiled call starts from
         pending.check_seconds = time.perf_counter() - start
         pending.compiled_start = time.perf_counter()
         self._pending = pending
@@ -217,6 +229,8 @@ class FirstCallVerifier:
         if pending.eager_grads is not None:
             backward_start = time.perf_counter()
             compiled_grads, grad_note = _grads(output, pending.params, retain=True)
+            if compiled_grads is None and "donated buffers" in grad_note:
+                compiled_grads, grad_note = self._grads_of_a_second_call(pending)
             # the compiled backward's first run compiles it, which the user's backward then skips:
             # counted with the compiled call, not as the check's cost
             backward = time.perf_counter() - backward_start
@@ -228,15 +242,41 @@ class FirstCallVerifier:
                 for (name, _), eager, compiled in zip(pending.params, pending.eager_grads, compiled_grads):
                     diffs += _compare_tree(f"grad.{name}", eager, compiled, (None, None))
         seconds = pending.check_seconds + time.perf_counter() - start
+        skipped = pending.grads_wanted and "gradients" not in compared and note.startswith(
+            _GRADS_FAILED)
         self._conclude(pending.key, diffs, compared, note=note, check_seconds=seconds,
-                       compiled_seconds=compiled_seconds)
+                       compiled_seconds=compiled_seconds, partial=skipped)
         return output
 
-    def _conclude(self, key: Hashable, diffs: list[TensorDiff], compared: list[str], **extra: Any) -> None:
+    def _grads_of_a_second_call(self, pending: _Pending) -> tuple[list[torch.Tensor | None] | None, str]:
+        """The compiled gradients from a second compiled call on the same batch, not retained.
+
+        A backward compiled with donated buffers (AOTAutograd frees saved tensors in it) refuses
+        ``retain_graph=True``, which the check's backward on the user's output needs. The same
+        graph runs again from the same RNG state (no compile), its backward runs once, and the
+        buffers it changed are restored.
+        """
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        self._busy = True
+        try:
+            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+                torch.random.set_rng_state(pending.rng_state)
+                again = pending.rerun()
+                return _grads(again, pending.params, retain=False)
+        finally:
+            _restore_buffers(self.model, buffers)
+            self._busy = False
+
+    def _conclude(self, key: Hashable, diffs: list[TensorDiff], compared: list[str], *,
+                  partial: bool = False, **extra: Any) -> None:
         failures = [d for d in diffs if not d.ok]
-        record = self._record(key, "failed" if failures else "passed", diffs=diffs, compared=compared, **extra)
+        status = "failed" if failures else "partial" if partial else "passed"
+        record = self._record(key, status, diffs=diffs, compared=compared, **extra)
         if failures:
             raise CompiledMismatchError(_mismatch_message(record, failures), record=record)
+        if partial:
+            warnings.warn(f"{self.recipe}: first-call check [{record.state}] compared the outputs "
+                          f"only: {record.note}", stacklevel=5)
         self.checked.add(key)
 
     def _record(self, key: Hashable, status: str, *, diffs: list[TensorDiff] = (), **extra: Any) -> FirstCallCheck:
@@ -248,8 +288,8 @@ class FirstCallVerifier:
 
 
 class _Pending:
-    __slots__ = ("check_seconds", "compiled_start", "eager_grads", "eager_output", "key", "note",
-                 "params", "random")
+    __slots__ = ("check_seconds", "compiled_start", "eager_grads", "eager_output", "grads_wanted",
+                 "key", "note", "params", "random", "rerun", "rng_state")
 
     def __init__(self, *, key: Hashable, params: list[tuple[str, torch.Tensor]]) -> None:
         self.key = key
@@ -260,6 +300,9 @@ class _Pending:
         self.random = False
         self.check_seconds = 0.0
         self.compiled_start = 0.0
+        self.grads_wanted = False
+        self.rerun: Callable[[], Any] = lambda: None
+        self.rng_state: torch.Tensor | None = None
 
 
 def check_in_place_update(
@@ -364,7 +407,11 @@ def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
     try:
         grads = torch.autograd.grad(loss, [p for _, p in params], retain_graph=retain, allow_unused=True)
     except RuntimeError as error:  # e.g. reentrant activation checkpointing refuses autograd.grad
-        return None, f"gradients not compared: {str(error)[:200]}"
+        return None, f"{_GRADS_FAILED}: {str(error)[:200]}"
+    if all(g is None for g in grads):  # reentrant checkpointing accumulates into .grad instead
+        return None, (f"{_GRADS_FAILED}: no trainable parameter received a gradient from "
+                      "torch.autograd.grad (reentrant activation checkpointing does this; "
+                      "use_reentrant=False avoids it)")
     return [None if g is None else g.detach() for g in grads], ""
 
 

@@ -167,7 +167,10 @@ class FirstCallCheck:
     recipe: str
     """The recipe that checked itself (``"compile_regional(nested=True)"``)."""
     status: str
-    """``"passed"``, ``"failed"`` or ``"skipped"`` (``note`` says why)."""
+    """``"passed"`` (everything in ``compared`` matched, and that is everything the state has:
+    outputs, and gradients when grad mode is on), ``"partial"`` (what was compared matched, but a
+    part that should have run could not: ``note`` says which, and a warning was given),
+    ``"failed"`` or ``"skipped"`` (``note`` says why)."""
     state: str
     """The call's state (``"train mode, grad on"``, an adapter state, ``"first compiled step"``)."""
     torch_version: str
