@@ -289,3 +289,41 @@ def test_cache_misses_then_hits_with_inductor():
             torch.compile(fn)(torch.randn(8))
     assert cold.snapshot()["cache_misses"] > 0 and cold.snapshot()["cache_hits"] == 0
     assert warm.snapshot()["cache_hits"] > 0 and warm.snapshot()["cache_misses"] == 0
+
+
+def test_torch_own_graph_breaks_are_listed_apart_from_the_users():
+    """torch.optim's explicit graph_break() used to be listed as a break in the user's code."""
+    model = Printing()
+    opt = compile_optimizer(torch.optim.Adam(model.parameters(), lr=0.1), backend="eager")
+    compiled = torch.compile(model, backend="eager")
+    with CompileMonitor() as mon:
+        for _ in range(3):
+            compiled(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    in_torch = [b for b in mon.graph_breaks if b.in_torch]
+    assert in_torch and all("torch/optim" in b.file for b in in_torch), mon.summary()
+    summary = mon.summary()
+    user_part, torch_part = summary.split("graph breaks in torch's own code")
+    assert f"test_monitor.py:{_line_of('PRINT_LINE')}" in user_part.split("graph breaks (user")[1]
+    assert "torch/optim" not in user_part.split("graph breaks (user")[1]
+    assert "torch/optim" in torch_part
+    assert f"({sum(b.count for b in in_torch)} in torch's own code)" in summary.splitlines()[0]
+
+
+def test_a_recompile_names_every_earlier_graphs_failed_guard():
+    """A new length after a frozen and a trainable variant: the size guard is named too.
+
+    The summary used to show only the most recent graph's failed guard (``requires_grad``).
+    """
+    layer = nn.Linear(4, 4)
+    step = torch.compile(lambda x: layer(x).sum(), backend="eager", dynamic=False)
+    with CompileMonitor() as mon:
+        step(torch.ones(2, 4))
+        layer.weight.requires_grad_(False)
+        step(torch.ones(2, 4))
+        layer.weight.requires_grad_(True)
+        step(torch.ones(3, 4))
+    guard = mon.recompiles[-1].guard
+    assert "size mismatch at index 0. expected 2, actual 3" in guard, guard
+    assert guard.count("0/") >= 2, guard

@@ -67,7 +67,7 @@ class _FramesPerEpoch(transformers.TrainerCallback):
         self.frames.append(self.counter.frame_count)
 
 
-def make_trainer(tmp_path: Path, **arg_overrides):
+def make_trainer(tmp_path: Path, compile_cache=None, **arg_overrides):
     rows, lengths = lm_dataset()
     counter = CompileCounterWithBackend("aot_eager")
     model = compile_regional(tiny_models.gpt2(), backend=counter)
@@ -81,6 +81,7 @@ def make_trainer(tmp_path: Path, **arg_overrides):
         train_batch_sampler=BucketBatchSampler(lengths, BUCKETS, batch_size=4, seed=1),
         compile_optimizer_kwargs={"backend": "eager"},  # wiring: dynamo traces, no AOT
         callbacks=[frames],
+        compile_cache=compile_cache,
     )
     return trainer, frames
 
@@ -126,6 +127,9 @@ def test_trainer_trains_resumes_clean_keys_no_recompiles(tmp_path):
     # the compiled optimizer saved plain floats: a plain torch AdamW could load it
     saved = torch.load(checkpoints[-1] / "optimizer.pt", weights_only=True)
     assert all(type(g["lr"]) is float for g in saved["param_groups"])
+    # ... and so did its scheduler: a plain AdamW(foreach=True) resumes from both
+    scheduler = torch.load(checkpoints[-1] / "scheduler.pt", weights_only=True)
+    assert all(type(v) is float for v in (*scheduler["base_lrs"], *scheduler["_last_lr"]))
 
     # resume from the epoch-1 checkpoint in a fresh trainer: it trains the last epoch only
     resumed, _ = make_trainer(tmp_path)
@@ -244,3 +248,16 @@ def test_trainer_bucket_sampler_shards_once_and_resumes_two_processes(tmp_path):
     from integrations.spawn import run_on_ranks
 
     run_on_ranks(trainer_body, str(tmp_path), init_process_group=False)
+
+
+def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path):
+    """A Trainer user can ask why (``trainer.monitor``) and get warm restarts (``compile_cache=``)."""
+    path = tmp_path / "cc.tck"
+    trainer, _ = make_trainer(tmp_path / "out", compile_cache=path, num_train_epochs=1,
+                              save_strategy="no")
+    trainer.train()
+    assert trainer.monitor.frames and "forward_with_checkpointing" in trainer.monitor.summary()
+    session = trainer.compile_cache_session
+    assert session is not None and session.path == str(path)
+    assert not session.loaded, session.loaded.summary()  # nothing there yet: a cold start
+    assert session.monitor is not None and session.monitor.frames  # the cache saw the compiles

@@ -480,12 +480,18 @@ def _selector(
     return keep
 
 
+def _in_torch(monitor: CompileMonitor) -> str:
+    count = sum(b.count for b in monitor.graph_breaks if b.in_torch)
+    return f" ({count} in torch's own code)" if count else ""
+
+
 def _format_summary(monitor: CompileMonitor) -> str:
     counts = monitor.snapshot()
     lines = [
         (
             f"CompileMonitor: {counts['frames']} frames, {counts['graphs']} graphs, "
-            f"{counts['graph_breaks']} graph breaks, {counts['recompiles']} recompiles, "
+            f"{counts['graph_breaks']} graph breaks{_in_torch(monitor)}, "
+            f"{counts['recompiles']} recompiles, "
             f"{counts['recompile_limit_hits']} limit hits, "
             f"{counts['compile_seconds']:.2f} s compiling; "
             f"caches: {counts['cache_hits']} hits, {counts['cache_misses']} misses"
@@ -501,9 +507,14 @@ def _format_summary(monitor: CompileMonitor) -> str:
                 f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} graph(s)  "
                 f"[{frame.compile_id}]  {frame.label}  ({frame.location}){extra}"
             )
-    if monitor.graph_breaks:
-        lines.append("graph breaks (user code, reason):")
-        for found in monitor.graph_breaks:
+    for title, breaks in (
+        ("graph breaks (user code, reason):", [b for b in monitor.graph_breaks if not b.in_torch]),
+        ("graph breaks in torch's own code (by design there, e.g. torch.optim's graph_break(); "
+         "not yours to fix):", [b for b in monitor.graph_breaks if b.in_torch]),
+    ):
+        if breaks:
+            lines.append(title)
+        for found in breaks:
             code = f" [{found.code}]" if found.code else ""
             times = f" x{found.count}" if found.count > 1 else ""
             inside = (

@@ -12,6 +12,7 @@ the raw text is kept rather than guessed.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -118,6 +119,12 @@ class GraphBreak:
         """``file:line`` of the user code."""
         return f"{self.file}:{self.line}"
 
+    @property
+    def in_torch(self) -> bool:
+        """Whether the break is in torch's own code (``torch/optim``'s explicit ``graph_break()``):
+        by design there, not the user's to fix."""
+        return is_torch_file(self.file)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
         return {**asdict(self), "location": self.location}
@@ -148,8 +155,15 @@ class Recompile:
 
     @property
     def guard(self) -> str:
-        """The failed guard in one line: ``reason`` without dynamo's stack and padding."""
-        return short_reason(self.reason)
+        """The failed guards in one line, without dynamo's stack and padding.
+
+        With one earlier graph, its failed guard. With several, each earlier graph's own failed
+        guard (``0/1: ...; 0/0: ...``, most recent first): a call recompiles only when every
+        graph refused it, and the most recent graph's guard alone can name the wrong cause (a
+        new sequence length shown as the ``requires_grad`` guard of a frozen block's graph).
+        """
+        shown = dict.fromkeys(short_reason(r) for r in (self.reasons or [self.reason]))
+        return "; ".join(r for r in shown if r) or short_reason(self.reason)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
@@ -251,6 +265,22 @@ class LimitHit:
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
         return {**asdict(self), "location": f"{self.file}:{self.line}"}
+
+
+def is_torch_file(file: str | None) -> bool:
+    """Whether ``file`` belongs to the installed torch package.
+
+    Example:
+        >>> import torch, os
+        >>> is_torch_file(os.path.join(os.path.dirname(torch.__file__), "optim", "optimizer.py"))
+        True
+    """
+    if not file:
+        return False
+    import torch
+
+    root = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    return os.path.abspath(file).startswith(root)
 
 
 def short_reason(text: str | None) -> str:

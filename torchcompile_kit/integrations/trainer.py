@@ -21,12 +21,16 @@ this adds is a mixin, :class:`CompileTrainerMixin` (``CompileTrainer`` is the mi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import warnings
 from typing import Any, Literal
 
 from .. import _dynamo
+from ..cache import CompileCacheSession
+from ..cache import compile_cache as cache_session
 from ..diagnostics import CompileMonitor
 from ..errors import BatchShapeError, UnsupportedOptimizerError
 from ..optim import compile_optimizer
@@ -59,7 +63,14 @@ class CompileTrainerMixin:
             the optimizer eager.
         compile_monitor: log ``compile/graphs``, ``compile/recompiles``, ... (the figures of
             ``torchcompile_kit.diagnostics.CompileMonitor``, counted while ``train`` runs) with
-            every log; ``False`` to skip.
+            every log; ``False`` to skip. The monitor is :attr:`monitor`: after (or during)
+            ``train``, ``trainer.monitor.summary()`` says which graphs, breaks and recompiles
+            (with their guards) happened.
+        compile_cache: a path or fsspec URL for :func:`~torchcompile_kit.compile_cache`:
+            ``train`` loads the artifact there before the first step (a warm start when it fits
+            this torch/CPU/model) and saves what was compiled on exit, also when training
+            raises. The session is :attr:`compile_cache_session` (``.loaded.summary()``).
+            ``None`` (default): no cache.
         **kwargs: passed to ``Trainer``.
 
     Raises:
@@ -83,6 +94,7 @@ class CompileTrainerMixin:
         train_batch_sampler: BucketBatchSampler | None = None,
         compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
         compile_monitor: bool = True,
+        compile_cache: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -104,7 +116,9 @@ class CompileTrainerMixin:
                 )
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
-        self._monitor = CompileMonitor() if compile_monitor else None
+        self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
+        self.compile_cache = None if compile_cache is None else os.fspath(compile_cache)
+        self.compile_cache_session: CompileCacheSession | None = None
 
     # -- data ------------------------------------------------------------------------------
 
@@ -188,18 +202,18 @@ class CompileTrainerMixin:
     # -- observation -----------------------------------------------------------------------
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train`` with the compile monitor running (when enabled).
+        """``Trainer.train`` inside the compile cache (when given), with the monitor running.
 
         Returns:
             Trainer's ``TrainOutput``.
         """
-        if self._monitor is None:
+        with contextlib.ExitStack() as stack:
+            if self.compile_cache is not None:
+                self.compile_cache_session = stack.enter_context(cache_session(self.compile_cache))
+                logger.info("CompileTrainer: %s", self.compile_cache_session.loaded.summary())
+            if self.monitor is not None:
+                stack.enter_context(self.monitor)
             return super().train(*args, **kwargs)
-        self._monitor.start()
-        try:
-            return super().train(*args, **kwargs)
-        finally:
-            self._monitor.stop()
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """Add the compile figures to ``logs``, then log as Trainer does (every consumer sees them).
@@ -209,8 +223,8 @@ class CompileTrainerMixin:
             *args: passed on (``start_time``).
             **kwargs: passed on.
         """
-        if self._monitor is not None:
-            for key, value in self._monitor.snapshot().items():
+        if self.monitor is not None:
+            for key, value in self.monitor.snapshot().items():
                 if isinstance(value, (int, float)):
                     logs[_LOG_PREFIX + key] = value
         super().log(logs, *args, **kwargs)
