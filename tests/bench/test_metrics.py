@@ -118,3 +118,17 @@ def test_steady_steps_go_on_until_they_cover_the_window_and_stop_at_the_cap():
     assert capped["steps"] == 5  # never more steady steps than the cap (the planned run)
     plain = measure_training(sleepy, batches, warmup_steps=1, steps=2, device="cpu")
     assert plain["steps"] == 2
+
+
+def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
+    """bench printed 'warm ÷ cold 0.012' from a cold row measured with 89% of the CPU taken."""
+    from torchcompile_kit.bench.report import warm_start_lines
+
+    cold = {"name": "full", "status": "ok",
+            "metrics": {"first_step_s": 50.0, "not_quotable": ["other processes used 89% of the CPU"]}}
+    warm = {"name": "full-warm", "status": "ok", "metrics": {"first_step_s": 0.5, "cache_load_s": 0.1}}
+    (line,) = warm_start_lines([warm], [cold, warm])
+    assert "warm ÷ cold 0.012" in line and "NOT QUOTABLE" in line and "89% of the CPU" in line
+    cold["metrics"]["not_quotable"] = []
+    (line,) = warm_start_lines([warm], [cold, warm])
+    assert "NOT QUOTABLE" not in line

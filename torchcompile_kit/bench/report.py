@@ -150,7 +150,8 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
 def warm_start_lines(warm_rows: Sequence[Mapping[str, Any]], all_rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step.
 
-    Both rows import the compiler before anything is timed, and the model build (where a load's
+    A ratio derived from a row that is not quotable (``metrics["not_quotable"]``: measured with
+    other processes on the CPU, or too wide an interval) says so, with the reasons. Both rows import the compiler before anything is timed, and the model build (where a load's
     background ISA probe runs) is shown for both, so the ratio compares compile costs only.
 
     Example:
@@ -176,10 +177,15 @@ def warm_start_lines(warm_rows: Sequence[Mapping[str, Any]], all_rows: Sequence[
         build = ""
         if w.get("build_s") is not None and c.get("build_s") is not None:
             build = f" (model build {w['build_s']:.2f} s warm, {c['build_s']:.2f} s cold)"
+        unquotable = [f"{r['name']}: {'; '.join(m['not_quotable'])}"
+                      for r, m in ((row, w), (cold, c)) if m.get("not_quotable")]
+        caveat = (f" — NOT QUOTABLE, derived from a row measured under load ({' | '.join(unquotable)});"
+                  f" re-run on a quiet machine") if unquotable else ""
         lines.append(
             f"{row['name']}: cache load {w.get('cache_load_s') or 0.0:.2f} s + first step "
             f"{w['first_step_s']:.2f} s = {warm_total:.2f} s; cold first step ({cold['name']}) "
             f"{c['first_step_s']:.2f} s; warm ÷ cold {warm_total / c['first_step_s']:.3f}{build}"
+            f"{caveat}"
         )
     return lines
 
