@@ -182,7 +182,28 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
 
     started = now()
     backend = args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
+    settings = {
+        "preset": preset,
+        "steps": args.steps or _preset_value(preset, "steps"),
+        "warmup_steps": args.warmup_steps or _preset_value(preset, "warmup_steps"),
+        "backend": backend,
+        "model": args.model or f"captioner:{preset}",
+        "recipes": names,
+        "repeat": args.repeat,
+        "paired": not args.no_pair,
+        "command": "torchcompile-kit " + shlex.join(args.argv),
+    }
     runs: dict[str, list] = {name: [] for name in names}
+
+    def save(complete: bool) -> tuple[dict, Path]:
+        """results.json (and the charts) of the rows so far: an interrupted run leaves them."""
+        results = [merge_repeats(runs[name]) for name in names if runs[name]]
+        document = build_results(results, settings=settings, started=started, complete=complete)
+        path = write_results(args.out, document)
+        if not args.no_charts and charts_available():
+            write_charts(document, args.out)
+        return document, path
+
     with BenchProgress(total_recipes=len(names) * args.repeat) as progress:
         for round_ in range(args.repeat):  # rounds, so that each row's runs are spread in time
             for name in names:
@@ -195,24 +216,13 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
                 )
                 runs[name].append(result)
                 progress.finish(label, _summary(result))
-    results = [merge_repeats(runs[name]) for name in names]
-    settings = {
-        "preset": preset,
-        "steps": args.steps or _preset_value(preset, "steps"),
-        "warmup_steps": args.warmup_steps or _preset_value(preset, "warmup_steps"),
-        "backend": backend,
-        "model": args.model or f"captioner:{preset}",
-        "recipes": names,
-        "repeat": args.repeat,
-        "paired": not args.no_pair,
-        "command": "torchcompile-kit " + shlex.join(args.argv),
-    }
-    document = build_results(results, settings=settings, started=started)
-    path = write_results(args.out, document)
+                if round_ == args.repeat - 1 and name != names[-1]:
+                    save(complete=False)
+    document, path = save(complete=True)
     print(format_results(document, markdown=args.markdown))
     print(f"\nresults: {path}")
     if not args.no_charts:
-        charts = write_charts(document, args.out)
+        charts = write_charts(document, args.out) if charts_available() else []
         if charts:
             print("charts: " + ", ".join(str(c) for c in charts))
         elif not charts_available():

@@ -142,3 +142,31 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     assert warm.status == "ok", warm.error
     assert warm.metrics["cache_loaded"] is True
     assert warm.metrics["monitor"]["cache_hits"] >= 1
+
+
+def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,
+                                                               monkeypatch):
+    """bench used to write results.json and the charts only at the very end."""
+    import torchcompile_kit.bench.runner as runner
+
+    real = runner.run_recipe_isolated
+    calls = []
+
+    def interrupted_at_the_third(name, **kwargs):  # the user presses Ctrl-C during recipe 3
+        calls.append(name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(name, **kwargs)
+
+    monkeypatch.setattr(runner, "run_recipe_isolated", interrupted_at_the_third)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _bench(out, "eager", "eager-longest", "reduce-overhead", "--preset", "tiny")
+    doc = load_results(out)
+    assert doc["complete"] is False
+    assert [row["name"] for row in doc["rows"]] == calls[:2]
+    assert (out / "warmup.png").read_bytes()[:8] == PNG_MAGIC
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"PARTIAL RUN (interrupted, or still running): 2 of 3 recipes; not run: {calls[2]}" in printed

@@ -121,6 +121,11 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
         _HOW_TO_READ if settings.get("paired", True) else "× base: steps/s ÷ the baseline row's (--no-pair: "
         "rows measured minutes apart, not robust to load from other processes)",
     ]
+    if document.get("complete") is False:
+        done = {row["name"] for row in document["rows"]}
+        missing = [name for name in settings.get("recipes", []) if name not in done]
+        out.append(f"PARTIAL RUN (interrupted, or still running): {len(done)} of "
+                   f"{len(done) + len(missing)} recipes; not run: {', '.join(missing) or '-'}")
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for row in document["rows"]:
         groups.setdefault(row.get("group") or "custom", []).append(row)

@@ -46,7 +46,8 @@ def now() -> str:
 
 
 def build_results(
-    results: list[RecipeResult], *, settings: Mapping[str, Any], started: str
+    results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
+    complete: bool = True,
 ) -> dict[str, Any]:
     """The results document of a run: environment, settings and one row per recipe.
 
@@ -54,6 +55,8 @@ def build_results(
         results: the recipes' results, in run order.
         settings: what the run was asked for (preset, steps, backend, model, recipes, command).
         started: when the run started (:func:`now`).
+        complete: every recipe of ``settings["recipes"]`` has run. ``bench`` writes the document
+            after each row with ``False`` (``report`` renders it, saying what is missing).
 
     Returns:
         The document (JSON-ready), with the cross-recipe comparisons filled in.
@@ -71,15 +74,22 @@ def build_results(
         "settings": dict(settings),
         "started": started,
         "finished": now(),
+        "complete": complete,
         "rows": rows,
     }
 
 
 def write_results(out_dir: str | os.PathLike[str], document: Mapping[str, Any]) -> Path:
-    """Write ``document`` to ``out_dir/results.json`` and return the path."""
+    """Write ``document`` to ``out_dir/results.json`` atomically and return the path.
+
+    The file is replaced whole (written beside it, then renamed), so a run interrupted while
+    writing leaves the previous version, never half a file.
+    """
     path = Path(out_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    os.replace(partial, path)
     return path
 
 
