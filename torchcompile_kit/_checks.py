@@ -7,12 +7,13 @@ value (``!r``) and what would be accepted.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
-__all__ = ["check_choice", "check_module", "check_positive_int"]
+__all__ = ["check_choice", "check_module", "check_positive_int", "parameters_of"]
 
 T = TypeVar("T")
 
@@ -52,3 +53,24 @@ def check_module(name: str, value: Any) -> nn.Module:
             "pass the model object itself."
         )
     return value
+
+
+def parameters_of(value: Any, *, what: str) -> Iterable[torch.Tensor]:
+    """The parameters of a module, of an optimizer's groups, or an iterable of them as given.
+
+    ``what`` names the argument in the ``TypeError`` for anything else (``"zero_grads"``).
+
+    Example:
+        >>> len(list(parameters_of(nn.Linear(2, 1), what="model")))
+        2
+    """
+    if isinstance(value, nn.Module):
+        return value.parameters()
+    if isinstance(value, torch.optim.Optimizer):
+        return (p for group in value.param_groups for p in group["params"])
+    if isinstance(value, Iterable):
+        return value
+    raise TypeError(
+        f"{what} takes an nn.Module, an optimizer or an iterable of parameters; got "
+        f"{type(value).__name__!r}"
+    )

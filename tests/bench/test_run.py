@@ -147,7 +147,7 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
 def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,
                                                                monkeypatch):
     """bench used to write results.json and the charts only at the very end."""
-    import torchcompile_kit.bench.runner as runner
+    from torchcompile_kit.bench import runner
 
     real = runner.run_recipe_isolated
     calls = []

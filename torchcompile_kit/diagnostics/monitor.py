@@ -480,6 +480,10 @@ def _selector(
     return keep
 
 
+_TORCH_BREAKS_TITLE = ("graph breaks in torch's own code (by design there, e.g. torch.optim's "
+                       "graph_break(); not yours to fix):")
+
+
 def _in_torch(monitor: CompileMonitor) -> str:
     count = sum(b.count for b in monitor.graph_breaks if b.in_torch)
     return f" ({count} in torch's own code)" if count else ""
@@ -509,8 +513,7 @@ def _format_summary(monitor: CompileMonitor) -> str:
             )
     for title, breaks in (
         ("graph breaks (user code, reason):", [b for b in monitor.graph_breaks if not b.in_torch]),
-        ("graph breaks in torch's own code (by design there, e.g. torch.optim's graph_break(); "
-         "not yours to fix):", [b for b in monitor.graph_breaks if b.in_torch]),
+        (_TORCH_BREAKS_TITLE, [b for b in monitor.graph_breaks if b.in_torch]),
     ):
         if breaks:
             lines.append(title)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from .. import _dynamo
-from .._checks import check_choice
+from .._checks import check_choice, parameters_of
 from ..diagnostics import allow_first_compile, check_in_place_update, check_verify_arg
 from ..errors import UnsupportedOptimizerError
 
@@ -201,17 +201,7 @@ def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.T
         >>> float(model.weight.grad.abs().sum())
         0.0
     """
-    if isinstance(model, torch.nn.Module):
-        params: Iterable[torch.Tensor] = model.parameters()
-    elif isinstance(model, torch.optim.Optimizer):
-        params = (p for group in model.param_groups for p in group["params"])
-    elif isinstance(model, Iterable):
-        params = model
-    else:
-        raise TypeError(
-            f"zero_grads expects an nn.Module, an Optimizer or an iterable of parameters, got "
-            f"{type(model).__name__!r}"
-        )
+    params = parameters_of(model, what="zero_grads")
     grads = [p.grad for p in params if p.grad is not None]
     if grads:
         torch._foreach_zero_(grads)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import _dynamo
+from .._checks import parameters_of
 from ..errors import BatchShapeError
 
 __all__ = ["mark_dynamic_batch", "warmup_shapes"]
@@ -243,18 +244,7 @@ def _modules_reached(fn: Any, depth: int = 2) -> list[torch.nn.Module]:
 def _parameters_of(sources: Iterable[Any]) -> list[torch.Tensor]:
     params: dict[int, torch.Tensor] = {}
     for source in sources:
-        if isinstance(source, torch.nn.Module):
-            tensors: Iterable[torch.Tensor] = source.parameters()
-        elif isinstance(source, torch.optim.Optimizer):
-            tensors = (p for group in source.param_groups for p in group["params"])
-        elif isinstance(source, Iterable):
-            tensors = source
-        else:
-            raise TypeError(
-                f"warmup_shapes: model= takes an nn.Module, an optimizer or an iterable of "
-                f"parameters; got {type(source).__name__!r}"
-            )
-        params.update((id(p), p) for p in tensors)
+        params.update((id(p), p) for p in parameters_of(source, what="warmup_shapes: model="))
     return list(params.values())
 
 

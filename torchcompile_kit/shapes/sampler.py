@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .._checks import check_positive_int
+from ..errors import BatchShapeError, SequenceTooLongError
 from .planner import (
     as_lengths,
     batch_sizes_for,
@@ -23,7 +24,6 @@ from .planner import (
     check_buckets,
     check_token_budget,
 )
-from ..errors import BatchShapeError, SequenceTooLongError
 
 __all__ = ["BucketBatchSampler"]
 
