@@ -25,7 +25,12 @@ from peft import (
 from torch._dynamo.testing import CompileCounter
 
 from tiny_models import gpt2, opt, token_batch
-from torchcompile_kit import UnsafeAdapterConfigError, check_compile_equivalence, compile_peft
+from torchcompile_kit import (
+    UnsafeAdapterConfigError,
+    _dynamo,
+    check_compile_equivalence,
+    compile_peft,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),
@@ -217,24 +222,27 @@ def test_adapter_names_without_fullgraph_runs_and_matches_eager():
 
 def test_guard_warns_past_recompile_limit():
     model = lora_gpt2()
-    for name in ("b", "c"):
+    for name in ("b", "c", "d"):
         model.add_adapter(name, LoraConfig(r=4, target_modules=GPT2_ATTN))
     set_lora_b(model, 2)
     counter = CompileCounter()
     with torch._dynamo.config.patch(recompile_limit=2):
-        with pytest.warns(UserWarning, match=r"\[many-adapters\] 3 adapters"):
+        with pytest.warns(UserWarning, match=r"\[many-adapters\] 4 adapters"):
             compile_peft(model.eval(), backend=counter)
+        # compile_regional sized the blocks' limit for training's 2 requires_grad variants
+        # (block 0's input comes from frozen embeddings) and evaluation's 1, where torch can
+        limit = 3 if _dynamo.recompile_limit_kwarg() is not None else 2
         outputs = {}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for name in ("default", "b", "c"):
+            for name in ("default", "b", "c", "d"):
                 model.set_adapter(name)
                 outputs[name] = logits(model)
         ours = [w for w in caught if "[recompile-limit]" in str(w.message)]
         assert len(ours) == 1
-        assert "3 distinct adapter states (recompile_limit=2)" in str(ours[0].message)
+        assert f"distinct adapter states (recompile_limit={limit})" in str(ours[0].message)
         assert "hotswap" in str(ours[0].message)
-    assert counter.frame_count == 2  # the third adapter ran eagerly: dynamo gave up silently
+    assert counter.frame_count == limit  # the last adapters ran eagerly: dynamo gave up silently
     assert not torch.allclose(outputs["b"], outputs["c"])
 
 

@@ -169,3 +169,72 @@ def test_torch_nn_blocks_compile_with_inductor_and_match_eager():
         expected = encoder(x)
         compile_regional(encoder)
         torch.testing.assert_close(encoder(x), expected, rtol=1e-4, atol=1e-4)
+
+
+# --- frozen and trainable blocks of one class ---------------------------------------------------
+
+
+def _train_with_eval(model, steps=12):
+    """Train with an evaluation under no_grad every 5 steps, as fine-tuning scripts do."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    for step in range(steps):
+        model.train()
+        model(**tm.token_batch(seed=step)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 5 == 4:
+            model.eval()
+            with torch.no_grad():
+                model(**tm.token_batch(seed=100))
+
+
+@pytest.mark.parametrize(("layers", "frozen", "frozen_embeddings", "train", "evaluation"), [
+    (2, [0], False, 2, 2),     # the issue's case: block 0 frozen
+    (4, [0, 1], False, 2, 2),  # lower half frozen
+    (3, [0], True, 3, 2),      # frozen embeddings too: block 1's input needs no grad, block 2's does
+])
+def test_frozen_blocks_are_predicted_and_budgeted(layers, frozen, frozen_embeddings, train,
+                                                  evaluation):
+    """compile_regional used to predict 1 graph here; dynamo compiled one per requires_grad
+    pattern and grad mode, and one more variant would have run eagerly, silently."""
+    from torchcompile_kit import CompileMonitor
+
+    torch.manual_seed(0)
+    model = tm.gpt2(n_layer=layers)
+    if frozen_embeddings:
+        model.transformer.wte.requires_grad_(False)
+        model.transformer.wpe.requires_grad_(False)
+    for index in frozen:
+        model.transformer.h[index].requires_grad_(False)
+    compile_regional(model, backend="aot_eager")
+    (group,) = get_regional_plan(model).groups
+    assert (group.predicted_graphs, group.predicted_eval_graphs) == (train, evaluation)
+    assert group.budget_needed == train + evaluation <= group.recompile_budget
+    with CompileMonitor() as monitor:
+        _train_with_eval(model)
+    (report,) = get_regional_plan(model).report(monitor).groups
+    assert report.graphs == train + evaluation == report.predicted_graphs, report
+    assert not report.flags and not monitor.limit_hits, report
+
+
+def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
+    """5 blocks, each frozen differently: 10 graphs with evaluation, over the limit of 8."""
+    from torchcompile_kit import CompileMonitor, _dynamo
+
+    if _dynamo.recompile_limit_kwarg() is None:
+        pytest.skip("this torch has no per-call recompile_limit: compile_regional warns instead")
+    torch.manual_seed(0)
+    model = tm.gpt2(n_layer=5)
+    model.transformer.wte.requires_grad_(False)
+    model.transformer.wpe.requires_grad_(False)
+    parts = ["ln_1", "attn", "ln_2", "mlp"]
+    for index, block in enumerate(model.transformer.h):
+        for part in parts[:index]:  # block i: its first i parts frozen
+            getattr(block, part).requires_grad_(False)
+    compile_regional(model, backend="aot_eager")
+    (group,) = get_regional_plan(model).groups
+    assert group.compile_kwargs["recompile_limit"] == group.budget_needed == 10
+    with CompileMonitor() as monitor:
+        _train_with_eval(model)
+    (report,) = get_regional_plan(model).report(monitor).groups
+    assert report.graphs == report.predicted_graphs == 10 and not monitor.limit_hits, report

@@ -16,7 +16,7 @@ from torch import nn
 from .. import _dynamo
 from .._checks import check_choice
 from ..diagnostics import check_verify_arg
-from ..regional import compile_regional, find_repeated_blocks
+from ..regional import compile_regional, find_repeated_blocks, get_regional_plan
 from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
 from .guard import AdapterGuard
@@ -195,6 +195,11 @@ def compile_peft(
     limit = int(compile_kwargs.get("recompile_limit") or limit)
     if regional:
         compile_regional(model, verify=False, **compile_kwargs)  # the guard below checks
+        # the limit in force for the blocks: compile_regional may have sized one for their
+        # frozen/trainable variants (what the guard's messages must name)
+        plan = get_regional_plan(model)
+        limit = max([limit, *(g.compile_kwargs.get("recompile_limit", limit) for g in plan.groups)]
+                    ) if plan is not None else limit
     else:
         model.compile(**compile_kwargs)
     if facts.is_peft_model:

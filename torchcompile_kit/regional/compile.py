@@ -22,7 +22,7 @@ from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan, register_undo, run_undo
-from .preflight import preflight_group, share_recompile_budget
+from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
 from .transformers_support import disable_cache_in_plain_forwards, set_explicit_loss_functions
 
 __all__ = ["compile_regional", "uncompile"]
@@ -126,8 +126,10 @@ def compile_regional(
             instances,
             compile_kwargs=group.compile_kwargs,
             cache_disabled=not keep_kv_cache,
+            requires_grad=requires_grad_variants(model, instances),
         )
         group.predicted_graphs = preflight.graphs
+        group.predicted_eval_graphs = preflight.eval_graphs
         group.may_vary = list(preflight.may_vary)
         group.block_class = type(instances[0])  # for the measured report (plan.report)
         group.preflight_warning = preflight.warning

@@ -43,9 +43,13 @@ class BlockGroup:
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``module.compile()`` for this group."""
     predicted_graphs: int = 1
-    """Graphs the guard preflight predicts from reading the code (one per block structure and
-    per value of state the code uses); set by ``compile_regional``. A prediction: the measured
-    count is the verdict."""
+    """Graphs the guard preflight predicts in training from reading the code and the parameters
+    (one per block structure, per value of state the code uses and per ``requires_grad``
+    pattern: frozen and trainable blocks); set by ``compile_regional``. A prediction: the
+    measured count is the verdict."""
+    predicted_eval_graphs: int = 1
+    """Graphs it predicts on top of those for a ``torch.no_grad()`` evaluation (grad mode is
+    guarded); counted in the report when dynamo recompiled for grad mode."""
     may_vary: list[str] = field(default_factory=list)
     """Attributes that differ between blocks and are handed on to other functions: each *may*
     add graphs (e.g. ``self_attn.sliding_window`` on models with alternating attention)."""
@@ -67,8 +71,8 @@ class BlockGroup:
     recompile_budget: int | None = None
     """The recompile limit in force for that code object (sized for all groups sharing it)."""
     budget_needed: int | None = None
-    """Graphs the groups sharing the code object may need together (twice their predictions:
-    train and eval grad modes)."""
+    """Graphs the groups sharing the code object may need together (their predictions for
+    training and for a no_grad evaluation)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -193,6 +197,8 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
 def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
     counts, breaks = record["counts"], record["graph_breaks"]
     graphs, predicted = counts["graphs"], group.predicted_graphs
+    if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
+        predicted += group.predicted_eval_graphs
     flags, withdrawn = [], None
     if graphs == 0:
         flags.append(

@@ -31,6 +31,7 @@ __all__ = [
     "Preflight",
     "find_instance_variants",
     "preflight_group",
+    "requires_grad_variants",
     "share_recompile_budget",
 ]
 
@@ -67,7 +68,11 @@ class Preflight:
     """What the preflight predicts for one block group."""
 
     graphs: int
-    """Graphs the group needs by reading its code: one per structure and certain variant."""
+    """Graphs the group needs in training (grad on) by reading its code and its parameters: one
+    per structure, certain variant and ``requires_grad`` pattern."""
+    eval_graphs: int = 1
+    """Graphs it needs on top of those in a ``torch.no_grad()`` evaluation (grad mode is guarded;
+    the parameters' ``requires_grad`` patterns still are)."""
     may_vary: tuple[str, ...] = ()
     """Attributes that differ and are handed on to other functions: each may add graphs."""
     recompile_limit: int | None = None
@@ -164,7 +169,10 @@ def _structure(block: nn.Module) -> tuple[tuple[str, type], ...]:
 
 
 def find_instance_variants(
-    instances: Sequence[nn.Module], *, cache_disabled: bool = True
+    instances: Sequence[nn.Module],
+    *,
+    cache_disabled: bool = True,
+    keys: Sequence[Hashable] | None = None,
 ) -> tuple[list[GuardFinding], list[tuple[int, int]]]:
     """Attributes that differ between instances and are read by their methods.
 
@@ -177,6 +185,8 @@ def find_instance_variants(
     Args:
         instances: the blocks of one group.
         cache_disabled: transformers' cache-only attributes (``layer_idx``) are not reported.
+        keys: per instance, what else dynamo guards that differs between them (the
+            ``requires_grad`` patterns of :func:`requires_grad_variants`): part of the variant.
 
     Returns:
         The findings and, per structure, ``(instances, certain variants)``.
@@ -186,6 +196,7 @@ def find_instance_variants(
         >>> counts  # 12 blocks that read a distinct self.layer_idx  # doctest: +SKIP
         [(12, 12)]
     """
+    extra = {id(block): key for block, key in zip(instances, keys)} if keys is not None else {}
     by_structure: dict[tuple, list[nn.Module]] = {}
     for block in instances:
         by_structure.setdefault(_structure(block), []).append(block)
@@ -211,7 +222,8 @@ def find_instance_variants(
             findings.setdefault(
                 path, GuardFinding(path, kind, shown, cache_only=cache_only, certain=certain)
             )
-        variants = {tuple(state[path][2] for path in deciding) for state in states}
+        variants = {(tuple(state[path][2] for path in deciding), extra.get(id(block)))
+                    for block, state in zip(blocks, states)}
         counts.append((len(blocks), len(variants)))
     return list(findings.values()), counts
 
@@ -223,12 +235,53 @@ def _describe(finding: GuardFinding) -> str:
     return f"`{finding.attribute}` (values {shown})"
 
 
+def requires_grad_variants(
+    model: nn.Module, instances: Sequence[nn.Module]
+) -> tuple[list[Hashable], list[Hashable], list[str]]:
+    """What dynamo guards about ``requires_grad`` for each block: in training, and in eval.
+
+    Dynamo guards every tensor's ``requires_grad``: a block's parameters (a frozen block is
+    another graph than a trainable one of the same class) and its input (which requires grad
+    when any trainable parameter registered before the block fed it: trainable embeddings or an
+    earlier trainable block). Under ``torch.no_grad()`` no input requires grad, but the
+    parameters' patterns still differ. Pass the keys to :func:`find_instance_variants`.
+
+    Returns:
+        ``(training key per block, no_grad key per block, names of the blocks with a frozen
+        parameter)``.
+
+    Example:
+        >>> train, evaluation, frozen = requires_grad_variants(model, list(model.transformer.h))  # doctest: +SKIP
+        >>> len(set(train)), frozen  # doctest: +SKIP
+        (2, ['transformer.h.0'])
+    """
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    first_trainable = min((position[id(p)] for p in model.parameters() if p.requires_grad),
+                          default=None)
+    names = {id(m): n for n, m in model.named_modules()}
+    train: list[Hashable] = []
+    evaluation: list[Hashable] = []
+    frozen = []
+    for block in instances:
+        params = list(block.parameters())
+        pattern = tuple(p.requires_grad for p in params)
+        starts = min((position[id(p)] for p in params), default=None)
+        fed_by_trainable = (first_trainable is not None and starts is not None
+                            and first_trainable < starts)
+        train.append((pattern, fed_by_trainable))
+        evaluation.append(pattern)
+        if not all(pattern):
+            frozen.append(names.get(id(block), type(block).__name__))
+    return train, evaluation, frozen
+
+
 def preflight_group(
     class_name: str,
     instances: Sequence[nn.Module],
     *,
     compile_kwargs: dict[str, Any],
     cache_disabled: bool = True,
+    requires_grad: tuple[list[Hashable], list[Hashable], list[str]] | None = None,
 ) -> Preflight:
     """Warn about per-instance guards in one block group; size its recompile limit if needed.
 
@@ -238,25 +291,62 @@ def preflight_group(
 
     Returns:
         The :class:`Preflight`: predicted graphs, the attributes that may add graphs, and a
-        ``recompile_limit`` for this group's ``torch.compile`` calls when the variants (times two,
-        for training and evaluation grad modes) exceed the global limit and the user did not set
-        one.
+        ``recompile_limit`` for this group's ``torch.compile`` calls when the graphs of training
+        and of a ``no_grad`` evaluation exceed the global limit and the user did not set one.
+        ``requires_grad`` is :func:`requires_grad_variants`' answer for these blocks.
     """
     findings, counts = find_instance_variants(instances, cache_disabled=cache_disabled)
     variants = sum(v for _, v in counts)
+    train_keys, eval_keys, frozen = requires_grad or (None, None, [])
+    graphs, eval_graphs = variants, variants
+    if frozen or (train_keys and len(set(train_keys)) > 1):
+        graphs, eval_graphs = (
+            sum(v for _, v in find_instance_variants(instances, cache_disabled=cache_disabled,
+                                                     keys=keys)[1])
+            for keys in (train_keys, eval_keys)
+        )
+    needed = graphs + eval_graphs  # training, and a no_grad evaluation
     maybe = [f for f in findings if not f.certain]
-    result = Preflight(graphs=variants, may_vary=tuple(f.attribute for f in maybe))
-    if maybe:
+    result = Preflight(graphs=graphs, eval_graphs=eval_graphs,
+                       may_vary=tuple(f.attribute for f in maybe))
+    if graphs > variants or eval_graphs > variants:
+        shown = ", ".join(frozen[:4]) + (", ..." if len(frozen) > 4 else "")
         logger.info(
-            "%s: %s differ between blocks and are handed on to other functions; the blocks may "
-            "compile one graph per value if those functions specialize on them (the measured "
-            "count in RegionalPlan.report() says whether they did).",
-            class_name,
-            "; ".join(_describe(f) for f in maybe),
+            "%s: dynamo guards requires_grad, so blocks with frozen parameters (%s) or whose input "
+            "needs no gradient (the first block after frozen layers) are graphs of their own: %d "
+            "in training, %d more under torch.no_grad(); the recompile limit covers %d.",
+            class_name, shown or "none", graphs, eval_graphs, needed,
         )
     certain = [f for f in findings if f.certain]
-    if not certain:
+    if certain:
+        result = _warn_about_variants(class_name, instances, certain, counts, needed, result)
+    limit = _dynamo.recompile_limit()
+    if "recompile_limit" in compile_kwargs or needed <= limit:
         return result
+    if _dynamo.recompile_limit_kwarg() is None:
+        warnings.warn(
+            f"{class_name}: its blocks may need {needed} graphs (training and no_grad "
+            f"evaluation), over dynamo's recompile limit ({limit}); this torch cannot raise it "
+            "per compile call, so the last variants will run eagerly. Fix the per-block state "
+            "or raise torch._dynamo.config.recompile_limit.",
+            stacklevel=3,
+        )
+        return result
+    logger.info("%s: recompile_limit=%d for this group", class_name, needed)
+    return Preflight(graphs=graphs, eval_graphs=eval_graphs, may_vary=result.may_vary,
+                     recompile_limit=needed, warning=result.warning)
+
+
+def _warn_about_variants(
+    class_name: str,
+    instances: Sequence[nn.Module],
+    certain: list[GuardFinding],
+    counts: list[tuple[int, int]],
+    needed: int,
+    result: Preflight,
+) -> Preflight:
+    """Warn (or log) that per-instance state the code uses makes the blocks several graphs."""
+    variants = sum(v for _, v in counts)
     described = "; ".join(_describe(f) for f in certain)
     message = (
         f"{variants} of {len(instances)} {class_name} blocks differ in state their code uses: "
@@ -273,27 +363,12 @@ def preflight_group(
     if len(counts) > 1:
         message += f" ({len(counts)} block structures, each compiled on its own, are counted too.)"
     every_block_its_own = any(n >= 3 and v == n for n, v in counts)
-    needed = 2 * variants  # each variant may also be seen in train and eval grad modes
-    limit = _dynamo.recompile_limit()
-    if every_block_its_own or needed > limit:
-        warnings.warn(message, stacklevel=3)
-        result = Preflight(graphs=variants, may_vary=result.may_vary, warning=message)
-    else:
-        logger.info(message)
-    if "recompile_limit" in compile_kwargs or needed <= limit:
-        return result
-    if _dynamo.recompile_limit_kwarg() is None:
-        warnings.warn(
-            f"{class_name}: {variants} variants exceed dynamo's recompile limit ({limit}); this "
-            "torch cannot raise it per compile call, so the last blocks will run eagerly. Fix the "
-            "per-block state or raise torch._dynamo.config.recompile_limit.",
-            stacklevel=3,
-        )
-        return result
-    logger.info("%s: recompile_limit=%d for this group (%d variants)", class_name, needed, variants)
-    return Preflight(
-        graphs=variants, may_vary=result.may_vary, recompile_limit=needed, warning=result.warning
-    )
+    if every_block_its_own or needed > _dynamo.recompile_limit():
+        warnings.warn(message, stacklevel=4)
+        return Preflight(graphs=result.graphs, eval_graphs=result.eval_graphs,
+                         may_vary=result.may_vary, warning=message)
+    logger.info(message)
+    return result
 
 
 def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
@@ -304,8 +379,8 @@ def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
     ``forward_with_checkpointing``), so all block classes of a model (ViT and GPT-2 blocks of a
     captioner, the T5 blocks of two groups) fill one cache: the second class is compiled as a
     recompile of the first's code, and a limit sized per class is too small for them together.
-    Here the need of every group sharing a code object (twice its predicted graphs: train and
-    eval grad modes) is summed; where the sum exceeds the limit, each of those groups' compile
+    Here the need of every group sharing a code object (its predicted graphs in training and
+    under ``no_grad``) is summed; where the sum exceeds the limit, each of those groups' compile
     calls gets ``recompile_limit=`` the sum (torch >= 2.13; older torch gets a warning), never
     the process. Each group records the classes it shares with and the budget
     (:attr:`BlockGroup.shared_code`, :attr:`BlockGroup.recompile_budget`), which
@@ -322,14 +397,13 @@ def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
             by_code.setdefault(code, []).append(group)
     limit = _dynamo.recompile_limit()
     for code, sharing in by_code.items():
-        needed = sum(2 * group.predicted_graphs for group in sharing)
-        # a limit the preflight set for one group is twice its graphs; any other came from the
+        needed = sum(_needed(group) for group in sharing)
+        # a limit the preflight set for one group is its own need; any other came from the
         # user (compile_regional(recompile_limit=) or a blocks= mapping) and is kept
         set_by_user = [
             g.compile_kwargs["recompile_limit"]
             for g in sharing
-            if g.compile_kwargs.get("recompile_limit", 2 * g.predicted_graphs)
-            != 2 * g.predicted_graphs
+            if g.compile_kwargs.get("recompile_limit", _needed(g)) != _needed(g)
         ]
         own = [g.compile_kwargs.get("recompile_limit", limit) for g in sharing]
         budget = min(set_by_user) if set_by_user else min(own)
@@ -360,6 +434,10 @@ def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
                 "%s share one code object (%s) and one recompile limit: %d for up to %d graphs",
                 " and ".join(names), code.co_name, budget, needed,
             )
+
+
+def _needed(group: BlockGroup) -> int:
+    return group.predicted_graphs + group.predicted_eval_graphs
 
 
 def _forward_code(cls: type | None) -> Any:
