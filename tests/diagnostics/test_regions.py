@@ -67,3 +67,26 @@ def test_a_graph_of_an_attempt_dynamo_restarted_is_not_counted():
         recorder.emit(record)
     assert [f.graphs for f in recorder.frames] == [1]
     assert recorder.unreadable == 0
+
+
+def test_the_first_compiled_call_of_each_block_is_logged_before_and_after(caplog):
+    """A plain loop's cold first step used to run for minutes with no output."""
+    import logging
+
+    import tiny_models as tm
+    import torch
+
+    from torchcompile_kit import compile_regional
+
+    model = compile_regional(tm.gpt2(), backend="aot_eager")
+    batch = tm.token_batch()
+    with caplog.at_level(logging.INFO, logger="torchcompile_kit.diagnostics.regions"):
+        model(**batch).loss.backward()
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        with torch.no_grad():
+            model(**batch)
+    starts = [m for m in first if "first compiled call: dynamo compiles it now" in m]
+    ends = [m for m in first if "first compiled call done in" in m]
+    assert len(starts) == len(ends) == 2 and all(m.startswith("GPT2Block#") for m in starts)
+    assert not caplog.records  # later calls log nothing

@@ -15,6 +15,8 @@ their forward frame by compile id.
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
@@ -25,6 +27,8 @@ from torch import nn
 from .. import _dynamo
 
 __all__ = ["current_region", "mark_region"]
+
+logger = logging.getLogger(__name__)
 
 _CURRENT: ContextVar[str | None] = ContextVar("torchcompile_kit_region", default=None)
 _NUMBERS = itertools.count()
@@ -46,7 +50,9 @@ def mark_region(modules: Iterable[nn.Module], label: str) -> str:
     Call it after ``module.compile()`` (or ``compile_in_place``): each module's compiled call is
     wrapped so that, while it runs, :func:`current_region` returns the region's id. Under an
     outer ``torch.compile`` the wrapper steps aside (``torch.compiler.is_compiling()``), so dynamo
-    never traces it. ``uncompile`` removes it with the compiled call.
+    never traces it. ``uncompile`` removes it with the compiled call. The first call of each
+    module (where its cold compile stalls the loop) is logged at INFO before it starts and with
+    its seconds after it ends (logger ``torchcompile_kit.diagnostics.regions``).
 
     Args:
         modules: compiled modules (one block group); an uncompiled one is skipped.
@@ -70,12 +76,23 @@ def mark_region(modules: Iterable[nn.Module], label: str) -> str:
 
 
 def _in_region(call: Callable[..., Any], region: str) -> Callable[..., Any]:
+    first = [True]  # per module: its first call is where a cold compile stalls the loop
+
     def run(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # traced by an outer compile: be transparent
             return call(*args, **kwargs)
         token = _CURRENT.set(region)
         try:
-            return call(*args, **kwargs)
+            if not first[0]:
+                return call(*args, **kwargs)
+            first[0] = False
+            logger.info("%s: first compiled call: dynamo compiles it now (minutes for a large "
+                        "block with inductor on CPU) ...", region)
+            start = time.perf_counter()
+            result = call(*args, **kwargs)
+            logger.info("%s: first compiled call done in %.1f s (the backward compiles at the "
+                        "first backward())", region, time.perf_counter() - start)
+            return result
         finally:
             _CURRENT.reset(token)
 
