@@ -132,3 +132,18 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
     cold["metrics"]["not_quotable"] = []
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "NOT QUOTABLE" not in line
+
+
+def test_the_charts_name_the_group_of_each_colour(tmp_path):
+    """The bars were coloured by group with no legend saying which colour is which."""
+    from torchcompile_kit.bench import charts
+
+    rows = [{"name": n, "group": g, "status": "ok",
+             "metrics": {"warmup_s": 2.0, "steps_per_s": 3.0, "speedup": 1.1}}
+            for n, g in (("eager", "static"), ("full", "static"), ("regional", "warm-up"))]
+    figure = charts._figure(len(rows))
+    axes = figure.add_subplot(1, 1, 1)
+    charts._group_legend(axes, rows)
+    assert [t.get_text() for t in axes.get_legend().get_texts()] == ["static", "warm-up"]
+    written = charts.write_charts({"rows": rows, "settings": {}, "environment": {}}, tmp_path)
+    assert {p.name for p in written} == {"warmup.png", "throughput.png", "speedup.png"}

@@ -18,6 +18,20 @@ from .._compat import is_package_available
 __all__ = ["charts_available", "write_charts", "write_comparison_chart"]
 
 _GROUP_COLORS = {"static": "#4C72B0", "dynamic": "#55A868", "warm-up": "#C44E52", "distributed": "#8172B2"}
+_OTHER_COLOR = "#937860"  # a row of no known group (a custom recipe)
+
+
+def _color(row: Mapping[str, Any]) -> str:
+    return _GROUP_COLORS.get(row.get("group"), _OTHER_COLOR)
+
+
+def _group_legend(axes: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    """A legend naming the group of each bar colour shown (the table's groups)."""
+    from matplotlib.patches import Patch
+
+    groups = list(dict.fromkeys(row.get("group") or "other" for row in rows))
+    handles = [Patch(color=_GROUP_COLORS.get(g, _OTHER_COLOR), label=g) for g in groups]
+    axes.legend(handles=handles, title="group", fontsize=7, title_fontsize=7, loc="best")
 
 
 def charts_available() -> bool:
@@ -40,11 +54,12 @@ def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: 
         return None
     names = [r["name"] for r in ok][::-1]
     values = [r["metrics"][key] for r in ok][::-1]
-    colors = [_GROUP_COLORS.get(r.get("group"), "#937860") for r in ok][::-1]
+    colors = [_color(r) for r in ok][::-1]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(names, values, color=colors)
     axes.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=3, fontsize=8)
+    _group_legend(axes, ok)
     axes.set_title(title, fontsize=10)
     axes.set_xlabel(xlabel)
     axes.margins(x=0.15)
@@ -66,7 +81,7 @@ def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> P
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(
         [r["name"] for r in ok], values, xerr=[low, high], capsize=3,
-        color=[_GROUP_COLORS.get(r.get("group"), "#937860") for r in ok],
+        color=[_color(r) for r in ok],
         hatch=["//" if r["metrics"].get("not_quotable") else "" for r in ok],
     )
     labels = [
@@ -76,6 +91,7 @@ def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> P
         for v, r in zip(values, ok)
     ]
     axes.bar_label(bars, labels=labels, padding=6, fontsize=7)
+    _group_legend(axes, ok[::-1])
     axes.axvline(1.0, color="grey", lw=0.8, ls="--")
     axes.set_title(title, fontsize=10)
     axes.set_xlabel("× the group's baseline, 95% interval (higher is better; hatched: not to be quoted)")
