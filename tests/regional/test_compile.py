@@ -460,3 +460,64 @@ def test_whole_transformers_submodels_as_regions_compile_fullgraph():
     torch.testing.assert_close(out.loss, expected.loss)
     hooked = [n for n, m in model.named_modules() if m._forward_pre_hooks]
     assert hooked == [""]  # only the outer model, outside both regions
+
+
+# --- declared blocks ------------------------------------------------------------------------------
+
+
+class _Single(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return x + self.proj(self.norm(x))
+
+
+class _Dual(_Single):
+    pass
+
+
+class _DeclaredModel(nn.Module):
+    """diffusers' shape: one block of each declared class (as in its tests' tiny configs), and a
+    GELU-like leaf pair that discovery alone would take as blocks."""
+
+    _repeated_blocks = ["_Single", "_Dual"]
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.single_blocks = nn.ModuleList([_Single(16)])
+        self.dual_blocks = nn.ModuleList([_Dual(16)])
+        self.acts = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(2)])
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in [*self.single_blocks, *self.dual_blocks]:
+            x = block(x)
+        for act in self.acts:
+            x = act(x)
+        return self.out(x)
+
+
+def test_declared_blocks_are_exactly_what_is_compiled_also_when_a_class_occurs_once():
+    """compile_regional ignored diffusers' _repeated_blocks: it compiled other repeated modules
+    (two GELUs of different lengths on Flux) or found none (LTX: one block)."""
+    model = _DeclaredModel()
+    plan = find_repeated_blocks(model)
+    assert [(g.class_name, g.names, g.selector) for g in plan.groups] == [
+        ("_Single", ["single_blocks.0"], "declared: _repeated_blocks"),
+        ("_Dual", ["dual_blocks.0"], "declared: _repeated_blocks"),
+    ]
+    assert "1 × _Single (declared: _repeated_blocks)" in plan.summary()
+    counter = CompileCounter()
+    with torch._dynamo.config.patch(recompile_limit=1):  # diffusers' tests run under a limit
+        compile_regional(model, backend=counter, fullgraph=True)
+        model(torch.randn(2, 3, 8)).sum().backward()
+        model(torch.randn(2, 3, 8)).sum().backward()
+    assert counter.frame_count == 2  # one graph per declared class, reused
+    # a selector still wins over the declaration, and an undeclared model is discovered
+    assert [g.selector for g in find_repeated_blocks(_DeclaredModel(), "acts.*").groups] == ["acts.*"]
+    assert {g.selector for g in find_repeated_blocks(tm.gpt2()).groups} == {"discovered"}

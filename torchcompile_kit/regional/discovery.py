@@ -14,7 +14,19 @@ from ..errors import BlockSelectorError, NoRepeatedBlocksError
 from .plan import BlockGroup, RegionalPlan
 from .transformers_support import no_split_module_names
 
-__all__ = ["BlocksArg", "discover_blocks", "eager_remainder", "find_repeated_blocks", "select_blocks"]
+__all__ = [
+    "DECLARATION",
+    "BlocksArg",
+    "declared_blocks",
+    "discover_blocks",
+    "eager_remainder",
+    "find_repeated_blocks",
+    "select_blocks",
+]
+
+DECLARATION = "_repeated_blocks"
+"""The attribute a model declares its repeated blocks in: class names, as diffusers'
+``ModelMixin._repeated_blocks`` does; set it on any module to declare yours."""
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -25,6 +37,26 @@ BlocksArg = Selector | Iterable[Selector] | Mapping[Selector, Mapping[str, Any]]
 def _is_block_candidate(module: nn.Module) -> bool:
     # A block is a composite: leaf modules (Linear, Dropout) repeated in a Sequential are not.
     return not isinstance(module, _CONTAINERS) and next(module.children(), None) is not None
+
+
+def declared_blocks(model: nn.Module) -> list[str]:
+    """The modules of the classes ``model`` (or a module inside it) declares in ``_repeated_blocks``.
+
+    Every instance counts, also the only one of its class (diffusers' test configs hold one block
+    of each class): one graph per class. Classes match along the ancestry (FSDP2's renamed
+    classes). Empty when nothing is declared or nothing declared is present.
+
+    Example:
+        >>> model._repeated_blocks = ["LlamaDecoderLayer"]  # doctest: +SKIP
+        >>> declared_blocks(model)  # doctest: +SKIP
+        ['model.layers.0', 'model.layers.1']
+    """
+    declared = {name for module in model.modules()
+                for name in (getattr(module, DECLARATION, None) or ())}
+    if not declared:
+        return []
+    return _outermost(name for name, module in model.named_modules()
+                      if any(cls.__name__ in declared for cls in type(module).__mro__))
 
 
 def discover_blocks(model: nn.Module) -> list[str]:
@@ -149,11 +181,15 @@ def eager_remainder(model: nn.Module, groups: list[BlockGroup]) -> list[str]:
 def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> RegionalPlan:
     """Plan regional compilation without compiling anything.
 
-    Discovery (``blocks=None``) takes every class with two or more instances directly inside an
-    ``nn.ModuleList``, ``nn.ModuleDict`` or ``nn.Sequential`` (leaf modules such as ``nn.Linear``
-    are not blocks), plus the classes a transformers model names in ``_no_split_modules`` that
-    occur at least twice. Only the outermost match is kept (a block inside a block is compiled
-    as part of it). Several stacks (encoder and decoder) are all found.
+    With ``blocks=None``, a model that declares its blocks gets exactly those: the classes named
+    in ``_repeated_blocks`` (diffusers' models; set it on your own model too), every instance,
+    also a class that occurs once (:func:`declared_blocks`). Otherwise discovery takes every
+    class with two or more instances directly inside an ``nn.ModuleList``, ``nn.ModuleDict`` or
+    ``nn.Sequential`` (leaf modules such as ``nn.Linear`` are not blocks), plus the classes a
+    transformers model names in ``_no_split_modules`` that occur at least twice. Only the
+    outermost match is kept (a block inside a block is compiled as part of it). Several stacks
+    (encoder and decoder) are all found. Each group's ``selector`` says where it came from:
+    ``"declared: _repeated_blocks"``, ``"discovered"``, or the ``blocks=`` selector.
 
     Args:
         model: the model to plan for.
@@ -176,8 +212,11 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
         ['transformer.h.0', 'transformer.h.1']
     """
     check_module("model", model)
-    if blocks is None:
-        selected = [(name, "auto", {}) for name in discover_blocks(model)]
+    declared = declared_blocks(model) if blocks is None else []
+    if declared:
+        selected = [(name, f"declared: {DECLARATION}", {}) for name in declared]
+    elif blocks is None:
+        selected = [(name, "discovered", {}) for name in discover_blocks(model)]
     else:
         selected = select_blocks(model, blocks)
     groups: dict[tuple[str, str], BlockGroup] = {}

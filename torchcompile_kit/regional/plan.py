@@ -38,8 +38,10 @@ class BlockGroup:
     """Name of the blocks' class (``"GPT2Block"``)."""
     names: list[str]
     """Qualified names as in ``model.named_modules()``."""
-    selector: str = "auto"
-    """What chose them: ``"auto"`` (discovery) or the ``blocks=`` selector's repr."""
+    selector: str = "discovered"
+    """What chose them: ``"declared: _repeated_blocks"`` (the model named them),
+    ``"discovered"`` (repeated classes found by ``find_repeated_blocks``) or the ``blocks=``
+    selector the user passed."""
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``module.compile()`` for this group."""
     predicted_graphs: int = 1
@@ -99,7 +101,11 @@ class RegionalPlan:
 
     def summary(self) -> str:
         """One line: ``compiled 12 × GPT2Block; eager: transformer.wte, lm_head``."""
-        compiled = ", ".join(f"{len(g.names)} × {g.class_name}" for g in self.groups)
+        compiled = ", ".join(
+            f"{len(g.names)} × {g.class_name}"
+            + (f" ({g.selector})" if g.selector.startswith("declared") else "")
+            for g in self.groups
+        )
         line = f"compiled {compiled}"
         if self.remainder:
             line += f"; also compiled: {', '.join(self.remainder)}"
