@@ -521,3 +521,20 @@ def test_declared_blocks_are_exactly_what_is_compiled_also_when_a_class_occurs_o
     # a selector still wins over the declaration, and an undeclared model is discovered
     assert [g.selector for g in find_repeated_blocks(_DeclaredModel(), "acts.*").groups] == ["acts.*"]
     assert {g.selector for g in find_repeated_blocks(tm.gpt2()).groups} == {"discovered"}
+
+
+@pytest.mark.parametrize(("kwargs", "runs"), [
+    ({"mode": "reduce-overhead"}, "inductor without them, as mode='default'"),
+    ({"backend": "cudagraphs"}, "the captured graph without them"),
+])
+def test_a_cuda_graph_mode_on_a_cpu_model_says_what_runs(kwargs, runs):
+    """It was accepted silently on CPU, where CUDA graphs cannot run."""
+    model = tm.gpt2()
+    with pytest.warns(UserWarning, match="no CUDA parameter") as warned:
+        compile_regional(model, **kwargs)
+    assert len([w for w in warned if "no CUDA parameter" in str(w.message)]) == 1
+    assert runs in str(warned[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        uncompile(model)
+        compile_regional(model, backend="eager")  # the default mode: nothing to say

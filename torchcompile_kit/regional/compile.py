@@ -104,6 +104,7 @@ def compile_regional(
         ...                                            "decoder.*": {}})  # doctest: +SKIP
     """
     _check_model(model)
+    _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_regional")
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
     if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
@@ -272,6 +273,24 @@ def _compile_nested(
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _dynamo.eager_call(module, *args, **kwargs)
+
+
+def _warn_cuda_graphs_on_cpu(model: nn.Module, compile_kwargs: dict[str, Any]) -> None:
+    """Say once that a CUDA-graph mode does nothing on a model with no CUDA parameter."""
+    mode, backend = compile_kwargs.get("mode"), compile_kwargs.get("backend")
+    if mode != "reduce-overhead" and backend != "cudagraphs":
+        return
+    if any(p.device.type == "cuda" for p in model.parameters()):
+        return
+    asked = f"mode={mode!r}" if mode == "reduce-overhead" else f"backend={backend!r}"
+    runs = ("inductor without them, as mode='default'" if mode == "reduce-overhead"
+            else "the captured graph without them (no speed-up)")
+    warnings.warn(
+        f"compile_regional({asked}) on a model with no CUDA parameter: {asked} adds CUDA graphs, "
+        f"which need CUDA tensors, so here torch runs {runs}. Drop it on CPU, or move the model "
+        f"to CUDA before compile_regional.",
+        stacklevel=3,
+    )
 
 
 def _check_model(model: object) -> None:
