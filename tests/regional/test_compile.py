@@ -476,7 +476,8 @@ class _Single(nn.Module):
 
 
 class _Dual(_Single):
-    pass
+    def forward(self, x):  # its own code object, as diffusers' block classes have
+        return x * 0.5 + self.proj(self.norm(x))
 
 
 class _DeclaredModel(nn.Module):
