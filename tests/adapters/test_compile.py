@@ -22,9 +22,9 @@ from peft import (
     VeraConfig,
     get_peft_model,
 )
+from tiny_models import gpt2, opt, token_batch
 from torch._dynamo.testing import CompileCounter
 
-from tiny_models import gpt2, opt, token_batch
 from torchcompile_kit import (
     UnsafeAdapterConfigError,
     _dynamo,

@@ -484,7 +484,7 @@ class _DeclaredModel(nn.Module):
     """diffusers' shape: one block of each declared class (as in its tests' tiny configs), and a
     GELU-like leaf pair that discovery alone would take as blocks."""
 
-    _repeated_blocks = ["_Single", "_Dual"]
+    _repeated_blocks = ("_Single", "_Dual")  # diffusers uses a list; any sequence of names
 
     def __init__(self):
         super().__init__()
