@@ -539,3 +539,71 @@ def test_a_cuda_graph_mode_on_a_cpu_model_says_what_runs(kwargs, runs):
         warnings.simplefilter("error")
         uncompile(model)
         compile_regional(model, backend="eager")  # the default mode: nothing to say
+
+
+# --- stage-structured models ---------------------------------------------------------------------
+
+
+class _Res(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.proj(self.norm(x))
+
+
+class _Stage(nn.Module):
+    """A UNet down stage: two residual blocks of its width, then a change of width."""
+
+    def __init__(self, width: int, out: int):
+        super().__init__()
+        self.res = nn.ModuleList([_Res(width), _Res(width)])
+        self.resize = nn.Linear(width, out)
+
+    def forward(self, x):
+        for block in self.res:
+            x = block(x)
+        return self.resize(x)
+
+
+class _StageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleList([_Stage(8, 16), _Stage(16, 32), _Stage(32, 8)])
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def test_discovery_does_not_take_stages_of_different_widths_as_blocks():
+    """It took the UNet's down/up stages as blocks: one graph per stage, reused by nothing."""
+    model = _StageModel()
+    plan = find_repeated_blocks(model)
+    assert [(g.class_name, len(g.names)) for g in plan.groups] == [("_Res", 6)]
+    assert "inside the stages _Stage (3 of different widths" in plan.groups[0].selector
+    counter = CompileCounter()
+    compile_regional(model, backend=counter)
+    (group,) = get_regional_plan(model).groups
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), _StageModel_reference(model)(x))
+    # one graph per width, reused by the stage's 2 blocks; the first block's input needs no
+    # grad while every later one's does: one more at width 8 (predicted, and measured)
+    assert counter.frame_count == group.predicted_graphs == 4
+
+
+def _StageModel_reference(model):  # noqa: N802 - the eager twin of a compiled model
+    twin = _StageModel()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def test_stages_of_one_width_stay_blocks():
+    """Stages that share their shapes are blocks as before (a graph reused by all of them)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ModuleList([_Stage(8, 8), _Stage(8, 8)]))
+    plan = find_repeated_blocks(model)
+    assert [(g.class_name, len(g.names), g.selector) for g in plan.groups] == [
+        ("_Stage", 2, "discovered")]

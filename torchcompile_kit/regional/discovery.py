@@ -60,6 +60,13 @@ def declared_blocks(model: nn.Module) -> list[str]:
 
 
 def discover_blocks(model: nn.Module) -> list[str]:
+    """Qualified names of the blocks discovery finds (see :func:`find_repeated_blocks`)."""
+    return _discover(model)[0]
+
+
+def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
+    """The discovered blocks, and why a class was taken where it is not the obvious one."""
+    notes: dict[type, str] = {}
     in_containers: dict[type, int] = defaultdict(int)
     for module in model.modules():
         if isinstance(module, _CONTAINERS):
@@ -68,6 +75,7 @@ def discover_blocks(model: nn.Module) -> list[str]:
                     in_containers[type(child)] += 1
     classes = {cls for cls, count in in_containers.items() if count >= 2}
     hints = no_split_module_names(model)
+    classes = _without_stages(model, classes, keep=hints, notes=notes)
     if hints:
         counts: dict[type, int] = defaultdict(int)
         for module in model.modules():
@@ -85,7 +93,52 @@ def discover_blocks(model: nn.Module) -> list[str]:
             "e.g. compile_regional(model, blocks=MyLayer), blocks='MyLayer' or "
             "blocks='layers.*'; or use model.compile() for the whole model."
         )
-    return names
+    return names, notes
+
+
+def _shape_signature(module: nn.Module) -> tuple:
+    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+
+
+def _structure(module: nn.Module) -> tuple:
+    return tuple((name, type(m)) for name, m in module.named_modules())
+
+
+def _is_stage(instances: list[nn.Module]) -> bool:
+    """Instances of one structure whose parameter shapes all differ (a UNet's down/up stages of
+    different widths): compiled as blocks, each would be a graph of its own, reused by nothing."""
+    by_structure: dict[tuple, list[tuple]] = defaultdict(list)
+    for module in instances:
+        by_structure[_structure(module)].append(_shape_signature(module))
+    return all(len(set(sigs)) == len(sigs) and len(sigs) >= 2 and sigs[0]
+               for sigs in by_structure.values())
+
+
+def _without_stages(
+    model: nn.Module, classes: set[type], *, keep: set[str], notes: dict[type, str]
+) -> set[type]:
+    """Replace each stage class by the repeated classes inside it that do reuse a graph (two
+    instances of one shape), the outermost of them; a class the model names (``keep``) stays.
+    ``notes`` gets, per chosen inner class, the stage it was found in."""
+    instances: dict[type, list[nn.Module]] = defaultdict(list)
+    for module in model.modules():
+        instances[type(module)].append(module)
+    chosen: set[type] = set()
+    for cls in classes:
+        if cls.__name__ in keep or not _is_stage(instances[cls]):
+            chosen.add(cls)
+            continue
+        inner = {type(m) for stage in instances[cls] for m in stage.modules()
+                 if m is not stage and _is_block_candidate(m)}
+        reused = {c for c in inner if len(instances[c]) >= 2 and not _is_stage(instances[c])}
+        if not reused:
+            chosen.add(cls)
+            continue
+        for inner_cls in reused:
+            notes.setdefault(inner_cls, f"inside the stages {cls.__name__} ({len(instances[cls])} "
+                                        "of different widths, each its own graph)")
+        chosen |= reused
+    return chosen
 
 
 def _outermost(names: Iterable[str]) -> list[str]:
@@ -216,7 +269,12 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
     if declared:
         selected = [(name, f"declared: {DECLARATION}", {}) for name in declared]
     elif blocks is None:
-        selected = [(name, "discovered", {}) for name in discover_blocks(model)]
+        names, notes = _discover(model)
+        selected = [
+            (name, " ".join(["discovered", notes.get(type(model.get_submodule(name)), "")]).strip(),
+             {})
+            for name in names
+        ]
     else:
         selected = select_blocks(model, blocks)
     groups: dict[tuple[str, str], BlockGroup] = {}

@@ -238,10 +238,11 @@ def _describe(finding: GuardFinding) -> str:
 def requires_grad_variants(
     model: nn.Module, instances: Sequence[nn.Module]
 ) -> tuple[list[Hashable], list[Hashable], list[str]]:
-    """What dynamo guards about ``requires_grad`` for each block: in training, and in eval.
+    """What dynamo guards about each block's tensors: in training, and in eval.
 
-    Dynamo guards every tensor's ``requires_grad``: a block's parameters (a frozen block is
-    another graph than a trainable one of the same class) and its input (which requires grad
+    Dynamo guards every tensor's shape and ``requires_grad``: a block's parameters (a frozen
+    block, or one of another width, is another graph than the others of its class) and its
+    input (which requires grad
     when any trainable parameter registered before the block fed it: trainable embeddings or an
     earlier trainable block). Under ``torch.no_grad()`` no input requires grad, but the
     parameters' patterns still differ. Pass the keys to :func:`find_instance_variants`.
@@ -264,13 +265,15 @@ def requires_grad_variants(
     frozen = []
     for block in instances:
         params = list(block.parameters())
-        pattern = tuple(p.requires_grad for p in params)
+        # dynamo guards each parameter's shape and requires_grad: blocks of one class in stages
+        # of different widths are different graphs too
+        pattern = tuple((tuple(p.shape), p.requires_grad) for p in params)
         starts = min((position[id(p)] for p in params), default=None)
         fed_by_trainable = (first_trainable is not None and starts is not None
                             and first_trainable < starts)
         train.append((pattern, fed_by_trainable))
         evaluation.append(pattern)
-        if not all(pattern):
+        if not all(p.requires_grad for p in params):
             frozen.append(names.get(id(block), type(block).__name__))
     return train, evaluation, frozen
 
@@ -312,9 +315,10 @@ def preflight_group(
     if graphs > variants or eval_graphs > variants:
         shown = ", ".join(frozen[:4]) + (", ..." if len(frozen) > 4 else "")
         logger.info(
-            "%s: dynamo guards requires_grad, so blocks with frozen parameters (%s) or whose input "
-            "needs no gradient (the first block after frozen layers) are graphs of their own: %d "
-            "in training, %d more under torch.no_grad(); the recompile limit covers %d.",
+            "%s: dynamo guards parameter shapes and requires_grad, so blocks of other widths, "
+            "blocks with frozen parameters (%s) and blocks whose input needs no gradient (the "
+            "first after frozen layers) are graphs of their own: %d in training, %d more under "
+            "torch.no_grad(); the recompile limit covers %d.",
             class_name, shown or "none", graphs, eval_graphs, needed,
         )
     certain = [f for f in findings if f.certain]
