@@ -607,3 +607,15 @@ def test_stages_of_one_width_stay_blocks():
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names), g.selector) for g in plan.groups] == [
         ("_Stage", 2, "discovered")]
+
+
+def test_swin_stages_named_in_no_split_modules_give_way_to_their_layers():
+    """transformers' Swin names SwinStage (stages of different widths) in _no_split_modules."""
+    from transformers import SwinConfig, SwinModel
+
+    model = SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2, 2],
+                                 num_heads=[2, 2, 4], window_size=2))
+    assert "SwinStage" in model._no_split_modules
+    (group,) = find_repeated_blocks(model).groups
+    assert (group.class_name, len(group.names)) == ("SwinLayer", 6)
+    assert group.selector.startswith("discovered inside the stages SwinStage (3 of different")

@@ -55,3 +55,14 @@ def test_full_size_unet_plan_is_its_16_transformer_blocks():
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names), g.selector) for g in plan.groups] == [
         ("BasicTransformerBlock", 16, "declared: _repeated_blocks")]
+
+
+def test_an_undeclared_unet_is_not_planned_by_its_stages():
+    """Without _repeated_blocks, discovery used to compile the down/up stages (3 widths each)."""
+    with torch.device("meta"):
+        model = diffusers.UNet2DConditionModel()
+    model._repeated_blocks = []
+    groups = {g.class_name: g for g in find_repeated_blocks(model).groups}
+    assert not {"CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UpBlock2D", "DownBlock2D"} & set(groups)
+    assert len(groups["Transformer2DModel"].names) == 16
+    assert "inside the stages CrossAttnDownBlock2D" in groups["Transformer2DModel"].selector

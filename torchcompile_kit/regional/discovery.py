@@ -75,7 +75,6 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
                     in_containers[type(child)] += 1
     classes = {cls for cls, count in in_containers.items() if count >= 2}
     hints = no_split_module_names(model)
-    classes = _without_stages(model, classes, keep=hints, notes=notes)
     if hints:
         counts: dict[type, int] = defaultdict(int)
         for module in model.modules():
@@ -85,6 +84,8 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
         classes |= {
             c for c, n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)
         }
+    # after the hints: _no_split_modules names stages too (SwinStage, of different widths)
+    classes = _without_stages(model, classes, notes=notes)
     names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
     if not names:
         raise NoRepeatedBlocksError(
@@ -96,36 +97,34 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
     return names, notes
 
 
-def _shape_signature(module: nn.Module) -> tuple:
-    return tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
-
-
-def _structure(module: nn.Module) -> tuple:
-    return tuple((name, type(m)) for name, m in module.named_modules())
+def _shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in module.named_parameters()}
 
 
 def _is_stage(instances: list[nn.Module]) -> bool:
-    """Instances of one structure whose parameter shapes all differ (a UNet's down/up stages of
-    different widths): compiled as blocks, each would be a graph of its own, reused by nothing."""
-    by_structure: dict[tuple, list[tuple]] = defaultdict(list)
-    for module in instances:
-        by_structure[_structure(module)].append(_shape_signature(module))
-    return all(len(set(sigs)) == len(sigs) and len(sigs) >= 2 and sigs[0]
-               for sigs in by_structure.values())
+    """Instances no two of which agree on the shapes of the parameters they both have (a UNet's
+    down/up stages, Swin's stages, of different widths): compiled as blocks, each would be a graph
+    of its own, reused by nothing. Extra parameters alone do not count (T5's first block alone
+    holds the position bias, and shares every other shape with the rest)."""
+    shapes = [_shapes(module) for module in instances]
+    if len(shapes) < 2 or not any(shapes):
+        return False
+    return not any(
+        all(a[name] == b[name] for name in a.keys() & b.keys())
+        for i, a in enumerate(shapes) for b in shapes[i + 1:]
+    )
 
 
-def _without_stages(
-    model: nn.Module, classes: set[type], *, keep: set[str], notes: dict[type, str]
-) -> set[type]:
+def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, str]) -> set[type]:
     """Replace each stage class by the repeated classes inside it that do reuse a graph (two
-    instances of one shape), the outermost of them; a class the model names (``keep``) stays.
-    ``notes`` gets, per chosen inner class, the stage it was found in."""
+    instances of one shape), the outermost of them. ``notes`` gets, per chosen inner class, the
+    stage it was found in."""
     instances: dict[type, list[nn.Module]] = defaultdict(list)
     for module in model.modules():
         instances[type(module)].append(module)
     chosen: set[type] = set()
     for cls in classes:
-        if cls.__name__ in keep or not _is_stage(instances[cls]):
+        if not _is_stage(instances[cls]):
             chosen.add(cls)
             continue
         inner = {type(m) for stage in instances[cls] for m in stage.modules()
