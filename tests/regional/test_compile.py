@@ -584,7 +584,8 @@ def test_discovery_does_not_take_stages_of_different_widths_as_blocks():
     model = _StageModel()
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names)) for g in plan.groups] == [("_Res", 6)]
-    assert "inside the stages _Stage (3 of different widths" in plan.groups[0].selector
+    assert plan.groups[0].selector == ("discovered inside the stages _Stage (3 of different "
+                                       "widths), each its own graph")
     counter = CompileCounter()
     compile_regional(model, backend=counter)
     (group,) = get_regional_plan(model).groups

@@ -118,12 +118,13 @@ def _is_stage(instances: list[nn.Module]) -> bool:
 def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, str]) -> set[type]:
     """Replace each stage class by the repeated classes inside it that do reuse a graph (two
     instances of one shape), the outermost of them. ``notes`` gets, per chosen inner class, the
-    stage it was found in."""
+    stages it was found in (in model order)."""
     instances: dict[type, list[nn.Module]] = defaultdict(list)
     for module in model.modules():
         instances[type(module)].append(module)
+    found_in: dict[type, list[str]] = defaultdict(list)
     chosen: set[type] = set()
-    for cls in classes:
+    for cls in [c for c in instances if c in classes]:  # model order: stable notes
         if not _is_stage(instances[cls]):
             chosen.add(cls)
             continue
@@ -134,9 +135,10 @@ def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, s
             chosen.add(cls)
             continue
         for inner_cls in reused:
-            notes.setdefault(inner_cls, f"inside the stages {cls.__name__} ({len(instances[cls])} "
-                                        "of different widths, each its own graph)")
+            found_in[inner_cls].append(f"{cls.__name__} ({len(instances[cls])} of different widths)")
         chosen |= reused
+    for inner_cls, stages in found_in.items():
+        notes[inner_cls] = f"inside the stages {', '.join(stages)}, each its own graph"
     return chosen
 
 
