@@ -45,10 +45,13 @@ def test_no_false_alarm_on_alternating_attention(name):
     )
 
 
-def test_gemma2_sliding_window_is_a_may_and_compiles_one_graph():
+def test_gemma2_sliding_window_is_a_may_and_compiles_one_graph(caplog):
     model = tm.gemma2()
     counter = CompileCounter()
-    compile_regional(model, backend=counter)
+    with caplog.at_level("INFO", logger="torchcompile_kit.regional.preflight"):
+        compile_regional(model, backend=counter)
+    assert any("sliding_window" in r.getMessage() and "may compile one graph per value"
+               in r.getMessage() for r in caplog.records)  # said before step 1, as "may"
     model(**tm.token_batch(length=16)).loss.backward()
     (group,) = get_regional_plan(model).groups
     assert group.may_vary == ["self_attn.sliding_window"]

@@ -312,6 +312,14 @@ def preflight_group(
     maybe = [f for f in findings if not f.certain]
     result = Preflight(graphs=graphs, eval_graphs=eval_graphs,
                        may_vary=tuple(f.attribute for f in maybe))
+    if maybe:
+        logger.info(
+            "%s: %s differ between blocks and are handed on to other functions; the blocks may "
+            "compile one graph per value if those functions specialize on them (the measured "
+            "count in RegionalPlan.report() says whether they did).",
+            class_name,
+            "; ".join(_describe(f) for f in maybe),
+        )
     if graphs > variants or eval_graphs > variants:
         shown = ", ".join(frozen[:4]) + (", ..." if len(frozen) > 4 else "")
         logger.info(
