@@ -21,8 +21,8 @@ _GROUP_COLORS = {"static": "#4C72B0", "dynamic": "#55A868", "warm-up": "#C44E52"
 _OTHER_COLOR = "#937860"  # a row of no known group (a custom recipe)
 
 
-def _color(row: Mapping[str, Any]) -> str:
-    return _GROUP_COLORS.get(row.get("group"), _OTHER_COLOR)
+def _color(group: str | None) -> str:
+    return _GROUP_COLORS.get(group, _OTHER_COLOR)
 
 
 def _group_legend(axes: Any, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -30,7 +30,7 @@ def _group_legend(axes: Any, rows: Sequence[Mapping[str, Any]]) -> None:
     from matplotlib.patches import Patch
 
     groups = list(dict.fromkeys(row.get("group") or "other" for row in rows))
-    handles = [Patch(color=_GROUP_COLORS.get(g, _OTHER_COLOR), label=g) for g in groups]
+    handles = [Patch(color=_color(g), label=g) for g in groups]
     axes.legend(handles=handles, title="group", fontsize=7, title_fontsize=7, loc="best")
 
 
@@ -54,7 +54,7 @@ def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: 
         return None
     names = [r["name"] for r in ok][::-1]
     values = [r["metrics"][key] for r in ok][::-1]
-    colors = [_color(r) for r in ok][::-1]
+    colors = [_color(r.get("group")) for r in ok][::-1]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(names, values, color=colors)
@@ -81,7 +81,7 @@ def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> P
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(
         [r["name"] for r in ok], values, xerr=[low, high], capsize=3,
-        color=[_color(r) for r in ok],
+        color=[_color(r.get("group")) for r in ok],
         hatch=["//" if r["metrics"].get("not_quotable") else "" for r in ok],
     )
     labels = [

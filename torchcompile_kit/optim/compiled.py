@@ -306,8 +306,10 @@ class _CompiledStep:
             )
         else:
             self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
-        # Per param group: the tensors that stand for its hyperparameters during a step.
+        # Per param group: the tensors that stand for its hyperparameters during a step, and
+        # the foreach/capturable its device needs with them.
         self._tensors: list[dict[str, Any]] = []
+        self._flags: list[dict[str, bool]] = []
 
     def __call__(self, closure: Callable[[], Any] | None) -> Any:
         loss = None
@@ -378,8 +380,9 @@ class _CompiledStep:
         """
         saved = []
         for index, group in enumerate(self.optimizer.param_groups):
-            if index == len(self._tensors):  # first sight: __init__, add_param_group
+            if index == len(self._tensors):  # first sight: the first step, add_param_group
                 self._tensors.append(self._make_tensors(group))
+                self._flags.append(self._device_flags(group))
             saved.append({k: group[k] for k in (*self._tensors[index], *_DEVICE_FLAGS)
                           if k in group})
             for key, tensor in self._tensors[index].items():
@@ -391,7 +394,7 @@ class _CompiledStep:
                 elif current is not tensor:
                     tensor.fill_(current)
                 group[key] = tensor
-            self._set_device_flags(group)
+            group.update(self._flags[index])
         try:
             yield
         finally:
@@ -414,13 +417,13 @@ class _CompiledStep:
             tensors["betas"] = tuple(as_tensor(b) for b in group["betas"])
         return tensors
 
-    def _set_device_flags(self, group: dict[str, Any]) -> None:
+    def _device_flags(self, group: dict[str, Any]) -> dict[str, bool]:
+        """What the group's device needs with a tensor lr (decided once per group, not per step)."""
         if not self.is_adam:
-            return  # SGD's foreach path accepts a tensor lr on every device
+            return {}  # SGD's foreach path accepts a tensor lr on every device
         if group["params"] and all(_is_capturable_device(p.device) for p in group["params"]):
-            group["capturable"] = True
-        else:
-            group["foreach"] = False
+            return {"capturable": True}
+        return {"foreach": False}
 
     # -- state ----------------------------------------------------------------------------
 
@@ -443,8 +446,7 @@ class _CompiledStep:
         """``load_state_dict`` post-hook: state saved with ``capturable=False`` keeps ``step`` on
         the CPU; the capturable step this module runs on an accelerator needs it on the device."""
         for group in optimizer.param_groups:
-            if not (self.is_adam and group["params"]
-                    and all(_is_capturable_device(p.device) for p in group["params"])):
+            if not self._device_flags(group).get("capturable"):
                 continue
             for p in group["params"]:
                 state = optimizer.state.get(p)
