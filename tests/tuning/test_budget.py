@@ -127,3 +127,9 @@ def test_without_a_budget_every_candidate_runs_in_tunes_order(runner):
     nested = result.candidate("nested")
     assert nested.status == "skipped" and "need an AOT backend" in nested.reason
     assert nested.started_s is None
+
+
+def test_without_out_dir_tune_leaves_no_directory_behind(runner, monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    run_tune(budget_s=None)
+    assert list(tmp_path.iterdir()) == []

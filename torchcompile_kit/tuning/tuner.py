@@ -81,7 +81,7 @@ def tune(
         budget_s: wall seconds ``tune`` may spend (measurements and checks); ``None``: no limit.
             Candidates that do not fit are skipped with the reason.
         out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the runs' logs go;
-            ``None``: a temporary directory (logs only).
+            ``None``: a temporary directory, removed when ``tune`` returns.
         backend: ``torch.compile`` backend for every candidate (``None``: ``inductor``).
         preset: the captioner preset (``tiny``/``seed``) and default step counts.
         candidates: names to consider (default: all of ``candidate_names()``).
@@ -127,53 +127,58 @@ def tune(
     spec = _spec_string(model)
     loaded = load_model_spec(spec) if spec is not None else None  # fails early, with the reason
     budget = Budget(budget_s=budget_s)
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="tck-tune-"))
-    out.mkdir(parents=True, exist_ok=True)
-    backend = backend or "inductor"
-    device = _device()
-    emit = on_event or (lambda event: None)
-    plan = RunPlan(
-        spec=spec,
-        preset=preset,
-        backend=backend,
-        device_type=device.type,
-        steps=steps,
-        warmup_steps=warmup_steps,
-        steady_s=steady_s,
-        steps_planned=steps_planned,
-        warm_start=warm_start,
-        runs=out / "runs",
-        paired=paired,
-    )
-    by_name = {c.name: c for c in CANDIDATES}
-    results: list[CandidateResult] = []
-    for candidate in (c for c in CANDIDATES if c.name in names):
-        measure_candidate(candidate, plan, budget, emit, results)
-    ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
-    shortfall = budget_shortfall(results, budget)
-    result = TuneResult(
-        recommendation=recommended.name if recommended else None,
-        reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
-        snippet=_snippet(recommended, by_name, plan, loaded),
-        steps_planned=steps_planned,
-        candidates=ranked,
-        settings=_settings(
-            spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
+    scratch = tempfile.TemporaryDirectory(prefix="tck-tune-") if out_dir is None else None
+    out = Path(out_dir) if scratch is None else Path(scratch.name)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        backend = backend or "inductor"
+        device = _device()
+        emit = on_event or (lambda event: None)
+        plan = RunPlan(
+            spec=spec,
+            preset=preset,
+            backend=backend,
+            device_type=device.type,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            steady_s=steady_s,
+            steps_planned=steps_planned,
+            warm_start=warm_start,
+            runs=out / "runs",
+            paired=paired,
         )
-        | {"paired": paired},
-        notes=_notes(loaded, preset, results),
-    )
-    if verify and recommended is not None:
-        result.verification = verify_run(
-            recommended, by_name[recommended.name], plan, out / "verify"
+        by_name = {c.name: c for c in CANDIDATES}
+        results: list[CandidateResult] = []
+        for candidate in (c for c in CANDIDATES if c.name in names):
+            measure_candidate(candidate, plan, budget, emit, results)
+        ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
+        shortfall = budget_shortfall(results, budget)
+        result = TuneResult(
+            recommendation=recommended.name if recommended else None,
+            reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
+            snippet=_snippet(recommended, by_name, plan, loaded),
+            steps_planned=steps_planned,
+            candidates=ranked,
+            settings=_settings(
+                spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
+            )
+            | {"paired": paired},
+            notes=_notes(loaded, preset, results),
         )
-    result.elapsed_s = budget.elapsed()
-    if out_dir is not None:
-        result.write_json(out / "tune.json")
-        write_chart(result, out / "tune.png")
-        (out / "recommended.py").write_text(result.snippet)
-        (out / "tune.txt").write_text(format_table(result) + "\n\n" + result.reason + "\n")
-    return result
+        if verify and recommended is not None:
+            result.verification = verify_run(
+                recommended, by_name[recommended.name], plan, out / "verify"
+            )
+        result.elapsed_s = budget.elapsed()
+        if out_dir is not None:
+            result.write_json(out / "tune.json")
+            write_chart(result, out / "tune.png")
+            (out / "recommended.py").write_text(result.snippet)
+            (out / "tune.txt").write_text(format_table(result) + "\n\n" + result.reason + "\n")
+        return result
+    finally:
+        if scratch is not None:  # nothing of a run without out_dir outlives it
+            scratch.cleanup()
 
 
 # --- inputs --------------------------------------------------------------------------------------
