@@ -115,7 +115,7 @@ def vision_encoder_decoder(n_layer: int = 2, hidden: int = 32):
     return VisionEncoderDecoderModel(config=config)
 
 
-def opt(n_layer: int = 2, hidden: int = 32):
+def opt(n_layer: int = 2, hidden: int = 32, **overrides):
     """OPT uses nn.Linear projections (LoKr/LoHa/OFT reject GPT-2's Conv1D)."""
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -129,6 +129,7 @@ def opt(n_layer: int = 2, hidden: int = 32):
         word_embed_proj_dim=hidden,
         dropout=0.0,
         attention_dropout=0.0,
+        **overrides,
     )
     return OPTForCausalLM(config)
 

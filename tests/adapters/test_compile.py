@@ -70,7 +70,9 @@ def lora_gpt2(*, seed: int = 0, r: int = 4, **config):
     """LoRA whose B is set from its own generator: the adapter changes the outputs, and a reload
     that fails to load it (and re-initialises B to zero) cannot match by coincidence."""
     torch.manual_seed(seed)
-    model = get_peft_model(gpt2(), LoraConfig(r=r, target_modules=GPT2_ATTN, **config))
+    # use_cache=False, as fine-tuning scripts set it: eval forwards run the compiled blocks (a
+    # forward that builds a KV cache runs them eagerly: tests/regional/test_compile.py)
+    model = get_peft_model(gpt2(use_cache=False), LoraConfig(r=r, target_modules=GPT2_ATTN, **config))
     set_lora_b(model, seed)
     return model
 
@@ -113,7 +115,7 @@ def test_matrix_inductor(name):
 def test_whole_model_compile_matches_eager():
     compile_whole = functools.partial(compile_peft, regional=False)
     torch.manual_seed(0)
-    model = get_peft_model(opt(), LoraConfig(r=4, target_modules=OPT_ATTN))
+    model = get_peft_model(opt(use_cache=False), LoraConfig(r=4, target_modules=OPT_ATTN))
     report = check_compile_equivalence(model, token_batch(), backend="aot_eager", compile_fn=compile_whole)
     assert report.ok, report.summary()
 
@@ -138,7 +140,7 @@ def test_save_and_reload_round_trips(tmp_path):
     model.save_pretrained(tmp_path)
 
     torch.manual_seed(0)  # the same base weights as lora_gpt2(seed=0)
-    fresh_base = gpt2()
+    fresh_base = gpt2(use_cache=False)
     base_out = logits(fresh_base)
     reloaded = PeftModel.from_pretrained(fresh_base, tmp_path).eval()
     assert not torch.allclose(base_out, compiled_out)  # the adapter matters
@@ -154,7 +156,7 @@ def test_peft_on_compiled_base_reloads_as_base_model(tmp_path):
     adapted = logits(model.eval())
     model.save_pretrained(tmp_path)
     torch.manual_seed(0)
-    fresh_base = gpt2()
+    fresh_base = gpt2(use_cache=False)
     base_out = logits(fresh_base)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # peft: "Found missing adapter keys" - the only sign

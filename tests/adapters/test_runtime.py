@@ -46,7 +46,9 @@ def lora(**overrides) -> LoraConfig:
 
 def two_adapters(n_layer: int = 2):
     torch.manual_seed(0)
-    model = get_peft_model(opt(n_layer), lora())
+    # use_cache=False, as fine-tuning scripts set it: eval forwards run the compiled blocks (a
+    # forward that builds a KV cache runs them eagerly: tests/regional/test_compile.py)
+    model = get_peft_model(opt(n_layer, use_cache=False), lora())
     model.add_adapter("other", lora())
     return model.eval()
 
@@ -82,7 +84,9 @@ def disabled_forward(model):
 
 
 def generate(model):
-    return model.generate(**batch(), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    # use_cache=True: generation with a KV cache, as by default (the models are built without)
+    return model.generate(**batch(), max_new_tokens=3, do_sample=False, pad_token_id=0,
+                          use_cache=True)
 
 
 def checked(model, steps, *, backend=None, recompile_limit=None, **compile_kwargs):
@@ -261,13 +265,13 @@ def test_adapter_added_after_compile_needs_no_refresh_and_is_rechecked():
 
 def test_findings_are_returned_as_data():
     torch.manual_seed(0)
-    dora = get_peft_model(opt(), lora(use_dora=True)).eval()
+    dora = get_peft_model(opt(use_cache=False), lora(use_dora=True)).eval()
     model = compile_peft(dora, backend="eager", policy="peft-docs", on_violation="warn")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with model.disable_adapter():
             pass
-        model.generate(**batch(), max_new_tokens=1, do_sample=False, pad_token_id=0)
+        model.generate(**batch(), max_new_tokens=1, do_sample=False, pad_token_id=0, use_cache=True)
     record = get_peft_compile_record(model)
     decided = [(d.rule_id, d.verdict, d.stage, d.operation) for d in record.decisions]
     assert decided == [
@@ -290,7 +294,8 @@ def _generate(model, lengths=(6,)):
     out = []
     for length in lengths:
         ids = token_batch(batch=2, length=length)["input_ids"]
-        out.append(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, pad_token_id=0))
+        out.append(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                  use_cache=True))  # the models are built with use_cache=False
     return out
 
 

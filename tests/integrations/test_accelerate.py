@@ -28,6 +28,7 @@ from torchcompile_kit import (
     PadToBucketCollator,
     compile_optimizer,
     compile_regional,
+    uncompile,
 )
 from torchcompile_kit.diagnostics import CompileMonitor
 from torchcompile_kit.integrations import prepare_bucket_dataloader
@@ -99,6 +100,24 @@ def test_accelerate_one_process_trains_saves_and_loads(tmp_path, fresh_accelerat
     assert counter.frame_count == frames  # the extra step and the round trip compiled nothing
     keys = accelerator.get_state_dict(prepared)
     assert not [k for k in keys if "_orig_mod" in k]
+
+
+def test_unwrap_keeps_in_place_compiled_blocks_and_uncompile_undoes_them(fresh_accelerate_state):
+    """accelerate's unwrap_model(keep_torch_compile=False) removes torch.compile *wrappers*
+    (OptimizedModule, ``_orig_mod``); blocks compiled in place are the model itself, so they stay
+    compiled (docs/integrations.md). uncompile on what it returns is the undo. When accelerate
+    learns in-place compiles, the first assertion fails and the docs change with it."""
+    accelerator = accelerate.Accelerator(cpu=True)
+    model = accelerator.prepare(compile_regional(tiny_models.gpt2(), backend="eager"))
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    batch = tiny_models.token_batch()
+    with CompileMonitor() as monitor:
+        unwrapped(**batch)
+    assert unwrapped is model and monitor.snapshot()["graphs"] == 1  # still compiled
+    eager = uncompile(accelerator.unwrap_model(model, keep_torch_compile=False))
+    with CompileMonitor() as monitor, torch.no_grad():  # no grad: a new graph, were it compiled
+        eager(**batch)
+    assert monitor.snapshot()["graphs"] == 0
 
 
 def test_prepare_bucket_dataloader_refuses_double_or_wrong_sharding(fresh_accelerate_state):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,29 @@ def test_trainer_refuses_whole_model_compile(tmp_path):
     args = training_args(tmp_path, torch_compile=True, torch_compile_backend="aot_eager")
     with pytest.raises(ValueError, match="torch_compile=False"):
         CompileTrainer(model=model, args=args, train_dataset=lm_dataset()[0])
+
+
+def test_plain_trainer_with_torch_compile_over_regional_blocks_warns(tmp_path):
+    """transformers' own Trainer cannot be made to refuse: the blocks notice the outer trace."""
+    model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
+    args = training_args(tmp_path, torch_compile=True, torch_compile_backend="aot_eager",
+                         max_steps=1, save_strategy="no")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=lm_dataset()[0],
+                                   data_collator=PadToBucketCollator(buckets=BUCKETS))
+    with pytest.warns(UserWarning, match=r"regionally \(GPT2Block\).*whole-model torch.compile is tracing it"):
+        trainer.train()
+
+
+def test_trainer_evaluates_compiled_without_a_kv_cache(tmp_path):
+    """Trainer sets config.use_cache from TrainingArguments(use_cache=False) (transformers >= 5.23),
+    so its eval forwards build no KV cache and the blocks run compiled (a forward that builds a
+    cache would run them eagerly, and warn)."""
+    trainer, frames = make_trainer(tmp_path, per_device_eval_batch_size=4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*KV cache")
+        metrics = trainer.evaluate(eval_dataset=lm_dataset(8, seed=1)[0])
+    assert metrics["eval_loss"] > 0
+    assert frames.counter.frame_count >= 1  # the blocks' eval graph(s): compiled, not eager
 
 
 def test_trainer_fused_default_optimizer_names_the_fix(tmp_path):

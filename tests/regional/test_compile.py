@@ -130,37 +130,6 @@ def test_leaf_modules_in_a_sequential_are_not_blocks():
 # --- compiling: reuse, numerics -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama])
-def test_block_graph_is_reused_across_nine_plus_layers(builder):
-    # default config: use_cache=True, the trap that makes every block recompile
-    model = builder(n_layer=10)
-    assert model.config.use_cache is True
-    counter = CompileCounter()
-    compile_regional(model, backend=counter)
-    model(**tm.token_batch()).loss.backward()
-    assert counter.frame_count == 1  # one graph for all ten blocks
-
-
-def test_kept_kv_cache_shows_the_trap_it_avoids():
-    model = tm.gpt2(n_layer=10)
-    counter = CompileCounter()
-    with pytest.warns(UserWarning, match="layer_idx.*use_cache=False"):
-        compile_regional(model, backend=counter, keep_kv_cache=True)
-    model(**tm.token_batch()).loss.backward()
-    # a graph per layer: what keep_kv_cache=False prevents. Where torch takes no per-call limit
-    # (before 2.13) the global limit caps it and the last layers run eagerly: worse still.
-    per_layer = 10 if _dynamo.recompile_limit_kwarg() else min(10, _dynamo.recompile_limit())
-    assert counter.frame_count == per_layer
-
-
-def test_explicit_use_cache_true_is_respected_with_a_warning():
-    model = compile_regional(tm.gpt2(), backend="eager")
-    with pytest.warns(UserWarning, match="use_cache=True outside generation"):
-        out = model(**tm.token_batch(), use_cache=True)
-    assert out.past_key_values is not None
-    assert model(**tm.token_batch()).past_key_values is None  # plain forward: no cache
-
-
 def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

@@ -187,8 +187,8 @@ def _train_with_eval(model, steps=12):
         optimizer.zero_grad()
         if step % 5 == 4:
             model.eval()
-            with torch.no_grad():
-                model(**tm.token_batch(seed=100))
+            with torch.no_grad():  # use_cache=False: compiled (a KV cache would run eagerly)
+                model(**tm.token_batch(seed=100), use_cache=False)
 
 
 @pytest.mark.parametrize(("layers", "frozen", "frozen_embeddings", "train", "evaluation"), [

@@ -30,6 +30,7 @@ from .. import _dynamo
 from .._compat import has_set_stance
 from ..diagnostics import FirstCallVerifier
 from ..regional import register_undo
+from ..regional.transformers_support import cache_calls_compiled
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
 from .facts import describe_peft_model
 from .record import RECORD_ATTR, PeftCompileRecord
@@ -221,5 +222,6 @@ class AdapterGuard:
         self.adapters = adapters
         # the blocks' compiled calls are skipped, not dropped: forwards stay compiled after it
         stance = torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()
-        with stance:
+        compiled = cache_calls_compiled() if self.record.generate == "compiled" else contextlib.nullcontext()
+        with stance, compiled:
             return self.originals["generate"](*args, **kwargs)

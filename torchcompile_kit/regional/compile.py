@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,12 @@ from ..errors import UnsafeCompileModeError
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan, register_undo, run_undo
 from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
-from .transformers_support import disable_cache_in_plain_forwards, set_explicit_loss_functions
+from .transformers_support import (
+    disable_cache_in_plain_forwards,
+    has_transformers_model,
+    run_cache_calls_eagerly,
+    set_explicit_loss_functions,
+)
 
 __all__ = ["compile_regional", "uncompile"]
 
@@ -50,9 +56,13 @@ def compile_regional(
     recompile limit allows, it raises the limit for that group only (``torch.compile``'s own
     ``recompile_limit=``), never globally.
 
-    For transformers models, forwards that do not generate run with ``use_cache=False`` unless
-    the caller passes ``use_cache``: the default cache makes every block guard on its own cache
-    layer and recompile (8 recompiles, then eager). ``generate()`` is not affected.
+    For transformers models, training forwards run with ``use_cache=False`` unless the caller
+    passes ``use_cache``: the default cache makes every block guard on its own cache layer and
+    recompile (a graph per layer, then the recompile limit). Calls that build or pass a cache (an
+    eval-mode forward with the config's ``use_cache=True``, ``use_cache=True``, ``generate()``)
+    run the blocks eagerly and return eager's outputs, ``past_key_values`` included; the first
+    such forward warns once. Pass ``use_cache=False`` (or set ``config.use_cache = False``) to
+    evaluate compiled.
 
     Args:
         model: the model; compiled in place.
@@ -62,7 +72,9 @@ def compile_regional(
         remainder: also compile each eager module that holds parameters (embeddings, final
             norm, LM head) as its own region, and a transformers model's loss function. Costs
             more compile time; see ``docs/benchmarks.md`` for when it pays.
-        keep_kv_cache: leave transformers' ``use_cache`` default alone in plain forwards.
+        keep_kv_cache: leave transformers' ``use_cache`` default alone in training forwards
+            too, and compile the calls that pass a cache (a graph per layer: measured on
+            GPT-2 and Llama in ``docs/regional.md``).
         nested: the hybrid: compile the whole model once (in place) with each block's
             ``forward`` marked as a ``torch.compiler.nested_compile_region``, so a block class is
             traced once and reused inside one whole-model graph (fusion across the rest of the
@@ -142,6 +154,8 @@ def compile_regional(
         compile_in_place(instances, **group.compile_kwargs)
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name)
+        if not keep_kv_cache and has_transformers_model(model):
+            run_cache_calls_eagerly(instances, group.class_name)
     if remainder:
         for name in plan.eager:
             module = model.get_submodule(name)
@@ -154,6 +168,7 @@ def compile_regional(
         regions = [*plan.blocks, *plan.remainder]
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
             register_undo(model, undo)
+    register_undo(model, _warn_when_traced_whole(model, plan))
     if verify:  # last, so its pre-hook sees the call as the other hooks left it
         verifier = FirstCallVerifier(model, recipe="compile_regional",
                                      backend=compile_kwargs.get("backend", "inductor"))
@@ -261,6 +276,8 @@ def _compile_nested(
     if not keep_kv_cache:
         for undo in disable_cache_in_plain_forwards(model):
             register_undo(model, undo)
+        if has_transformers_model(model):
+            run_cache_calls_eagerly([model], type(model).__name__, builds=True)
     if verify:  # the compiled call itself is wrapped (uncompile clears it with the rest)
         verifier = FirstCallVerifier(model, recipe="compile_regional(nested=True)",
                                      backend=compile_kwargs.get("backend", "inductor"))
@@ -273,6 +290,40 @@ def _compile_nested(
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _dynamo.eager_call(module, *args, **kwargs)
+
+
+def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
+    """A pre-hook on ``model`` that warns when a whole-model compile traces it.
+
+    An outer ``torch.compile(model)`` (HF ``Trainer`` with ``torch_compile=True``, accelerate's
+    ``dynamo_backend``, ``model.compile()``) inlines every block's ``forward`` and ignores their
+    in-place compile. The regional compile runs ``model``'s own forward eagerly, so a trace of it
+    can only be such an outer compile.
+    """
+    groups = ", ".join(group.class_name for group in plan.groups)
+    noted: list[bool] = []
+
+    @torch.compiler.assume_constant_result  # runs in Python once per trace: no graph break
+    def note() -> bool:
+        if not noted:
+            noted.append(True)
+            warnings.warn(
+                f"{type(model).__name__} was compiled regionally ({groups}), and now a "
+                "whole-model torch.compile is tracing it (torch.compile(model), model.compile(), "
+                "Trainer with TrainingArguments(torch_compile=True), accelerate's dynamo_backend): "
+                "it inlines the blocks into one whole-model graph and their regional compile (a "
+                "graph per block class, its options) is not what runs. Keep one of the two: "
+                "TrainingArguments(torch_compile=False) with compile_regional, or "
+                "torchcompile_kit.uncompile(model) before the whole-model compile.",
+                stacklevel=2,
+            )
+        return True
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():
+            note()
+
+    return model.register_forward_pre_hook(hook).remove
 
 
 def _warn_cuda_graphs_on_cpu(model: nn.Module, compile_kwargs: dict[str, Any]) -> None:

@@ -215,7 +215,9 @@ def find_instance_variants(
             cache_only = attr in _CACHE_ONLY_ATTRS and owner.__module__.startswith("transformers.")
             if cache_disabled and cache_only:
                 continue
-            certain = _DECIDES in uses
+            # with the cache kept, it indexes the cache's per-layer state: a graph per value,
+            # however the code reads it (GPT-2 in its own code, Llama handing it to cache.update)
+            certain = _DECIDES in uses or cache_only
             if certain:
                 deciding.append(path)
             shown = tuple(k[1] if k[0] == "constant" else "<object>" for k in keys)

@@ -6,22 +6,31 @@ imported), so plain-torch users never pay for it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from torch import nn
 
+from .. import _dynamo
+
 __all__ = [
+    "cache_calls_compiled",
     "disable_cache_in_plain_forwards",
     "fix_loss_function",
     "has_transformers_model",
     "no_split_module_names",
+    "run_cache_calls_eagerly",
 ]
 
 Undo = Callable[[], None]
+
+logger = logging.getLogger(__name__)
 
 
 def _pretrained_modules(model: nn.Module) -> Iterator[nn.Module]:
@@ -123,52 +132,110 @@ def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwar
     return model
 
 
-# The forward argument a generation step passes its cache in, by transformers version.
-_CACHE_ARGUMENTS = ("past_key_values", "cache")
+# The forward arguments a KV cache is passed in, by transformers version and module (a model's
+# forward: past_key_values before transformers 5.24, cache from it; GPT-2's blocks: layer_past).
+_CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache", "layer_past")
+
+
+class CacheArguments:
+    """Where a module's ``forward`` takes a KV cache and ``use_cache`` (internal).
+
+    Read once from the signature, so that checking a call costs a few dict lookups, not a bind.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.positions = {name: i for i, name in enumerate(positional)}
+        self.cache_names = [p.name for p in parameters if p.name in _CACHE_ARGUMENTS]
+        self.takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        self.takes_use_cache = "use_cache" in self.positions or any(
+            p.name == "use_cache" for p in parameters
+        )
+
+    @property
+    def any(self) -> bool:
+        """Whether a call could pass a cache at all."""
+        return bool(self.cache_names) or self.takes_kwargs
+
+    def _value(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        position = self.positions.get(name)
+        return args[position] if position is not None and position < len(args) else None
+
+    def passes_cache(self, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether this call hands the module a cache object (generation, or a model's blocks
+        while it builds one)."""
+        nested = kwargs.get("kwargs") if isinstance(kwargs.get("kwargs"), dict) else {}
+        return any(self._value(n, args, kwargs) is not None for n in self.cache_names) or any(
+            kwargs.get(n) is not None or nested.get(n) is not None for n in _CACHE_ARGUMENTS
+        )
+
+    def use_cache(self, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(given, value)``: whether the call passes ``use_cache``, and its value."""
+        if "use_cache" in kwargs:
+            return True, kwargs["use_cache"]
+        position = self.positions.get("use_cache")
+        if position is not None and position < len(args):
+            return True, args[position]
+        return False, None
+
+    def builds_cache(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> bool:
+        """Whether a model's call builds a cache once the library's hook has seen it: it asks for
+        one, or it runs in eval mode and the config's ``use_cache`` is on (training forwards that
+        do not ask get ``use_cache=False``)."""
+        given, value = self.use_cache(args, kwargs)
+        if given:
+            return bool(value)
+        config = getattr(module, "config", None)
+        return not module.training and bool(getattr(config, "use_cache", False))
 
 
 class _PlainForwardsWithoutCache:
-    """Forward pre-hook: ``use_cache=False`` unless the caller passed it or a cache."""
+    """Forward pre-hook: ``use_cache=False`` for training forwards that did not ask for a cache.
 
-    def __init__(self, module: nn.Module) -> None:
-        self.signature = inspect.signature(module.forward)
-        self.warned = False
+    A forward in eval mode, one that passes ``use_cache`` and a generation step (it passes a cache)
+    are left as they are, so they return what eager returns, ``past_key_values`` included; the
+    blocks run such calls eagerly (:func:`run_cache_calls_eagerly`), and the first plain forward
+    that builds a cache says so once.
+    """
+
+    def __init__(self, module: nn.Module, warned: list[bool]) -> None:
+        self.arguments = CacheArguments(module)
+        self.warned = warned  # shared by the hooks of one model: one warning per model
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]):
-        bound = self.signature.bind_partial(*args, **kwargs).arguments
-        extra = bound.get("kwargs") if isinstance(bound.get("kwargs"), dict) else {}
-        # generating: the cache is wanted (transformers < 5.24 names it past_key_values, 5.24 cache)
-        if any(
-            source.get(name) is not None
-            for source in (bound, extra)
-            for name in _CACHE_ARGUMENTS
-        ):
-            return None
-        if bound.get("use_cache") is not None:  # the caller decided
-            if bound["use_cache"] and not self.warned:
-                self.warned = True
-                warnings.warn(
-                    f"{type(module).__name__} was called with use_cache=True outside generation: "
-                    "it builds a cache whose per-layer state makes every compiled block "
-                    "recompile (up to the recompile limit, then eager). Pass use_cache=False in "
-                    "training and evaluation forwards.",
-                    stacklevel=2,
-                )
-            return None
-        if "use_cache" in bound and "use_cache" not in kwargs:
-            return None  # passed positionally as None: leave the call as it is
-        return args, {**kwargs, "use_cache": False}
+        if self.arguments.passes_cache(args, kwargs):
+            return None  # generating: the cache is wanted
+        given, _ = self.arguments.use_cache(args, kwargs)
+        if not given and module.training:
+            return args, {**kwargs, "use_cache": False}
+        if self.arguments.builds_cache(module, args, kwargs) and not self.warned:
+            self.warned.append(True)
+            why = "use_cache=True" if given else "eval mode, and the config's use_cache=True"
+            warnings.warn(
+                f"{type(module).__name__} was called to build a KV cache ({why}): its regionally "
+                "compiled blocks run such calls eagerly (compiled, the cache's per-layer state "
+                "would make every block recompile), so the outputs, past_key_values included, "
+                "are eager's. Pass use_cache=False (or set model.config.use_cache = False) where "
+                "you need no past_key_values, to run the blocks compiled. Training forwards get "
+                "use_cache=False unless they pass it.",
+                stacklevel=2,
+            )
+        return None
 
 
 def disable_cache_in_plain_forwards(
     model: nn.Module, *, compiled_regions: Iterable[str] = ()
 ) -> list[Undo]:
-    """Make transformers forwards that do not generate run with ``use_cache=False`` (internal).
+    """Make transformers training forwards that do not ask for a cache run with ``use_cache=False``
+    (internal).
 
     With the default ``use_cache=True`` a decoder builds a ``DynamicCache`` even in a training
     forward; each block then guards on its own cache layer (``layers[i].is_initialized`` via
-    ``self.layer_idx``) and recompiles once per layer. ``generate()`` passes a cache and is left
-    alone; so is any call that passes ``use_cache`` itself.
+    ``self.layer_idx``) and recompiles once per layer. Eval-mode forwards, ``generate()`` and any
+    call that passes ``use_cache`` itself are left alone (they return eager's outputs).
 
     Args:
         model: the model.
@@ -181,13 +248,67 @@ def disable_cache_in_plain_forwards(
         Callables that remove the hooks.
     """
     regions = tuple(compiled_regions)
+    warned: list[bool] = []
     undo: list[Undo] = []
     for name, module in _named_pretrained_modules(model):
         if any(name == r or name.startswith(f"{r}.") or r == "" for r in regions):
             continue
-        if "use_cache" in inspect.signature(module.forward).parameters:
+        if CacheArguments(module).takes_use_cache:
             handle = module.register_forward_pre_hook(
-                _PlainForwardsWithoutCache(module), with_kwargs=True
+                _PlainForwardsWithoutCache(module, warned), with_kwargs=True
             )
             undo.append(handle.remove)
     return undo
+
+
+_CACHE_CALLS_COMPILED: ContextVar[bool] = ContextVar("torchcompile_kit_cache_calls", default=False)
+
+
+@contextlib.contextmanager
+def cache_calls_compiled() -> Iterator[None]:
+    """Inside it, calls that pass a KV cache run compiled, not eagerly (internal: ``compile_peft``
+    with ``generate="compiled"``, whose blocks' recompile limit is sized for generation)."""
+    token = _CACHE_CALLS_COMPILED.set(True)
+    try:
+        yield
+    finally:
+        _CACHE_CALLS_COMPILED.reset(token)
+
+
+def run_cache_calls_eagerly(
+    modules: Iterable[nn.Module], label: str, *, builds: bool = False
+) -> None:
+    """Make compiled transformers modules run the calls that pass a KV cache eagerly (internal).
+
+    Such a call (a generation step, a forward that builds a cache) gives each block its own cache
+    layer, read through the block's ``layer_idx``: compiled, every block would recompile (one
+    graph per layer, then the recompile limit and eager anyway). Eagerly, its outputs are eager's
+    and nothing recompiles. ``uncompile`` removes it with the compiled call.
+
+    Args:
+        modules: modules compiled in place (``module.compile()``), of one class.
+        label: the group's name, for the log.
+        builds: also run eagerly the calls that would build a cache (a whole model compiled in
+            place: its blocks are inside its graph).
+    """
+    logged: list[bool] = []
+
+    def dispatch(module: nn.Module, compiled: Callable[..., Any], arguments: CacheArguments):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            eager = arguments.passes_cache(args, kwargs) or (
+                builds and arguments.builds_cache(module, args, kwargs)
+            )
+            if not eager or _CACHE_CALLS_COMPILED.get():
+                return compiled(*args, **kwargs)
+            if not logged:
+                logged.append(True)
+                logger.info("%s: a call passes a KV cache (generation, or a forward that builds "
+                            "one): run eagerly", label)
+            return _dynamo.eager_call(module, *args, **kwargs)
+
+        return call
+
+    for module in modules:
+        arguments, compiled = CacheArguments(module), _dynamo.get_compiled_call(module)
+        if compiled is not None and arguments.any:
+            _dynamo.set_compiled_call(module, dispatch(module, compiled, arguments))
