@@ -175,6 +175,14 @@ def _regional(ctx: RecipeContext) -> None:
     compile_regional(ctx.model, **ctx.kwargs(fullgraph=True))
 
 
+def _regional_remainder(ctx: RecipeContext) -> None:
+    from torchcompile_kit import compile_regional
+
+    # the blocks, and each module outside them that holds parameters (embeddings, final norm, LM
+    # head) as a region of its own; the loss function compiled as in 'regional'
+    compile_regional(ctx.model, remainder=True, **ctx.kwargs(fullgraph=True))
+
+
 def _nested(ctx: RecipeContext) -> None:
     from torchcompile_kit import compile_regional
 
@@ -229,6 +237,8 @@ def _recipes() -> list[Recipe]:
                apply=_regional, save_cache=True),
         Recipe(name="regional-warm", group="warm-up", description="compile_regional, warm: loads the cache 'regional' saved",
                apply=_regional, cache_from="regional", requires=("cache",)),
+        Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the embeddings, final norm and LM head compiled too",
+               apply=_regional_remainder, default=False),
         Recipe(name="nested", group="warm-up", description="the hybrid: one full compile, blocks as nested_compile_region (compile_regional(nested=True))",
                apply=_nested, requires=("nested",)),
         # distributed
