@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -158,6 +159,43 @@ def test_outputs_and_grads_match_eager_aot_eager(builder):
 
 def test_outputs_and_grads_match_eager_inductor():
     _check_matches_eager(tm.gpt2, "inductor", tm.token_batch())
+
+
+class _CheckpointedBlock(Block):
+    """accelerate's case: a block whose __call__ checkpoints, and a graph break in its forward."""
+
+    def __init__(self, use_reentrant: bool):
+        super().__init__()
+        self.use_reentrant = use_reentrant
+
+    def __call__(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(functools.partial(super().__call__, **kwargs), *args,
+                          use_reentrant=self.use_reentrant)
+
+    def forward(self, x):
+        x = self.lin(x)
+        torch._dynamo.graph_break()
+        return self.norm(x).sin()
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpointed_blocks_compile_across_a_graph_break_and_match_eager(use_reentrant):
+    torch.manual_seed(0)
+    eager = Stack(n=2)
+    eager.layers = nn.ModuleList([_CheckpointedBlock(use_reentrant) for _ in range(2)])
+    model = copy.deepcopy(eager)
+    counter = CompileCounter()
+    compile_regional(model, backend=counter)
+    inputs = torch.randn(3, 8, requires_grad=True)
+    twin = inputs.detach().clone().requires_grad_()
+    eager(inputs).sum().backward()
+    model(twin).sum().backward()
+    assert counter.frame_count >= 1  # the blocks reached the compiler
+    torch.testing.assert_close(twin.grad, inputs.grad)
+    for name, grad in _grads(eager).items():
+        torch.testing.assert_close(_grads(model)[name], grad, msg=name)
 
 
 def test_vision_encoder_decoder_compiles_both_stacks():
