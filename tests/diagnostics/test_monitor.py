@@ -184,7 +184,7 @@ def test_trace_missing_falls_back_to_metrics_with_a_note(monkeypatch):
 
 
 def test_regional_gpt2_is_one_graph_per_block_class_attributed_to_gpt2block():
-    model = compile_regional(tm.gpt2(), backend="aot_eager")
+    model = compile_regional(tm.gpt2(), backend="aot_eager", compile_loss=False)
     with CompileMonitor() as mon:
         model(**tm.token_batch()).loss.backward()
     report = get_regional_plan(model).report(mon)

@@ -104,7 +104,7 @@ def ddp_and_fsdp2_body(rank: int, world: int) -> None:
     torch.manual_seed(0)
     ref = tiny_models.gpt2()
     counter = CompileCounterWithBackend("aot_eager")
-    model = compile_regional(copy.deepcopy(ref), backend=counter)
+    model = compile_regional(copy.deepcopy(ref), backend=counter, compile_loss=False)
     ddp = DDP(model)
     train_against_reference(rank, world, model, ddp, ref)
     assert counter.frame_count == 1  # one graph serves both blocks, all steps
@@ -116,7 +116,8 @@ def ddp_and_fsdp2_body(rank: int, world: int) -> None:
     ref = tiny_models.gpt2()
     counter = CompileCounterWithBackend("aot_eager")
     model = apply_fsdp2_regional(
-        copy.deepcopy(ref), checkpointing=True, compile_kwargs={"backend": counter}
+        copy.deepcopy(ref), checkpointing=True,
+        compile_kwargs={"backend": counter, "compile_loss": False},  # the blocks' graphs
     )
     blocks = [model.get_submodule(name) for name in find_repeated_blocks(model).blocks]
     assert [type(b).__name__ for b in blocks] == ["FSDPGPT2Block"] * 2
@@ -152,7 +153,7 @@ def test_checkpointing_and_bf16_autocast_match_eager_without_recompiles():
     model = copy.deepcopy(ref)
     enable_activation_checkpointing(model)
     assert all(block.gradient_checkpointing for block in model.transformer.h)
-    compile_regional(model, backend=counter)
+    compile_regional(model, backend=counter, compile_loss=False)  # the blocks' graphs
     frames = []
     for step in range(3):
         batch = global_batch(step)

@@ -427,6 +427,23 @@ def test_remainder_compiles_eager_modules_with_parameters_and_loss():
     assert "_loss_function" not in model.__dict__
 
 
+@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama])
+def test_the_loss_is_compiled_by_default_and_compile_loss_false_leaves_it(builder):
+    """compile_regional's default compiles a transformers loss (1.2x faster steps with a 32k
+    vocabulary, docs/regional.md); compile_loss=False leaves it eager and unpinned."""
+    model = builder()
+    counter = CompileCounter()
+    compile_regional(model, backend=counter)
+    assert "_loss_function" in model.__dict__  # pinned: no per-step class-name lookup
+    model(**tm.token_batch()).loss.backward()
+    assert counter.frame_count == 2  # the blocks' graph and the loss's
+    plain, counter = builder(), CompileCounter()
+    compile_regional(plain, backend=counter, compile_loss=False)
+    assert "_loss_function" not in plain.__dict__
+    plain(**tm.token_batch()).loss.backward()
+    assert counter.frame_count == 1
+
+
 def test_fix_loss_function_removes_the_loss_graph_break():
     batch = tm.token_batch()
     plain = tm.gpt2()

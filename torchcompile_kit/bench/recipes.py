@@ -170,16 +170,15 @@ def _modular(ctx: RecipeContext) -> None:
 def _regional(ctx: RecipeContext) -> None:
     from torchcompile_kit import compile_regional
 
-    # the seed's regional recipe: every block compiled, the loss function compiled too
-    _fix_loss(ctx.model, compile=True, **ctx.kwargs(fullgraph=True))
+    # the seed's regional recipe, compile_regional's defaults: every block compiled, and the loss
     compile_regional(ctx.model, **ctx.kwargs(fullgraph=True))
 
 
 def _regional_blocks(ctx: RecipeContext) -> None:
     from torchcompile_kit import compile_regional
 
-    # compile_regional's defaults: the blocks only; the loss and the modules around them eager
-    compile_regional(ctx.model, **ctx.kwargs(fullgraph=True))
+    # the blocks only: the loss and the modules around them eager
+    compile_regional(ctx.model, compile_loss=False, **ctx.kwargs(fullgraph=True))
 
 
 def _regional_remainder(ctx: RecipeContext) -> None:
@@ -244,9 +243,9 @@ def _recipes() -> list[Recipe]:
                apply=_regional, save_cache=True),
         Recipe(name="regional-warm", group="warm-up", description="compile_regional, warm: loads the cache 'regional' saved",
                apply=_regional, cache_from="regional", requires=("cache",)),
-        Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model): its defaults, the blocks only (loss and remainder eager)",
+        Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (loss and remainder eager)",
                apply=_regional_blocks, default=False),
-        Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the embeddings, final norm and LM head compiled too",
+        Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the loss, and the embeddings, final norm and LM head compiled too",
                apply=_regional_remainder, default=False),
         Recipe(name="nested", group="warm-up", description="the hybrid: one full compile, blocks as nested_compile_region (compile_regional(nested=True))",
                apply=_nested, requires=("nested",)),

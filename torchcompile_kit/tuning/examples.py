@@ -8,9 +8,9 @@
       torchcompile-kit tune --model torchcompile_kit.tuning.examples:tiny_llama --steps-planned 2000
 
 - :func:`tiny_llama_32k`: the same decoder with Llama's 32,000-token vocabulary, where the LM head
-  and the loss are most of a step (what ``compile_regional(remainder=True)`` is for)::
+  and the loss are most of a step (what compiling the loss and the remainder are measured on)::
 
-      torchcompile-kit bench regional regional-remainder --model torchcompile_kit.tuning.examples:tiny_llama_32k
+      torchcompile-kit bench eager regional-blocks regional regional-remainder --model torchcompile_kit.tuning.examples:tiny_llama_32k
 
 - :func:`captioner_tiny`: the bench's tiny captioner with captions padded to their longest, as a
   factory (the snippet ``tune`` writes for the built-in captioner imports it).
