@@ -29,8 +29,7 @@ from torch import nn
 from .. import _dynamo
 from .._compat import has_set_stance
 from ..diagnostics import FirstCallVerifier
-from ..regional import register_undo
-from ..regional.transformers_support import cache_calls_compiled
+from ..regional import cache_calls_compiled, register_undo
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
 from .facts import describe_peft_model
 from .record import RECORD_ATTR, PeftCompileRecord

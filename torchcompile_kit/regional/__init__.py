@@ -9,7 +9,7 @@ recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block
 from .compile import compile_in_place, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .plan import BlockGroup, RegionalPlan, get_regional_plan, register_undo
-from .transformers_support import fix_loss_function, has_transformers_model
+from .transformers_support import cache_calls_compiled, fix_loss_function, has_transformers_model
 
 __all__ = [
     # top level UX
@@ -22,6 +22,7 @@ __all__ = [
     "BlockGroup",
     "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
+    "cache_calls_compiled",
     "compile_in_place",
     "has_transformers_model",
     "register_undo",
