@@ -7,7 +7,6 @@ as an older torch would, then checking the helper that depends on it.
 from __future__ import annotations
 
 import os
-import types
 import warnings
 
 import pytest
@@ -16,7 +15,6 @@ from torch import nn
 from torch._dynamo.testing import CompileCounter
 
 from torchcompile_kit import _dynamo, compile_regional, get_regional_plan, no_recompiles
-from torchcompile_kit.diagnostics import recompiles
 from torchcompile_kit.regional import compile_in_place
 
 
@@ -28,12 +26,6 @@ def _old_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor
 def _new_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
                  options=None, disable=False, recompile_limit=None, isolate_recompiles=False):
     """torch.compile's signature with both (torch 2.13 has them; 2.8 and 2.10 do not)."""
-
-
-def test_recompile_limit_under_its_old_name():
-    assert _dynamo.recompile_limit(types.SimpleNamespace(cache_size_limit=5)) == 5
-    assert _dynamo.recompile_limit(types.SimpleNamespace(recompile_limit=3, cache_size_limit=9)) == 3
-    assert _dynamo.recompile_limit() == torch._dynamo.config.recompile_limit
 
 
 def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
@@ -55,11 +47,6 @@ def test_compile_regional_refuses_a_per_call_limit_before_compiling_anything():
     with pytest.raises(UnsupportedTorchError, match="recompile_limit"):
         compile_regional(blocks, backend="eager", recompile_limit=16)
     assert _dynamo.compiled_module_names(blocks) == []
-
-
-def test_recompile_limit_missing_names_the_supported_torch():
-    with pytest.raises(RuntimeError, match=r"torch >= 2\.6"):
-        _dynamo.recompile_limit(types.SimpleNamespace())
 
 
 def test_per_call_keywords_are_probed_from_the_signature():
@@ -112,12 +99,6 @@ def test_torch_nn_regions_without_isolated_caches_still_compile(monkeypatch):
     assert counter.frame_count == 1  # one shared graph, as with isolated caches
 
 
-def test_no_recompiles_without_set_stance_names_the_torch_it_needs(monkeypatch):
-    monkeypatch.setattr(recompiles, "has_set_stance", lambda: False)
-    with pytest.raises(RuntimeError, match=r"set_stance \(torch >= 2\.6\)"), no_recompiles():
-        pass
-
-
 def test_no_recompiles_bad_value_is_a_value_error_naming_it():
     match = r"on_recompile='sometimes'.*'error'.*'eager'"
     with pytest.raises(ValueError, match=match) as info, no_recompiles(on_recompile="sometimes"):
@@ -125,26 +106,9 @@ def test_no_recompiles_bad_value_is_a_value_error_naming_it():
     assert type(info.value).__name__ != "BatchShapeError"
 
 
-def test_fresh_inductor_cache_fallback_points_the_env_at_an_empty_dir(monkeypatch):
-    monkeypatch.setattr(_dynamo.inductor, "_fresh_cache_fn", lambda: None)
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with _dynamo.fresh_inductor_cache() as path:
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
-        assert os.listdir(path) == []
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
-
-
 def test_fresh_inductor_cache_uses_torchs_own_switch_where_it_exists():
-    assert _dynamo.inductor._fresh_cache_fn() is not None
     with _dynamo.fresh_inductor_cache() as path:
         assert os.path.isdir(path)
-
-
-def test_cpu_isa_probe_is_skipped_on_a_torch_without_it(monkeypatch):
-    monkeypatch.setattr(_dynamo.isa_probe, "_isa_probe_fn", lambda: None)
-    assert _dynamo.start_cpu_isa_probe() is None
-    assert _dynamo.cpu_isa_probe_stats() is None
-    assert _dynamo.wait_for_cpu_isa_probe()  # nothing left running (an earlier test may have started one)
 
 
 def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
@@ -152,7 +116,7 @@ def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
     assert paths["torch"] == torch.__version__
     assert all(isinstance(v, str) and v for v in paths.values())
     monkeypatch.setattr(_dynamo.paths, "recompile_limit_kwarg", lambda: None)
-    monkeypatch.setattr(_dynamo.paths, "has_nested_compile_region", lambda: False)
+    monkeypatch.setattr(_dynamo.paths, "isolated_cache_kwarg", dict)
     switched = _dynamo.feature_paths()
     assert switched["per-call recompile_limit"].startswith("refused by name")
-    assert switched["nested regions"].startswith("blocks compiled one by one")
+    assert switched["isolated regions"].startswith("shared budget")

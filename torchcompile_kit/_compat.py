@@ -1,6 +1,6 @@
 """Version helpers and feature probes for torch and the optional libraries.
 
-Probing for a feature (``has_set_stance()``; probes of private names live in ``_dynamo``) is preferred over comparing versions; the single
+Probing for a feature (probes of private names live in ``_dynamo``) is preferred over comparing versions; the single
 version helper, :func:`package_version`, exists for rules that are documented by version (peft's
 torch.compile support changed in 0.15).
 """
@@ -14,7 +14,6 @@ import importlib.util
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
-    "has_set_stance",
     "is_package_available",
     "package_version",
     "version_at_least",
@@ -63,10 +62,3 @@ def version_at_least(name: str, minimum: str, *, installed: str | Version | None
         current = Version(".".join(str(p) for p in Version(str(installed)).release))
     return current is not None and current >= Version(minimum)
 
-
-@functools.cache
-def has_set_stance() -> bool:
-    """Whether ``torch.compiler.set_stance`` exists (torch >= 2.6)."""
-    import torch
-
-    return hasattr(torch.compiler, "set_stance")

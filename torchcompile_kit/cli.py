@@ -1,9 +1,8 @@
-"""Command line: ``torchcompile-kit bench | report | micro | tune`` (also ``python -m torchcompile_kit``).
+"""Command line: ``torchcompile-kit bench | report | tune`` (also ``python -m torchcompile_kit``).
 
 - ``bench [RECIPE ...]``: the seed post's experiment on this machine, recipe by recipe, each in its
   own process with an empty inductor cache; a table, ``results.json`` and PNG charts in ``--out``.
 - ``report DIR [DIR2]``: the table and charts again from saved results; two runs side by side.
-- ``micro regional|shapes|optimizer``: the older single-topic micro-benchmarks.
 - ``tune --model M:F --steps-planned N``: the fastest correct recipe for your run (``torchcompile_kit.tuning``).
 
 Nothing in the package imports this module.
@@ -12,19 +11,12 @@ Nothing in the package imports this module.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import shlex
 import sys
 from pathlib import Path
 
 from .bench.recipes import RECIPES
-
-_MICRO = {
-    "regional": "cold compile vs one-block floor, eager / full / regional, GPT-2 12-24 layers",
-    "shapes": "padding, shapes and recompiles per padding scheme, a whole epoch (eager backend)",
-    "optimizer": "AdamW step time: for-loop, foreach, fused, compile_optimizer (step, foreach_map)",
-}
 
 
 def _recipe_list() -> str:
@@ -79,13 +71,6 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", action="store_true", help="print Markdown tables")
     report.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
     report.add_argument("--charts-dir", default=None, metavar="DIR", help="where to write charts (default: the first DIR)")
-
-    micro = sub.add_parser("micro", help="the single-topic micro-benchmarks",
-                           description="\n".join(f"  {k:10s} {v}" for k, v in _MICRO.items()),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    micro.add_argument("names", nargs="+", choices=list(_MICRO), metavar="NAME", help=f"one of {', '.join(_MICRO)}")
-    micro.add_argument("--size", choices=("small", "full"), default="small", help="small: minutes on a 2-core CPU; full: the docs' sizes")
-    micro.add_argument("--json", default="micro-results.json", metavar="PATH", help="where to write the JSON (default: %(default)s)")
 
     tune = sub.add_parser("tune", help="find the fastest recipe that is still correct for your model and run length",
                           description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
@@ -288,20 +273,6 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _micro(args: argparse.Namespace) -> int:
-    from .bench.timing import format_table, write_json
-
-    results = []
-    for name in args.names:
-        module = importlib.import_module(f"torchcompile_kit.bench.{name}")
-        result = module.run(size=args.size)
-        print(format_table(result), flush=True)
-        print(flush=True)
-        results.append(result)
-    print(f"results written to {write_json(args.json, results)}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``torchcompile-kit``; returns the exit status (2 for a usage error).
 
@@ -321,9 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "report":
         return _report(args)
-    if args.command == "tune":
-        return _tune(args)
-    return _micro(args)
+    return _tune(args)
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -20,15 +20,11 @@ from torchcompile_kit import (
     CompiledMismatchError,
     CompileMonitor,
     TorchCompileKitError,
-    _dynamo,
     compile_optimizer,
     compile_regional,
     uncompile,
 )
 
-needs_nested = pytest.mark.skipif(
-    not _dynamo.has_nested_compile_region(), reason="torch.compiler.nested_compile_region needs torch >= 2.8"
-)
 pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
 
 
@@ -56,7 +52,6 @@ def test_verify_keyword_is_validated(bad):
 # --- compile_regional(nested=True): on by default ----------------------------------------------
 
 
-@needs_nested
 @pytest.mark.parametrize("backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"])
 def test_nested_raises_on_a_miscomputing_backend(backend):
     model = gpt2()
@@ -74,7 +69,6 @@ def test_nested_raises_on_a_miscomputing_backend(backend):
         model(**_batch())
 
 
-@needs_nested
 def test_nested_passes_and_leaves_training_untouched():
     model = gpt2(n_layer=3)
     plain = copy.deepcopy(model)  # the same compile without the check: what the user would get
@@ -113,7 +107,6 @@ def test_nested_passes_and_leaves_training_untouched():
     assert "first-call checks" in mon.summary() and mon.as_dict()["first_call_checks"][0]["status"] == "passed"
 
 
-@needs_nested
 def test_nested_verify_false_does_not_check():
     model = gpt2()
     compile_regional(model, nested=True, backend=perturbed_forward, verify=False)
@@ -169,7 +162,6 @@ def test_regional_opt_in_passes_and_restores_buffers():
 # --- RNG: dropout ------------------------------------------------------------------------------
 
 
-@needs_nested
 def test_dropout_is_compared_under_the_same_rng_with_aot_eager():
     model = gpt2()
     for module in model.modules():

@@ -7,7 +7,6 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from torchcompile_kit import UnsupportedOptimizerError, compile_optimizer, foreach_map_adam_step
-from torchcompile_kit.optim import foreach_adam
 
 STEPS = 10
 SHAPES = [(4, 3), (3,), (2, 2, 2), (1,)]
@@ -201,23 +200,6 @@ def test_compile_optimizer_foreach_map_inductor():
     compile_optimizer(opt, impl="foreach_map", backend="inductor")
     _train(model, opt, None, 4)
     _train(ref_model, ref_opt, None, 4)
-    _assert_same(model, ref_model, opt, ref_opt)
-
-
-def test_fallback_without_foreach_map_warns_and_matches(monkeypatch):
-    monkeypatch.setattr(foreach_adam, "_foreach_map", None)
-    monkeypatch.setattr(foreach_adam, "_fallback_warned", False)
-    model, ref_model = _model(), _model()
-
-    def build(m):
-        groups = [{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 0.003}]
-        return torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1)
-
-    opt, ref_opt = build(model), build(ref_model)
-    compile_optimizer(opt, impl="foreach_map", backend="aot_eager")
-    with pytest.warns(RuntimeWarning, match="has no foreach_map"):
-        _train(model, opt, None, 5)
-    _train(ref_model, ref_opt, None, 5)
     _assert_same(model, ref_model, opt, ref_opt)
 
 

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 import torch
+from tiny_models import gpt2
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from tiny_models import gpt2
 from torchcompile_kit import (
     UnsafeCompileModeError,
     _dynamo,
@@ -16,10 +16,6 @@ from torchcompile_kit import (
     fix_loss_function,
     get_regional_plan,
     uncompile,
-)
-
-needs_nested = pytest.mark.skipif(
-    not _dynamo.has_nested_compile_region(), reason="torch.compiler.nested_compile_region needs torch >= 2.8"
 )
 
 
@@ -32,7 +28,6 @@ def _invoke_subgraph_calls(graph: torch.fx.GraphModule) -> int:
     return sum(1 for node in graph.graph.nodes if "invoke_subgraph" in str(node.target))
 
 
-@needs_nested
 def test_one_graph_blocks_reused_and_matches_eager():
     model = gpt2(n_layer=3)
     reference = copy.deepcopy(model)
@@ -60,21 +55,11 @@ def test_one_graph_blocks_reused_and_matches_eager():
     assert not _dynamo.compiled_module_names(model)
 
 
-def test_below_torch_2_8_it_warns_and_compiles_per_block(monkeypatch):
-    monkeypatch.setattr(_dynamo, "has_nested_compile_region", lambda: False)
-    model = gpt2(n_layer=2)
-    with pytest.warns(UserWarning, match="nested_compile_region .*torch >= 2.8"):
-        compile_regional(model, nested=True, backend="eager")
-    assert _dynamo.compiled_module_names(model) == ["transformer.h.0", "transformer.h.1"]
-
-
-@needs_nested
 def test_per_group_kwargs_are_refused():
     with pytest.raises(ValueError, match="compiles the whole model once"):
         compile_regional(gpt2(n_layer=2), nested=True, blocks={"transformer.h.*": {"mode": "max-autotune"}})
 
 
-@needs_nested
 def test_inductor_on_cpu_is_refused_for_the_measured_gradient_mismatch():
     model = gpt2(n_layer=2)
     with pytest.raises(UnsafeCompileModeError, match="gradients that differ from eager"):
@@ -84,7 +69,6 @@ def test_inductor_on_cpu_is_refused_for_the_measured_gradient_mismatch():
 
 
 @pytest.mark.slow
-@needs_nested
 def test_inductor_on_cpu_gradients_still_differ():
     """Documents the torch bug behind the refusal; fails (and the refusal can go) once fixed."""
     model = gpt2(n_layer=2)

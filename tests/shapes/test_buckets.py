@@ -24,7 +24,7 @@ from torchcompile_kit import (
     plan_buckets,
     warmup_shapes,
 )
-from torchcompile_kit.bench.shapes import seed_length_mix as seed_lengths
+from torchcompile_kit.bench import seed_length_mix as seed_lengths
 
 PROPERTY = settings(max_examples=60, deadline=None)
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 from .cache import (
     compile_cache_counters,
     cpu_capability,
-    has_mega_cache,
     inductor_cache_dir,
     load_mega_cache,
     save_mega_cache,
 )
 from .counting import frame_counting_backend, recompile_limit_hits
-from .hook_guards import guard_counts, has_module_hook_guard_switch, with_module_hook_guards
+from .hook_guards import with_module_hook_guards
 from .inductor import fresh_inductor_cache, import_compiler, inductor_freezing_enabled
 from .isa_probe import cpu_isa_probe_stats, start_cpu_isa_probe, wait_for_cpu_isa_probe
 from .limits import (
@@ -42,7 +41,7 @@ from .modules import (
     is_torch_compile_wrapper,
     set_compiled_call,
 )
-from .nested import has_nested_compile_region, mark_nested_region
+from .nested import mark_nested_region
 from .optim import foreach_map_op, privateuse1_backend_name
 from .paths import feature_paths
 from .trace import (
@@ -72,10 +71,6 @@ __all__ = [
     "fresh_inductor_cache",
     "get_compiled_call",
     "graph_break_counts",
-    "guard_counts",
-    "has_mega_cache",
-    "has_module_hook_guard_switch",
-    "has_nested_compile_region",
     "import_compiler",
     "inductor_cache_dir",
     "inductor_freezing_enabled",

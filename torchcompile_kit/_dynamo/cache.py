@@ -11,7 +11,6 @@ import torch
 __all__ = [
     "compile_cache_counters",
     "cpu_capability",
-    "has_mega_cache",
     "inductor_cache_dir",
     "load_mega_cache",
     "save_mega_cache",
@@ -45,20 +44,11 @@ def inductor_cache_dir() -> str:
     return os.path.abspath(directory)
 
 
-def has_mega_cache() -> bool:
-    """Whether ``torch.compiler.save_cache_artifacts``/``load_cache_artifacts`` exist (torch 2.7+)."""
-    return hasattr(torch.compiler, "save_cache_artifacts") and hasattr(
-        torch.compiler, "load_cache_artifacts"
-    )
-
-
 def save_mega_cache() -> tuple[bytes, dict[str, int]] | None:
     """The mega-cache bytes of everything compiled (or hit) in this process, with entry counts.
 
-    Returns ``None`` when nothing was compiled, or when this torch has no mega-cache.
+    Returns ``None`` when nothing was compiled.
     """
-    if not has_mega_cache():
-        return None
     result = torch.compiler.save_cache_artifacts()
     if result is None:
         return None
@@ -68,8 +58,6 @@ def save_mega_cache() -> tuple[bytes, dict[str, int]] | None:
 
 def load_mega_cache(data: bytes) -> dict[str, int] | None:
     """Hot-load mega-cache bytes into the inductor caches; entry counts, or ``None`` if unreadable."""
-    if not has_mega_cache():
-        return None
     info = torch.compiler.load_cache_artifacts(data)
     if info is None:
         return None

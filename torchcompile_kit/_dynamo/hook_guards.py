@@ -1,4 +1,4 @@
-"""Module hook guards while our compiled regions run, and guard counts.
+"""Module hook guards while our compiled regions run.
 
 Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["guard_counts", "has_module_hook_guard_switch", "with_module_hook_guards"]
+__all__ = ["with_module_hook_guards"]
 
 
 # --- module hook guards -------------------------------------------------------------------------
@@ -29,21 +29,13 @@ __all__ = ["guard_counts", "has_module_hook_guard_switch", "with_module_hook_gua
 # default (e.g. through module versioning, as #97830 proposes).
 
 
-def has_module_hook_guard_switch() -> bool:
-    """Whether this torch has ``torch._dynamo.config.skip_nnmodule_hook_guards``."""
-    return hasattr(torch._dynamo.config, "skip_nnmodule_hook_guards")
-
-
 def with_module_hook_guards(compiled: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a compiled callable so dynamo guards on module hooks while it runs (and compiles).
 
     The switch is set for the duration of the call and restored after it, exceptions included.
     It is process-wide while set: a compile on another thread during the call also gets hook
-    guards (more guards, never a wrong result). Without the switch (older torch), ``compiled`` is
-    returned unchanged.
+    guards (more guards, never a wrong result).
     """
-    if not has_module_hook_guard_switch():
-        return compiled
     config = torch._dynamo.config
 
     @functools.wraps(compiled)
@@ -57,26 +49,3 @@ def with_module_hook_guards(compiled: Callable[..., Any]) -> Callable[..., Any]:
 
     call.__torchcompile_kit_hook_guards__ = compiled  # type: ignore[attr-defined]
     return call
-
-
-def guard_counts(code: Any) -> list[int]:
-    """Leaf guards of each compiled entry dynamo holds for ``code`` (a function's ``__code__``).
-
-    Why: the cost of hook guards is measured in guards, which is load independent. Upstream:
-    ``torch._dynamo.eval_frame._debug_get_cache_entry_list`` and the C++ guard managers have no
-    public twin. Returns ``[]`` where this torch lacks them.
-    """
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:
-        return []
-
-    def count(manager: Any) -> int:
-        return len(manager.get_leaf_guards()) + sum(count(c) for c in manager.get_child_managers())
-
-    counts = []
-    for entry in _debug_get_cache_entry_list(code):
-        root = getattr(getattr(entry, "guard_manager", None), "root", None)
-        if root is not None and hasattr(root, "get_leaf_guards"):
-            counts.append(count(root))
-    return counts

@@ -28,14 +28,11 @@ _isa_probe_lock = threading.Lock()
 _isa_probe: threading.Thread | None = None
 
 
-def _isa_probe_fn() -> Callable[[], Any] | None:
-    """inductor's cached probe function, or ``None`` on a torch without it (or off x86/Linux)."""
-    try:
-        from torch._inductor import cpu_vec_isa
-    except ImportError:
-        return None
-    probe = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
-    return probe if callable(probe) and hasattr(probe, "cache_info") else None
+def _isa_probe_fn() -> Callable[[], Any]:
+    """inductor's cached probe function (``functools.cache``: ``cache_info`` counts its runs)."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    return valid_vec_isa_list
 
 
 def start_cpu_isa_probe() -> threading.Thread | None:
@@ -49,11 +46,11 @@ def start_cpu_isa_probe() -> threading.Thread | None:
     no-op once the probe is done). The probe therefore overlaps what runs before the first
     compile (building the model, the data), not the compile itself.
 
-    Returns the thread, or ``None`` when the probe is not available, already done, or running.
+    Returns the thread, or ``None`` when the probe is already done or running.
     """
     global _isa_probe
     probe = _isa_probe_fn()
-    if probe is None or probe.cache_info().currsize:
+    if probe.cache_info().currsize:
         return None
     # The probe imports these lazily; import them here so no import runs on the thread.
     import torch._inductor.codecache
@@ -94,10 +91,7 @@ def wait_for_cpu_isa_probe(timeout: float | None = None) -> bool:
     return True
 
 
-def cpu_isa_probe_stats() -> dict[str, int] | None:
+def cpu_isa_probe_stats() -> dict[str, int]:
     """How often inductor's ISA probe ran (``misses``) and was answered from its cache (``hits``)."""
-    probe = _isa_probe_fn()
-    if probe is None:
-        return None
-    info = probe.cache_info()
+    info = _isa_probe_fn().cache_info()
     return {"hits": int(info.hits), "misses": int(info.misses)}

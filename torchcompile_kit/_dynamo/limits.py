@@ -23,31 +23,12 @@ __all__ = [
 # --- the recompile limit --------------------------------------------------------------------
 # Why: a block class, a shape or an adapter state gets `recompile_limit` graphs per code object;
 # past it dynamo runs the frame eagerly and says so once. Helpers size their work against it.
-# Upstream: renamed from `cache_size_limit` to `recompile_limit` (the old name kept as an alias) in
-# https://github.com/pytorch/pytorch/pull/143709 (Dec 2024); a torch of the declared floor (2.6) may
-# only have `cache_size_limit`. Can go when the floor is a torch that has `recompile_limit`.
-_LIMIT_NAMES = ("recompile_limit", "cache_size_limit")
+# `torch._dynamo.config.recompile_limit` is a private config (no public way to read it).
 
 
-def _limit_name(config: Any = None) -> str:
-    config = torch._dynamo.config if config is None else config
-    for name in _LIMIT_NAMES:
-        if hasattr(config, name):
-            return name
-    raise RuntimeError(
-        f"torch {torch.__version__} has neither torch._dynamo.config.recompile_limit nor "
-        "cache_size_limit; torchcompile_kit supports torch >= 2.6."
-    )
-
-
-def recompile_limit(config: Any = None) -> int:
-    """Dynamo's per-code-object recompile limit (8 by default), under its name for this torch.
-
-    Args:
-        config: a stand-in for ``torch._dynamo.config`` (tests switch the probe with it).
-    """
-    config = torch._dynamo.config if config is None else config
-    return int(getattr(config, _limit_name(config)))
+def recompile_limit() -> int:
+    """Dynamo's per-code-object recompile limit (8 by default)."""
+    return int(torch._dynamo.config.recompile_limit)
 
 
 def recompile_limit_kwarg(compile_fn: Callable[..., Any] | None = None) -> str | None:
@@ -108,7 +89,7 @@ def check_per_call_kwargs(
                 f"torch.compile takes no per-call {name}= (torch 2.13 and newer do). Drop it, "
                 + (
                     "or raise the limit for the whole process around your loop with "
-                    f"torch._dynamo.config.patch({_limit_name()}=N), or upgrade torch."
+                    "torch._dynamo.config.patch(recompile_limit=N), or upgrade torch."
                     if name == "recompile_limit"
                     else "or upgrade torch."
                 )

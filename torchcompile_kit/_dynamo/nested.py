@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["has_nested_compile_region", "mark_nested_region"]
+__all__ = ["mark_nested_region"]
 
 
 # --- nested compile regions (compile_regional(nested=True)) ----------------------------------
 # Why: the hybrid mode compiles the whole model once with each block's forward marked as a nested
 # compile region, so dynamo traces the block once and reuses it (an `invoke_subgraph` HOP) inside
-# one whole-model graph. `torch.compiler.nested_compile_region` is public (torch >= 2.8); it sets
+# one whole-model graph. `torch.compiler.nested_compile_region` is public; it sets
 # marker attributes on the function it wraps, so it wraps the class's plain `forward` function
 # (a bound method takes no attributes), once per class, so blocks share one cache key through it.
 #
@@ -32,12 +32,7 @@ __all__ = ["has_nested_compile_region", "mark_nested_region"]
 # (2.13.0, 2.14.1, 2.15.0: logits and gradients equal to eager, one subgraph called 3 times;
 # tests/regional/test_nested.py). Upstream: https://github.com/pytorch/pytorch/pull/137538
 # (invoke_subgraph HOP); torch's own docs decorate the class's `forward`, which also passes `self`
-# as an argument. The probe can go when torch >= 2.8 is the floor.
-
-
-def has_nested_compile_region() -> bool:
-    """Whether ``torch.compiler.nested_compile_region`` exists (torch >= 2.8)."""
-    return hasattr(torch.compiler, "nested_compile_region")
+# as an argument.
 
 
 def mark_nested_region(modules: list[nn.Module]) -> Callable[[], None]:

@@ -17,18 +17,16 @@ __all__ = ["foreach_map_op", "privateuse1_backend_name"]
 
 
 @functools.cache
-def foreach_map_op() -> Callable[..., Any] | None:
-    """``torch._higher_order_ops.foreach_map.foreach_map``, or ``None`` before torch 2.7.
+def foreach_map_op() -> Callable[..., Any]:
+    """``torch._higher_order_ops.foreach_map.foreach_map``.
 
     Why: the horizontally fused optimizer step is built on it; it has no public name yet.
     Upstream: https://github.com/pytorch/pytorch/pull/142098 (the HOP), documented as beta in the
     torch 2.7 recipe "Explicit horizontal fusion with foreach_map" (pytorch/tutorials#3318). Can go
     when it is exported publicly.
     """
-    try:
-        from torch._higher_order_ops.foreach_map import foreach_map
-    except ImportError:
-        return None
+    from torch._higher_order_ops.foreach_map import foreach_map
+
     return foreach_map
 
 

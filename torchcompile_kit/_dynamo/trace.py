@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -35,13 +33,11 @@ TRACE_LOGGER_NAME = "torch.__trace"
 
 
 def trace_logger() -> logging.Logger | None:
-    """torch's structured-trace logger, or ``None`` if this torch would not pass records to it.
+    """torch's structured-trace logger, or ``None`` if it would not pass records on.
 
-    ``None`` when torch has no ``trace_structured`` or the logger was set above DEBUG; the
-    monitor then falls back to :func:`compilation_metrics_since` and says so in its summary.
+    ``None`` when the logger was set above DEBUG (logging configuration can do that); the monitor
+    then falls back to :func:`compilation_metrics_since` and says so in its summary.
     """
-    if not hasattr(torch._logging, "trace_structured"):
-        return None
     log = logging.getLogger(TRACE_LOGGER_NAME)
     return log if log.isEnabledFor(logging.DEBUG) else None
 

@@ -8,7 +8,6 @@ data only), :mod:`.evaluation` (which rules are in force, enforcing them), :mod:
 """
 
 from .compile import check_peft_compile_safety, compile_peft
-from .cost import HookGuardCost, measure_hook_guard_cost
 from .evaluation import evaluate_rules, rule_by_id, rule_in_force
 from .facts import describe_peft_model
 from .record import Decision, PeftCompileRecord, get_peft_compile_record
@@ -24,8 +23,6 @@ __all__ = [
     "Decision",
     "PeftCompileRecord",
     # what the hook guards cost (counts; seconds on an idle machine)
-    "HookGuardCost",
-    "measure_hook_guard_cost",
     # the rule table, for tools and tests
     "RULES",
     "AdapterFacts",

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .. import _dynamo
-from .._compat import has_set_stance
 from ..diagnostics import FirstCallVerifier
 from ..regional import cache_calls_compiled, register_undo
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
@@ -208,7 +207,7 @@ class AdapterGuard:
             self.warned.add("generate-uncompiled")
             detail = f"a whole-model compiled {type(self.model).__name__}"
             found.append(finding(rule_by_id("generate-uncompiled"), detail))
-        eager = self.regional and self.record.generate == "eager" and has_set_stance()
+        eager = self.regional and self.record.generate == "eager"
         if eager and "generate-eager" not in self.warned:
             self.warned.add("generate-eager")
             found.append(finding(rule_by_id("generate-eager"), f"recompile_limit={self.record.recompile_limit}"))

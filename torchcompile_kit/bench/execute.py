@@ -62,8 +62,6 @@ def missing_requirement(
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
     if "nested" in recipe.requires:
-        if not _dynamo.has_nested_compile_region():
-            return "needs torch.compiler.nested_compile_region (torch >= 2.8)"
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
             return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
         if backend == "inductor" and device_type == "cpu":

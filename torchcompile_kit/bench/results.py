@@ -21,14 +21,16 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import platform
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._compat import package_version
 from .metrics import compare
 from .recipes import RECIPES
 from .runner import RecipeResult
-from .timing import environment
 
 __all__ = ["RESULTS_FILE", "SCHEMA", "ResultsFileError", "build_results", "load_results", "write_results"]
 
@@ -43,6 +45,34 @@ class ResultsFileError(ValueError):
 def now() -> str:
     """The current UTC time, ISO 8601, to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def environment() -> dict[str, Any]:
+    """Versions, machine and commit, recorded with every result."""
+    import torch
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {
+        "date": now(),
+        "git_commit": commit or None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")},
+    }
 
 
 def build_results(

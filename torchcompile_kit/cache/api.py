@@ -213,8 +213,6 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
             "nothing was compiled with inductor in this process "
             "(torch.compiler.save_cache_artifacts returned None)"
         )
-        if not _dynamo.has_mega_cache():
-            reason = "this torch has no torch.compiler.save_cache_artifacts (torch >= 2.7 needed)"
         return CacheSaveResult(path=target, saved=False, reason=reason)
     mega_bytes, entries = mega
     cache_dir = _dynamo.inductor_cache_dir()

@@ -1,6 +1,6 @@
 """``no_recompiles()``: inside the block, a compiled function never recompiles.
 
-Built on ``torch.compiler.set_stance`` (torch >= 2.6). Dynamo's "Detected recompile" error is
+Built on ``torch.compiler.set_stance``. Dynamo's "Detected recompile" error is
 turned into :class:`~torchcompile_kit.UnexpectedRecompileError` naming what would recompile (the
 user's function, the module whose ``forward`` it is, or the optimizer), the input as that
 function's signature calls it, the guard that failed, and the fix that fits.
@@ -23,7 +23,6 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_choice
-from .._compat import has_set_stance
 from ..errors import UnexpectedRecompileError
 
 __all__ = ["allow_first_compile", "no_recompiles"]
@@ -209,7 +208,6 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
     Raises:
         UnexpectedRecompileError: with ``on_recompile="error"``, a call needed a new graph.
         ValueError: ``on_recompile`` is neither ``"error"`` nor ``"eager"``.
-        RuntimeError: this torch has no ``torch.compiler.set_stance`` (torch < 2.6).
 
     Example:
         >>> step = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
@@ -219,11 +217,6 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
     """
     stances = {"error": "fail_on_recompile", "eager": "eager_on_recompile"}
     check_choice("on_recompile", on_recompile, tuple(stances), hint="'error' raises, 'eager' runs the call eagerly")
-    if not has_set_stance():
-        raise RuntimeError(
-            f"no_recompiles() needs torch.compiler.set_stance (torch >= 2.6); this is torch "
-            f"{torch.__version__!r}: upgrade torch"
-        )
     token = _ACTIVE_STANCE.set(stances[on_recompile])
     try:
         with torch.compiler.set_stance(stances[on_recompile]):

@@ -3,9 +3,8 @@
 Three things go wrong when ``optimizer.step`` is compiled naively (measured on torch 2.13, see
 ``docs/optimizer.md``):
 
-* a float ``lr`` is a constant in the graph, so a schedule recompiles it (once on torch >= 2.5,
-  where floats turn dynamic after one change; every step up to the recompile limit on older torch
-  or with ``specialize_float=True``);
+* a float ``lr`` is a constant in the graph, so a schedule recompiles it (once: floats turn
+  dynamic after one change; every step up to the recompile limit with ``specialize_float=True``);
 * OneCycleLR/CyclicLR also rewrite ``betas`` with floats, which inductor cannot lift, so Adam
   recompiles every step until the limit of 8 and then runs eagerly (pytorch/pytorch#133898);
 * a tensor ``lr`` on CPU makes ``Adam(foreach=True)`` raise, because ``capturable`` (the mode that

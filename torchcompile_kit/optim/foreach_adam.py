@@ -1,4 +1,4 @@
-"""A horizontally fused Adam/AdamW step built on torch's ``foreach_map`` (torch >= 2.7).
+"""A horizontally fused Adam/AdamW step built on torch's ``foreach_map``.
 
 ``foreach_map(op, *lists)`` applies one pointwise function to every tensor of a list and lets
 inductor fuse the whole list into a few kernels (the "Explicit horizontal fusion with foreach_map"
@@ -12,7 +12,6 @@ Parity with ``torch.optim`` is what the tests check.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,8 +20,6 @@ import torch
 from .. import _dynamo
 from ..errors import UnsupportedOptimizerError
 
-# None on torch < 2.7: foreach_map_adam_step falls back to torch's foreach Adam. Tests switch the
-# probe by setting this to None.
 _foreach_map = _dynamo.foreach_map_op()
 
 __all__ = ["check_foreach_map_optimizer", "foreach_map_adam_step", "make_foreach_map_step"]
@@ -93,8 +90,7 @@ def foreach_map_adam_step(
     of ``torch.optim.Adam`` / ``AdamW`` (bias correction, ``amsgrad=False``, ``maximize=False``).
     The per-tensor update is one ``foreach_map`` call; under ``torch.compile`` inductor emits a few
     horizontally fused kernels for the whole list. It also runs uncompiled (slowly, one tensor at
-    a time). Where ``foreach_map`` is missing (torch < 2.7) it warns and runs torch's own
-    ``torch._foreach_*`` Adam instead.
+    a time).
 
     Hyperparameters may be Python floats or 0-d tensors (a tensor lr can change between calls
     without recompiling), either one value for all tensors or a sequence with one value per tensor
@@ -155,10 +151,6 @@ def foreach_map_adam_step(
         )
     }
     # A module global, not _dynamo.foreach_map_op(): dynamo would trace through its functools.cache.
-    if _foreach_map is None:
-        _warn_fallback()
-        _foreach_fallback(params, grads, exp_avgs, exp_avg_sqs, steps, decoupled, **hyper)
-        return
     # The HOP cannot mutate its inputs, so it returns new tensors and we copy them back; the
     # copies fuse into the same kernels under inductor. Steps are a real foreach op already.
     torch._foreach_add_(steps, 1)
@@ -180,62 +172,6 @@ def foreach_map_adam_step(
     torch._foreach_copy_(params, list(new_params))
     torch._foreach_copy_(exp_avgs, list(new_exp_avgs))
     torch._foreach_copy_(exp_avg_sqs, list(new_exp_avg_sqs))
-
-
-_fallback_warned = False
-
-
-def _warn_fallback() -> None:
-    global _fallback_warned
-    if not _fallback_warned:
-        _fallback_warned = True
-        warnings.warn(
-            f"torch {torch.__version__} has no foreach_map (torch >= 2.7); "
-            f"foreach_map_adam_step runs torch's torch._foreach_* Adam instead (same results, "
-            f"no horizontal fusion of the whole update). Upgrade torch to use foreach_map.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _scalar(value: Hyperparameter, i: int) -> float:
-    return float(value[i] if isinstance(value, list) else value)
-
-
-def _foreach_fallback(params, grads, exp_avgs, exp_avg_sqs, steps, decoupled, **hyper) -> None:
-    """torch's own multi-tensor Adam/AdamW, once per distinct set of hyperparameters.
-
-    torch's foreach path rejects tensor hyperparameters unless ``capturable`` (a CUDA-only mode),
-    so values are read as Python floats here; this path is for torch without ``foreach_map`` and
-    runs eagerly.
-    """
-    from torch.optim.adam import adam
-    from torch.optim.adamw import adamw
-
-    buckets: dict[tuple[float, ...], list[int]] = {}
-    for i in range(len(params)):
-        key = tuple(
-            _scalar(hyper[name], i) for name in ("lr", "beta1", "beta2", "eps", "weight_decay")
-        )
-        buckets.setdefault(key, []).append(i)
-    functional = adamw if decoupled else adam
-    for (lr, beta1, beta2, eps, weight_decay), idx in buckets.items():
-        functional(
-            [params[i] for i in idx],
-            [grads[i] for i in idx],
-            [exp_avgs[i] for i in idx],
-            [exp_avg_sqs[i] for i in idx],
-            [],
-            [steps[i] for i in idx],
-            foreach=True,
-            amsgrad=False,
-            beta1=beta1,
-            beta2=beta2,
-            lr=lr,
-            weight_decay=weight_decay,
-            eps=eps,
-            maximize=False,
-        )
 
 
 # --- optimizer wiring: what compile_optimizer(optimizer, impl="foreach_map") installs ------------
@@ -285,8 +221,7 @@ def check_foreach_map_optimizer(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _is_decoupled(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
-    # torch >= 2.7 records it per group; before that AdamW was its own class.
-    return bool(group.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW)))
+    return bool(group["decoupled_weight_decay"])
 
 
 def make_foreach_map_step(
@@ -298,8 +233,7 @@ def make_foreach_map_step(
     each group's hyperparameters), so schedulers, ``load_state_dict`` and ``add_param_group``
     keep working. The state must exist: ``compile_optimizer`` runs torch's own step for the
     first call (and whenever a parameter gains a gradient for the first time), which is the
-    warm-up the foreach_map tutorial leaves to the user. Where ``foreach_map`` is missing the
-    step runs torch's ``torch._foreach_*`` Adam eagerly, with a warning.
+    warm-up the foreach_map tutorial leaves to the user.
 
     Args:
         optimizer: an Adam/AdamW accepted by :func:`check_foreach_map_optimizer`.
@@ -313,11 +247,7 @@ def make_foreach_map_step(
         >>> step = make_foreach_map_step(opt, backend="aot_eager")  # doctest: +SKIP
     """
     check_foreach_map_optimizer(optimizer)
-    functional = (
-        torch.compile(foreach_map_adam_step, **compile_kwargs)
-        if _foreach_map is not None
-        else foreach_map_adam_step
-    )
+    functional = torch.compile(foreach_map_adam_step, **compile_kwargs)
 
     def step() -> None:
         lists: dict[str, list[Any]] = {

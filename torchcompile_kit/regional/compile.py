@@ -85,7 +85,7 @@ def compile_regional(
             traced once and reused inside one whole-model graph (fusion across the rest of the
             model, compile time closer to regional). A transformers loss is pinned as by
             :func:`fix_loss_function`. Per-group kwargs (a ``blocks`` mapping) and ``remainder``
-            do not apply. Needs torch >= 2.8; below it, warns and compiles per block instead.
+            do not apply.
             Experimental: with inductor on CPU (torch 2.13) its gradients were measured to
             differ from eager, so that combination is refused (``UnsafeCompileModeError``); with
             inductor elsewhere it warns that it is unverified.
@@ -133,7 +133,7 @@ def compile_regional(
         )
         return model
     plan = find_repeated_blocks(model, blocks)
-    if nested and _nested_supported():
+    if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
     for group in plan.groups:
@@ -230,18 +230,6 @@ def compile_in_place(modules: list[nn.Module], **compile_kwargs: Any) -> None:
         compiled = torch.compile(_call_module, **_dynamo.isolated_cache_kwarg(), **compile_kwargs)
         for module in torch_nn:
             _dynamo.set_compiled_call(module, functools.partial(compiled, module))
-
-
-def _nested_supported() -> bool:
-    if _dynamo.has_nested_compile_region():
-        return True
-    warnings.warn(
-        f"compile_regional(nested=True) needs torch.compiler.nested_compile_region (torch >= 2.8); "
-        f"torch {torch.__version__} lacks it, so the blocks are compiled one by one instead "
-        "(compile_regional's default). Upgrade torch for the hybrid mode.",
-        stacklevel=3,
-    )
-    return False
 
 
 def _compile_nested(

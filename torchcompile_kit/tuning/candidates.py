@@ -109,7 +109,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         recipe="nested",
         kind="nested",
         gate="nested",
-        description="one full compile with blocks as nested compile regions (torch >= 2.8)",
+        description="one full compile with blocks as nested compile regions",
     ),
     Candidate(
         name="buckets",
