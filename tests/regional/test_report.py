@@ -234,3 +234,16 @@ def test_an_outer_compile_traces_through_the_regions_without_a_break():
         out = torch.compile(model, backend="eager", fullgraph=True)(x)
     torch.testing.assert_close(out, model(x))
     assert monitor.snapshot()["graph_breaks"] == 0
+
+
+def test_a_recompile_limit_the_user_passes_is_kept_even_when_it_equals_a_groups_need():
+    """The user's limit was once told apart from the preflight's by its value: a user who passed
+    exactly a group's own need (2 here) was taken for the preflight and overridden."""
+    if _dynamo.recompile_limit_kwarg() is None:
+        pytest.skip("this torch has no per-call recompile_limit")
+    with torch._dynamo.config.patch(recompile_limit=3):
+        model = compile_regional(tm.vision_encoder_decoder(), backend="eager", recompile_limit=2)
+    plan = get_regional_plan(model)
+    assert all(g.predicted_graphs + g.predicted_eval_graphs == 2 for g in plan.groups)
+    assert [g.compile_kwargs["recompile_limit"] for g in plan.groups] == [2, 2]
+    assert all(g.recompile_budget == 2 for g in plan.groups)

@@ -136,6 +136,10 @@ def compile_regional(
     if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
+    set_by_user = [
+        "recompile_limit" in compile_kwargs or "recompile_limit" in group.compile_kwargs
+        for group in plan.groups
+    ]
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
@@ -153,7 +157,8 @@ def compile_regional(
         group.preflight_warning = preflight.warning
         if preflight.recompile_limit is not None:
             group.compile_kwargs["recompile_limit"] = preflight.recompile_limit
-    share_recompile_budget(plan.groups)  # one code object, one limit: sized for all its groups
+    # one code object, one limit: sized for all its groups
+    share_recompile_budget(plan.groups, set_by_user=set_by_user)
     for group in plan.groups:
         instances = [model.get_submodule(name) for name in group.names]
         compile_in_place(instances, **group.compile_kwargs)

@@ -385,7 +385,7 @@ def _warn_about_variants(
     return result
 
 
-def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
+def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequence[bool]) -> None:
     """Size one recompile limit for the groups whose blocks run one code object, and record it.
 
     Dynamo's cache, and so its recompile limit, is per code object. transformers runs every
@@ -403,7 +403,10 @@ def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
     Args:
         groups: the plan's groups after the preflight (``predicted_graphs``, ``block_class`` and
             ``compile_kwargs`` set), before they are compiled.
+        set_by_user: per group, whether its ``recompile_limit`` came from the user
+            (``compile_regional(recompile_limit=)`` or a ``blocks=`` mapping): that one is kept.
     """
+    users = {id(group) for group, user in zip(groups, set_by_user, strict=True) if user}
     by_code: dict[Any, list[BlockGroup]] = {}
     for group in groups:
         code = _forward_code(group.block_class)
@@ -412,13 +415,7 @@ def share_recompile_budget(groups: Sequence[BlockGroup]) -> None:
     limit = _dynamo.recompile_limit()
     for code, sharing in by_code.items():
         needed = sum(_needed(group) for group in sharing)
-        # a limit the preflight set for one group is its own need; any other came from the
-        # user (compile_regional(recompile_limit=) or a blocks= mapping) and is kept
-        set_by_user = [
-            g.compile_kwargs["recompile_limit"]
-            for g in sharing
-            if g.compile_kwargs.get("recompile_limit", _needed(g)) != _needed(g)
-        ]
+        set_by_user = [g.compile_kwargs["recompile_limit"] for g in sharing if id(g) in users]
         own = [g.compile_kwargs.get("recompile_limit", limit) for g in sharing]
         budget = min(set_by_user) if set_by_user else min(own)
         if len(sharing) > 1 and needed > budget and not set_by_user:
