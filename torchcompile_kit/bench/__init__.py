@@ -10,9 +10,7 @@ Modules, one concept each:
 - :mod:`.execute`: what that process runs; :mod:`.metrics`: what it measures;
 - :mod:`.paired`: each row's ratio to the baseline that stepped beside it, with its interval,
   and who else used the CPU meanwhile (what marks a row not to be quoted);
-- :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output;
-- :mod:`.timing` + :mod:`.regional`, :mod:`.shapes`, :mod:`.optimizer`: the older
-  micro-benchmarks (``torchcompile-kit micro``).
+- :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output.
 
 Only the command line and ``tune`` import this package; nothing below it does.
 """
