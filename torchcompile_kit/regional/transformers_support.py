@@ -145,16 +145,15 @@ class CacheArguments:
 
     def __init__(self, module: nn.Module) -> None:
         parameters = list(inspect.signature(module.forward).parameters.values())
-        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = [p.name for p in parameters
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.positions = {name: i for i, name in enumerate(positional)}
         self.cache_names = [p.name for p in parameters if p.name in _CACHE_ARGUMENTS]
         self.takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters)
-        self.takes_use_cache = "use_cache" in self.positions or any(
-            p.name == "use_cache" for p in parameters
-        )
+        self.takes_use_cache = any(p.name == "use_cache" for p in parameters)
 
     @property
-    def any(self) -> bool:
+    def may_pass_cache(self) -> bool:
         """Whether a call could pass a cache at all."""
         return bool(self.cache_names) or self.takes_kwargs
 
@@ -310,5 +309,5 @@ def run_cache_calls_eagerly(
 
     for module in modules:
         arguments, compiled = CacheArguments(module), _dynamo.get_compiled_call(module)
-        if compiled is not None and arguments.any:
+        if compiled is not None and arguments.may_pass_cache:
             _dynamo.set_compiled_call(module, dispatch(module, compiled, arguments))
