@@ -1,11 +1,11 @@
 """Numbers that hold on a busy machine: paired ratios with an interval, and who else used the CPU.
 
-A row's ``× base`` used to divide its steps/s by the baseline row's, measured minutes earlier in
-another process: load from any other process that came and went between the two flipped the
-ratio (the same compiled code read 1.0× and 3.5× eager in one run). Now the recipe's process also
-builds an eager copy of the model (the group's baseline recipe) and, after the warm-up, steps the
-two in alternating *blocks* on the same batches (:func:`.metrics.measure_training`), so load that
-comes and goes hits both sides. This module turns those blocks into the ratio and its interval,
+Dividing a row's steps/s by the baseline row's, measured minutes earlier in another process, lets
+load from any other process that comes and goes between the two flip the ratio (the same compiled
+code read 1.0× and 3.5× eager in one run). So the recipe's process also builds an eager copy of
+the model (the group's baseline recipe) and, after the warm-up, steps the two in alternating
+*blocks* on the same batches (:func:`.metrics.measure_training`): load that comes and goes hits
+both sides. This module turns those blocks into the ratio and its interval,
 says whether the machine got in the way, and pools the rows of ``--repeat``:
 
 - :func:`ratio_interval`: the median of the per-block ratios (the baseline's median step ÷ the

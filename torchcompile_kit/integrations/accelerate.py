@@ -5,8 +5,8 @@ same object (blocks compiled in place), ``save_state``/``load_state`` round-trip
 stay clean. The data loader was the trap: ``prepare`` wraps a batch sampler in
 ``BatchSamplerShard``, which deals the batches out to the processes, and
 :class:`~torchcompile_kit.BucketBatchSampler` deals them out by itself too (``num_replicas``);
-when both did, each of 2 ranks saw a quarter of the data. The sampler now notices the wrapper
-and leaves the dealing to it, so the plain ``accelerator.prepare(DataLoader(ds,
+were both to do it, each of 2 ranks would see a quarter of the data. The sampler notices the
+wrapper and leaves the dealing to it, so the plain ``accelerator.prepare(DataLoader(ds,
 batch_sampler=sampler))`` shards exactly once. :func:`prepare_bucket_dataloader` adds argument
 checks and a ``set_epoch`` on accelerate's wrapper (for code that calls it there, as
 transformers' Trainer does when it resumes).
