@@ -195,20 +195,9 @@ class CompileMonitor:
             >>> mon.snapshot()["recompiles"]
             0
         """
-        if self._running and self._logger is None:
-            self._fill_from_weaker_sources()
-        cache = self.cache()
-        return {
-            "frames": len(self.frames),
-            "graphs": sum(f.graphs for f in self.frames),
-            "graph_breaks": len(self.graph_breaks),
-            "graph_breaks_met": sum(b.count for b in self.graph_breaks),
-            "recompiles": len(self.recompiles),
-            "compile_seconds": round(self.compile_seconds(), 6),
-            "recompile_limit_hits": len(self.limit_hits),
-            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
-            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
-        }
+        self._fill_if_untraced()
+        return self._counts(self.frames, self.graph_breaks, self.recompiles, self.limit_hits,
+                            self.compile_seconds())
 
     def compile_seconds(self) -> float:
         """Seconds spent compiling, forward and backward, as torch measured them.
@@ -227,10 +216,7 @@ class CompileMonitor:
             >>> mon.seconds_by_function()  # doctest: +SKIP
             {'GPT2Block.forward (via forward_with_checkpointing) @ .../modeling_layers.py:88': 3.4}
         """
-        totals: dict[str, float] = defaultdict(float)
-        for frame in self.frames:
-            totals[f"{frame.label} @ {frame.location}"] += frame.seconds + frame.backward_seconds
-        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+        return _seconds_by_function(self.frames)
 
     def cache(self) -> dict[str, int]:
         """Cache hits and misses (``fxgraph_cache_hit``, ``autograd_cache_miss``, ...) so far.
@@ -255,6 +241,7 @@ class CompileMonitor:
             >>> sorted(json.loads(json.dumps(mon.as_dict())))[:3]
             ['cache', 'compile_seconds_by_function', 'counts']
         """
+        self._fill_if_untraced()
         record = self._record(
             range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
         )
@@ -339,6 +326,7 @@ class CompileMonitor:
             >>> mon.record_for_region(group.region)["counts"]["graphs"]  # doctest: +SKIP
             1
         """
+        self._fill_if_untraced()
         frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
         chosen = set(frames)
         return self._record(
@@ -372,23 +360,9 @@ class CompileMonitor:
         hits: list[LimitHit],
     ) -> dict[str, Any]:
         chosen = [self.frames[i] for i in frames]
-        by_function: dict[str, float] = defaultdict(float)
-        for frame in chosen:
-            by_function[f"{frame.label} @ {frame.location}"] += (
-                frame.seconds + frame.backward_seconds
-            )
-        counts = {
-            **self.snapshot(),
-            "frames": len(chosen),
-            "graphs": sum(f.graphs for f in chosen),
-            "graph_breaks": len(breaks),
-            "graph_breaks_met": sum(b.count for b in breaks),
-            "recompiles": len(recompiles),
-            "recompile_limit_hits": len(hits),
-            "compile_seconds": round(sum(by_function.values()), 6),
-        }
+        by_function = _seconds_by_function(chosen)
         return {
-            "counts": counts,
+            "counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
             "frames": [f.as_dict() for f in chosen],
             "graph_breaks": [b.as_dict() for b in breaks],
             "recompiles": [r.as_dict() for r in recompiles],
@@ -401,6 +375,22 @@ class CompileMonitor:
             else "structured trace",
         }
 
+    def _counts(self, frames: list[Any], breaks: list[GraphBreak], recompiles: list[Recompile],
+                hits: list[LimitHit], seconds: float) -> dict[str, Any]:
+        """The flat counts of :meth:`snapshot`, for any part of the record."""
+        cache = self.cache()
+        return {
+            "frames": len(frames),
+            "graphs": sum(f.graphs for f in frames),
+            "graph_breaks": len(breaks),
+            "graph_breaks_met": sum(b.count for b in breaks),
+            "recompiles": len(recompiles),
+            "compile_seconds": round(seconds, 6),
+            "recompile_limit_hits": len(hits),
+            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
+            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
+        }
+
     def _cache_delta(self) -> dict[str, int]:
         now = _dynamo.compile_cache_counters()
         return {name: now[name] - self._cache_start.get(name, 0) for name in now}
@@ -408,6 +398,10 @@ class CompileMonitor:
     def _note(self, text: str) -> None:
         if text not in self._notes:
             self._notes.append(text)
+
+    def _fill_if_untraced(self) -> None:
+        if self._running and self._logger is None:
+            self._fill_from_weaker_sources()
 
     def _fill_from_weaker_sources(self) -> None:
         """Add compiles torch's metrics deque holds but the trace did not deliver."""
@@ -535,3 +529,11 @@ def _format_summary(monitor: CompileMonitor) -> str:
     for note in monitor.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _seconds_by_function(frames: Iterable[Any]) -> dict[str, float]:
+    """Compile seconds per ``label @ file:line``, forward and backward, largest first."""
+    totals: dict[str, float] = defaultdict(float)
+    for frame in frames:
+        totals[f"{frame.label} @ {frame.location}"] += frame.seconds + frame.backward_seconds
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
