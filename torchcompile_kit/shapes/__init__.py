@@ -1,6 +1,7 @@
 """Shapes without recompiles: few bucket lengths, batches padded to them, dims marked dynamic.
 
-The topic's API. Modules: :mod:`.planner` (choosing buckets), :mod:`.padding` (the padder and
+The topic's API. Modules: :mod:`.planner` (choosing buckets, with the dynamic programs of
+:mod:`.segmentation` and the sampler's carry rule), :mod:`.padding` (the padder and
 the collator), :mod:`.sampler` (batches drawn from one bucket each) and :mod:`.dynamic`
 (marking dims dynamic, compiling every shape up front). ``no_recompiles`` lives in
 ``torchcompile_kit.diagnostics``.
