@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .monitor_text import format_summary
 from .recorder import TraceRecorder
 from .trace_records import (
     RESUME_PREFIX,
@@ -28,7 +29,6 @@ from .trace_records import (
     GraphBreak,
     LimitHit,
     Recompile,
-    code_label,
     owner_of,
 )
 
@@ -255,7 +255,7 @@ class CompileMonitor:
             >>> print(CompileMonitor().summary().split(", 0 graph breaks")[0])
             CompileMonitor: 0 frames, 0 graphs
         """
-        return _format_summary(self)
+        return format_summary(self)
 
     # -- attribution to modules ---------------------------------------------------------------
 
@@ -472,63 +472,6 @@ def _selector(
         )
 
     return keep
-
-
-_TORCH_BREAKS_TITLE = ("graph breaks in torch's own code (by design there, e.g. torch.optim's "
-                       "graph_break(); not yours to fix):")
-
-
-def _in_torch(monitor: CompileMonitor) -> str:
-    count = sum(b.count for b in monitor.graph_breaks if b.in_torch)
-    return f" ({count} in torch's own code)" if count else ""
-
-
-def _format_summary(monitor: CompileMonitor) -> str:
-    counts = monitor.snapshot()
-    lines = [
-        (
-            f"CompileMonitor: {counts['frames']} frames, {counts['graphs']} graphs, "
-            f"{counts['graph_breaks']} graph breaks{_in_torch(monitor)}, "
-            f"{counts['recompiles']} recompiles, "
-            f"{counts['recompile_limit_hits']} limit hits, "
-            f"{counts['compile_seconds']:.2f} s compiling; "
-            f"caches: {counts['cache_hits']} hits, {counts['cache_misses']} misses"
-        )
-    ]
-    for hit in monitor.limit_hits:  # loudest first: that code silently runs eagerly now
-        lines.append(f"  !! {hit.message()}")
-    if monitor.frames:
-        lines.append("frames compiled (seconds fwd+bwd, graphs, compile id, code):")
-        for frame in monitor.frames:
-            extra = f"  FAILED: {frame.failed}" if frame.failed else ""
-            lines.append(
-                f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} graph(s)  "
-                f"[{frame.compile_id}]  {frame.label}  ({frame.location}){extra}"
-            )
-    for title, breaks in (
-        ("graph breaks (user code, reason):", [b for b in monitor.graph_breaks if not b.in_torch]),
-        (_TORCH_BREAKS_TITLE, [b for b in monitor.graph_breaks if b.in_torch]),
-    ):
-        if breaks:
-            lines.append(title)
-        for found in breaks:
-            code = f" [{found.code}]" if found.code else ""
-            times = f" x{found.count}" if found.count > 1 else ""
-            inside = (
-                f" (in {found.owner or found.function})" if (found.owner or found.function) else ""
-            )
-            lines.append(f"  {found.location}{inside}{times}: {found.reason}{code}")
-    if monitor.recompiles:
-        lines.append("recompiles (code, failed guard):")
-        for again in monitor.recompiles:
-            who = code_label(again.function, again.owner)
-            lines.append(f"  [{again.compile_id}] {who} ({again.file}:{again.line}): {again.guard}")
-    if monitor.first_call_checks:
-        lines.append("first-call checks (compiled vs eager):")
-        lines += [f"  {check.message()}" for check in monitor.first_call_checks]
-    for note in monitor.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
 
 
 def _seconds_by_function(frames: Iterable[Any]) -> dict[str, float]:
