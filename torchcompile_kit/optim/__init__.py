@@ -1,11 +1,12 @@
 """Compiled optimizers: a step that does not recompile when the learning rate changes.
 
-The topic's API. Modules: :mod:`.compiled` (``compile_optimizer``, ``zero_grads``) and
-:mod:`.foreach_adam` (the horizontally fused Adam/AdamW update on ``foreach_map``).
+The topic's API. Modules: :mod:`.compiled` (``compile_optimizer``), :mod:`.foreach_adam` (the
+horizontally fused Adam/AdamW update on ``foreach_map``) and :mod:`.grads` (``zero_grads``).
 """
 
-from .compiled import compile_optimizer, zero_grads
+from .compiled import compile_optimizer
 from .foreach_adam import foreach_map_adam_step
+from .grads import zero_grads
 
 __all__ = [
     "compile_optimizer",

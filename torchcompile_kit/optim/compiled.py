@@ -23,17 +23,17 @@ import contextlib
 import logging
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
 
 from .. import _dynamo
-from .._checks import check_choice, parameters_of
+from .._checks import check_choice
 from ..diagnostics import allow_first_compile, check_in_place_update, check_verify_arg
 from ..errors import UnsupportedOptimizerError
 
-__all__ = ["compile_optimizer", "zero_grads"]
+__all__ = ["compile_optimizer"]
 
 # Optimizers whose compiled step is tested for parity and recompiles (tests/optim/test_compiled.py).
 # Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
@@ -173,37 +173,6 @@ def _unwrap_accelerated(optimizer: Any) -> Any:
             "the torch optimizer before accelerator.prepare(), or train in bf16"
         )
     return inner
-
-
-def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
-    """Zero every existing gradient in place, keeping its storage (``None`` grads stay ``None``).
-
-    ``zero_grad()`` sets gradients to ``None`` by default, so backward allocates new ones at new
-    addresses every step. With ``compile_optimizer(..., static_grads=True)`` and CUDA graphs the
-    gradients are static inputs, and a new address means a copy (or a re-recording); zeroing in
-    place keeps the address. One ``torch._foreach_zero_`` call per step. On CPU, or without
-    CUDA graphs, ``zero_grad()`` (set to ``None``) is as good and uses less memory between steps.
-
-    Args:
-        model: a module, an optimizer, or an iterable of parameters whose ``.grad`` to zero.
-
-    Returns:
-        None.
-
-    Raises:
-        TypeError: if ``model`` is none of the above.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 1)
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> zero_grads(model)
-        >>> float(model.weight.grad.abs().sum())
-        0.0
-    """
-    params = parameters_of(model, what="zero_grads")
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_zero_(grads)
 
 
 def _check_arguments(
