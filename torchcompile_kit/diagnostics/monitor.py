@@ -10,8 +10,6 @@ torch's metrics deque and counters stand in, and the summary says so.
 
 from __future__ import annotations
 
-import inspect
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -23,8 +21,8 @@ from torch import nn
 from .. import _dynamo
 from .monitor_text import format_summary
 from .recorder import TraceRecorder
+from .selection import classes_of, frame_selector
 from .trace_records import (
-    RESUME_PREFIX,
     CompiledFrame,
     GraphBreak,
     LimitHit,
@@ -274,7 +272,7 @@ class CompileMonitor:
             >>> {f.owner for f in mon.frames}  # doctest: +SKIP
             {'GPT2Block'}
         """
-        classes = _classes_of(targets)
+        classes = classes_of(targets)
         for frame in self.frames:
             frame.owner = (
                 owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
@@ -300,7 +298,9 @@ class CompileMonitor:
             >>> rec["counts"]["recompiles"]  # doctest: +SKIP
             0
         """
-        keep = _selector(self, target)
+        if not isinstance(target, torch.optim.Optimizer) and isinstance(target, (nn.Module, type)):
+            self.attribute(target)  # frames name their owner class, which the selector matches
+        keep = frame_selector(target)
         frames = [
             i
             for i, frame in enumerate(self.frames)
@@ -427,51 +427,6 @@ class CompileMonitor:
                 if added > 0:
                     self._recorder.add_break(GraphBreak(reason=reason, count=added))
             self._breaks_start = now
-
-
-def _classes_of(targets: Iterable[nn.Module | type]) -> list[type]:
-    classes: dict[type, None] = {}
-    for target in targets:
-        if isinstance(target, type):
-            classes.setdefault(target, None)
-        else:
-            for module in target.modules():
-                classes.setdefault(type(module), None)
-    return list(classes)
-
-
-def _selector(
-    monitor: CompileMonitor, target: Any
-) -> Callable[[str, str | None, int | None, str | None], bool]:
-    if isinstance(target, torch.optim.Optimizer):
-        optim_dir = os.path.dirname(torch.optim.__file__) + os.sep
-        class_file = inspect.getfile(type(target))
-        return lambda fn, file, line, owner: (
-            bool(file) and (file.startswith(optim_dir) or file == class_file)
-        )
-    if isinstance(target, (nn.Module, type)):
-        monitor.attribute(target)
-        names = {cls.__name__ for cls in _classes_of([target])}
-        return lambda fn, file, line, owner: owner in names
-    code = getattr(inspect.unwrap(target), "__code__", None)
-    if code is None:
-        raise TypeError(
-            f"record_for expects a module, module class, optimizer or Python function; got "
-            f"{type(target).__name__!r}"
-        )
-    last = max((ln for _, _, ln in code.co_lines() if ln), default=code.co_firstlineno)
-
-    def keep(fn: str, file: str | None, line: int | None, owner: str | None) -> bool:
-        if file != code.co_filename or line is None:
-            return False
-        if fn == code.co_name and line == code.co_firstlineno:
-            return True
-        return (
-            fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
-            and code.co_firstlineno <= line <= last
-        )
-
-    return keep
 
 
 def _seconds_by_function(frames: Iterable[Any]) -> dict[str, float]:
