@@ -159,12 +159,13 @@ def compile_regional(
             group.compile_kwargs["recompile_limit"] = preflight.recompile_limit
     # one code object, one limit: sized for all its groups
     share_recompile_budget(plan.groups, set_by_user=set_by_user)
+    cache_calls_eager = not keep_kv_cache and has_transformers_model(model)
     for group in plan.groups:
         instances = [model.get_submodule(name) for name in group.names]
         compile_in_place(instances, **group.compile_kwargs)
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name)
-        if not keep_kv_cache and has_transformers_model(model):
+        if cache_calls_eager:
             run_cache_calls_eagerly(instances, group.class_name)
     if remainder:
         for name in plan.eager:
