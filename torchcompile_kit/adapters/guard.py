@@ -220,6 +220,7 @@ class AdapterGuard:
         self.adapters = adapters
         # the blocks' compiled calls are skipped, not dropped: forwards stay compiled after it
         stance = torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()
-        compiled = cache_calls_compiled() if self.record.generate == "compiled" else contextlib.nullcontext()
+        compiled = (cache_calls_compiled() if self.record.generate == "compiled"
+                    else contextlib.nullcontext())
         with stance, compiled:
             return self.originals["generate"](*args, **kwargs)

@@ -200,8 +200,8 @@ class _PlainForwardsWithoutCache:
     that builds a cache says so once.
     """
 
-    def __init__(self, module: nn.Module, warned: list[bool]) -> None:
-        self.arguments = CacheArguments(module)
+    def __init__(self, arguments: CacheArguments, warned: list[bool]) -> None:
+        self.arguments = arguments
         self.warned = warned  # shared by the hooks of one model: one warning per model
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]):
@@ -210,7 +210,7 @@ class _PlainForwardsWithoutCache:
         given, _ = self.arguments.use_cache(args, kwargs)
         if not given and module.training:
             return args, {**kwargs, "use_cache": False}
-        if self.arguments.builds_cache(module, args, kwargs) and not self.warned:
+        if not self.warned and self.arguments.builds_cache(module, args, kwargs):
             self.warned.append(True)
             why = "use_cache=True" if given else "eval mode, and the config's use_cache=True"
             warnings.warn(
@@ -252,9 +252,10 @@ def disable_cache_in_plain_forwards(
     for name, module in _named_pretrained_modules(model):
         if any(name == r or name.startswith(f"{r}.") or r == "" for r in regions):
             continue
-        if CacheArguments(module).takes_use_cache:
+        arguments = CacheArguments(module)
+        if arguments.takes_use_cache:
             handle = module.register_forward_pre_hook(
-                _PlainForwardsWithoutCache(module, warned), with_kwargs=True
+                _PlainForwardsWithoutCache(arguments, warned), with_kwargs=True
             )
             undo.append(handle.remove)
     return undo
