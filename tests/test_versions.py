@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 

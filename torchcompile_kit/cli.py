@@ -31,6 +31,24 @@ def _recipe_list() -> str:
     return "\n".join(lines)
 
 
+def _number(kind: type, *, minimum: float, strict: bool):
+    """An argparse ``type=``: ``kind`` of the value, refused (naming the flag) below ``minimum``."""
+
+    def parse(text: str):
+        value = kind(text)
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" message
+    return parse
+
+
+_POSITIVE_INT = _number(int, minimum=0, strict=True)
+_POSITIVE_FLOAT = _number(float, minimum=0, strict=True)
+_SECONDS = _number(float, minimum=0, strict=False)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchcompile-kit",
@@ -77,14 +95,14 @@ def _parser() -> argparse.ArgumentParser:
                           "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.")
     tune.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
                       help="your model, as for bench --model (default: the bench's captioner at --preset)")
-    tune.add_argument("--steps-planned", type=int, default=1000, metavar="N", help="steps of the run you plan (default: %(default)s)")
-    tune.add_argument("--budget", type=float, default=30.0, metavar="MINUTES", help="time tune may spend (default: %(default)s)")
+    tune.add_argument("--steps-planned", type=_POSITIVE_INT, default=1000, metavar="N", help="steps of the run you plan (default: %(default)s)")
+    tune.add_argument("--budget", type=_POSITIVE_FLOAT, default=30.0, metavar="MINUTES", help="time tune may spend (default: %(default)s)")
     tune.add_argument("--out", default="tune-results", metavar="DIR", help="tune.json, tune.png, recommended.py, logs (default: %(default)s)")
     tune.add_argument("--candidates", nargs="+", default=None, metavar="NAME", help="candidates to consider (default: all)")
     tune.add_argument("--preset", default="tiny", choices=("tiny", "seed"), help="captioner sizes and default step counts")
     tune.add_argument("--steps", type=int, default=None, help="steady steps timed per candidate (default: the preset's)")
     tune.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
-    tune.add_argument("--steady-seconds", type=float, default=None, metavar="S",
+    tune.add_argument("--steady-seconds", type=_SECONDS, default=None, metavar="S",
                       help="time each candidate's steady steps for at least S seconds (default: 30)")
     tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
     tune.add_argument("--no-pair", action="store_true",
@@ -296,15 +314,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .tuning import STEADY_S, candidate_names, format_table, tune, verification_line
+    from .tuning import STEADY_S, format_table, tune, verification_line
 
-    if args.steady_seconds is not None and not args.steady_seconds >= 0:
-        return _error(f"--steady-seconds must be >= 0, got {args.steady_seconds!r}")
-    if args.steps_planned < 1 or args.budget <= 0:
-        return _error(f"--steps-planned must be >= 1 and --budget > 0 minutes, got {args.steps_planned!r}, {args.budget!r}")
-    unknown = sorted(set(args.candidates or ()) - set(candidate_names()))
-    if unknown:
-        return _error(f"unknown candidate(s) {unknown!r}; choose from {candidate_names()!r}")
     problem = _check_out_dir(args.out)
     if problem:
         return _error(problem)

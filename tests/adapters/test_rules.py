@@ -18,11 +18,17 @@ from peft import (
     PromptTuningConfig,
     get_peft_model,
 )
-
 from tiny_models import gpt2, opt
+
 from torchcompile_kit import UnsafeAdapterConfigError, check_peft_compile_safety
-from torchcompile_kit.adapters import RULES, AdapterFacts, evaluate_rules, rule_by_id, rule_in_force
-from torchcompile_kit.adapters import describe_peft_model
+from torchcompile_kit.adapters import (
+    RULES,
+    AdapterFacts,
+    describe_peft_model,
+    evaluate_rules,
+    rule_by_id,
+    rule_in_force,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),

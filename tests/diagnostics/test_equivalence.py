@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import gpt2, token_batch
 from torch import nn
 
-from tiny_models import gpt2, token_batch
 from torchcompile_kit import check_compile_equivalence
 
 pytestmark = [

@@ -126,9 +126,9 @@ def _cli(args: list[str], argv: list[str], cwd: Path) -> str:
         unknown = [name for name in parsed.recipes if name not in RECIPES]
         assert not unknown, f"{shlex.join(argv)}: no recipe {unknown!r} (known: {sorted(RECIPES)})"
     if parsed.command == "tune" and parsed.candidates:
-        from torchcompile_kit.tuning import candidate_names
+        from torchcompile_kit.tuning import CANDIDATES
 
-        unknown = [name for name in parsed.candidates if name not in candidate_names()]
+        unknown = [name for name in parsed.candidates if name not in CANDIDATES]
         assert not unknown, f"{shlex.join(argv)}: no candidate {unknown!r}"
     return f"parsed: {shlex.join(argv)}"
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from torchcompile_kit.bench import RECIPES, RecipeContext, loss_of
-from torchcompile_kit.tuning import CANDIDATES
+from torchcompile_kit.bench import RECIPES, RecipeContext, apply_recipe, loss_of
 from torchcompile_kit.tuning.gate import check_candidate
 
 from . import models
-
-BY_NAME = {c.name: c for c in CANDIDATES}
 
 
 def trained_run(name: str, backend: str, *, steps: int = 3, build=models.build):
@@ -26,7 +23,7 @@ def trained_run(name: str, backend: str, *, steps: int = 3, build=models.build):
         overrides={"fullgraph": False},
         device=torch.device("cpu"),
     )
-    RECIPES[BY_NAME[name].recipe].apply(ctx)
+    apply_recipe(RECIPES[name], ctx)
     for step in range(steps):  # the compiled optimizer compiles at its second step
         ctx.optimizer.zero_grad()
         loss_of(ctx.model(**make_batch(step))).backward()
@@ -39,7 +36,7 @@ def trained_run(name: str, backend: str, *, steps: int = 3, build=models.build):
 
 def check(name: str, ctx, reference, batch, backend: str):
     return check_candidate(
-        BY_NAME[name],
+        RECIPES[name],
         model=ctx.model,
         reference=reference,
         batch=batch,
@@ -58,8 +55,8 @@ def test_a_perturbing_backend_fails_with_the_offending_tensor():
 
 
 def test_the_runs_own_compiled_model_and_optimizer_pass_without_compiling_again():
-    ctx, reference, batch = trained_run("full+compile_optimizer", "eager")
-    verdict = check("full+compile_optimizer", ctx, reference, batch, "eager")
+    ctx, reference, batch = trained_run("compile-optimizer", "eager")
+    verdict = check("compile-optimizer", ctx, reference, batch, "eager")
     assert verdict.ok, verdict.offending
     assert verdict.offending is None
     assert "2 steps of the run's compiled optimizer compared with an eager Adam" in verdict.summary

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from torchcompile_kit import _dynamo
+from torchcompile_kit.bench import RECIPES, setup_source
 from torchcompile_kit.tuning import CANDIDATES
 from torchcompile_kit.tuning.snippet import make_snippet
 
 SPEC = f"{Path(__file__).with_name('models.py')}:build"
 SPEC_WITH_OPTIMIZER = f"{Path(__file__).with_name('models.py')}:build_with_optimizer"
-BY_NAME = {c.name: c for c in CANDIDATES}
+BY_NAME = RECIPES
 
 
 def run_snippet(name: str, tmp_path, monkeypatch, spec=SPEC, **kwargs) -> dict:
@@ -33,8 +34,8 @@ def run_snippet(name: str, tmp_path, monkeypatch, spec=SPEC, **kwargs) -> dict:
         ("eager", []),
         ("full", ["<model>"]),
         ("regional", ["blocks.0", "blocks.1"]),
-        ("full+compile_optimizer", ["<model>"]),
-        ("full+fused_adam", ["<model>"]),
+        ("compile-optimizer", ["<model>"]),
+        ("fused-adam", ["<model>"]),
         ("mark-dynamic", ["<model>"]),
         ("full-warm", ["<model>"]),
     ],
@@ -44,7 +45,7 @@ def test_each_snippet_runs_and_applies_its_recipe(name, compiled, tmp_path, monk
     names = [n or "<model>" for n in _dynamo.compiled_module_names(namespace["model"])]
     assert names == compiled
     optimizer = namespace["optimizer"]
-    assert optimizer.defaults.get("fused") is (True if name == "full+fused_adam" else None)
+    assert optimizer.defaults.get("fused") is (True if name == "fused-adam" else None)
     if name == "full-warm":  # (the eager backend leaves no kernels to save; inductor does)
         assert "with compile_cache('compile-cache'):" in namespace["__source__"]
 
@@ -58,11 +59,23 @@ def test_fullgraph_only_without_measured_breaks():
     source = make_snippet(
         BY_NAME["regional"], spec="pkg.models:build", steps_planned=9, transformers_model=True
     )
-    assert "fix_loss_function(model, compile=True, fullgraph=True)" in source
+    # compile_regional pins and compiles the loss itself (compile_loss=True), as the bench ran it
+    assert "fix_loss_function" not in source
     assert "compile_regional(model, fullgraph=True)" in source
 
 
-@pytest.mark.parametrize("name", ["eager", "full", "full+compile_optimizer", "full+fused_adam"])
+@pytest.mark.parametrize("name", CANDIDATES)
+def test_the_snippet_holds_the_lines_the_bench_ran(name):
+    """One definition: the snippet's setup is the bench's (``apply_recipe`` runs these lines)."""
+    recipe = RECIPES[name]
+    source = make_snippet(recipe, spec="pkg.models:build", steps_planned=9, transformers_model=True)
+    overrides = {"fullgraph": True} if recipe.compile != "none" else {}
+    lines = setup_source(recipe, overrides=overrides, transformers_model=True)
+    assert "\n".join(lines) in source
+    assert bool(lines) == (recipe.compile != "none" or recipe.optimizer != "as-is")
+
+
+@pytest.mark.parametrize("name", ["eager", "full", "compile-optimizer", "fused-adam"])
 def test_the_factorys_optimizer_is_kept(name, tmp_path, monkeypatch):
     namespace = run_snippet(
         name, tmp_path, monkeypatch, spec=SPEC_WITH_OPTIMIZER, spec_optimizer=True
@@ -71,9 +84,9 @@ def test_the_factorys_optimizer_is_kept(name, tmp_path, monkeypatch):
     assert type(optimizer) is torch.optim.AdamW  # the factory's, not the snippet's Adam
     group = optimizer.param_groups[0]
     assert float(group["lr"]) == 3e-4 and group["weight_decay"] == 0.1
-    assert group["fused"] is (True if name == "full+fused_adam" else None)
+    assert group["fused"] is (True if name == "fused-adam" else None)
     compiled_step = getattr(optimizer.step, "_torchcompile_kit_impl", None)
-    assert compiled_step == ("step" if name == "full+compile_optimizer" else None)
+    assert compiled_step == ("step" if name == "compile-optimizer" else None)
     assert "Adam(" not in namespace["__source__"]
     params = {id(p) for p in namespace["model"].parameters()}
     assert {id(p) for p in group["params"]} == params

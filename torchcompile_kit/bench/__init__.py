@@ -26,7 +26,7 @@ from .model_spec import (
     portable_model_spec,
 )
 from .paired import paired_ratio
-from .recipes import RECIPES, Recipe, RecipeContext
+from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .runner import RecipeResult, run_recipe_isolated
 
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "Recipe",
     "RecipeContext",
     "RecipeResult",
+    "apply_recipe",
+    "setup_source",
     # also used by tune: the captioner and its batches for the correctness check, the loss
     "batch_stream",
     "build_captioner",

@@ -25,7 +25,7 @@ from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
 from .model_spec import ModelSpec, load_model_spec, loss_of
 from .outcome import RecipeResult, emit_event
-from .recipes import RECIPES, Recipe, RecipeContext
+from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 
 __all__ = ["execute_request", "missing_requirement", "public_feature"]
 
@@ -220,7 +220,7 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     emit_event(event="phase", phase="compile")
     with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
         warnings.simplefilter("always")
-        recipe.apply(ctx)
+        apply_recipe(recipe, ctx)
     for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
         notes.append(f"warning: {message[:300]}")
     stream, prepare = batch_stream(recipe, spec, preset, device)
@@ -286,7 +286,7 @@ def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, devic
         model = spec.model.to(device)
         optimizer = spec.optimizer or torch.optim.Adam(model.parameters(), lr=1e-4)
         ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"], overrides={}, device=device)
-        base.apply(ctx)  # an eager recipe: nothing is compiled
+        # an eager recipe: nothing to set up
         stream, _ = batch_stream(base, spec, preset, device)
         return _train_step(base, ctx, device, spec), stream
 

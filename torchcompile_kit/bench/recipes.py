@@ -1,18 +1,20 @@
-"""The recipe table: the seed's rows, each a way to compile the same model and feed it batches.
+"""The recipe table: the reference post's rows, each a way to compile the same model and feed it batches.
 
 A :class:`Recipe` is data: its group, what it needs (CUDA, the compile cache, ...), how its
-batches are padded, and one ``apply`` function that compiles the model and optimizer with the
-library's *public* helpers only (so the bench doubles as the user's integration test). The
-process that runs it (:mod:`.execute`) builds the model, calls ``apply`` and measures.
+batches are padded, and how it compiles the model and optimizer. :func:`setup_source` writes that
+as Python with the library's *public* helpers only; the bench runs those lines
+(:func:`apply_recipe`, so the bench doubles as the user's integration test) and ``tune`` prints
+them in its snippet. ``tune``'s candidates, its correctness gate and its snippet all read these
+rows; nothing else describes a recipe.
 
-Groups follow the seed post: ``static`` (pad to max), ``dynamic`` (variable caption length),
-``warm-up`` (cold vs warm compile, regional, the nested hybrid), ``distributed`` (DDP, 2 ranks).
-``default=False`` rows are opt-in (name them, or ``--all``): they are heavy on a CPU.
+Groups follow the reference post (docs/index.md): ``static`` (pad to max), ``dynamic`` (variable
+caption length), ``warm-up`` (cold vs warm compile, regional, the nested hybrid), ``distributed``
+(DDP, 2 ranks). ``default=False`` rows are opt-in (name them, or ``--all``): they are heavy on a CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,9 +25,11 @@ __all__ = [
     "Recipe",
     "RecipeContext",
     "UnknownRecipeError",
+    "apply_recipe",
     "check_preset",
     "check_recipe_names",
     "default_recipe_names",
+    "setup_source",
 ]
 
 DataScheme = Literal["max", "longest", "multiple_of_32", "buckets"]
@@ -37,13 +41,13 @@ class UnknownRecipeError(ValueError):
 
 @dataclass(kw_only=True, slots=True)
 class RecipeContext:
-    """What a recipe's ``apply`` works on (in the recipe's own process)."""
+    """What a recipe's setup works on (in the recipe's own process)."""
 
     model: Any
-    """The model; ``apply`` compiles it in place (or replaces it, e.g. with a DDP wrapper)."""
+    """The model; the setup compiles it in place (or replaces it, e.g. with a DDP wrapper)."""
     optimizer: Any
     """The run's optimizer over the model's parameters: the ``--model`` spec's, else
-    ``torch.optim.Adam(lr=1e-4)``; ``apply`` may compile or replace it."""
+    ``torch.optim.Adam(lr=1e-4)``; the setup may compile or replace it."""
     backend: str
     """The ``torch.compile`` backend for every compile."""
     overrides: dict[str, Any]
@@ -51,22 +55,15 @@ class RecipeContext:
     device: Any
     """The training device."""
 
-    def kwargs(self, **recipe_kwargs: Any) -> dict[str, Any]:
-        """The compile kwargs: backend, then the recipe's, then the overrides.
-
-        ``mode`` and ``options`` are inductor's: with another backend (the tests' cheap one)
-        they are dropped, since ``torch.compile`` refuses a backend together with a mode.
-        """
-        kwargs = {"backend": self.backend, **recipe_kwargs, **self.overrides}
-        if kwargs["backend"] != "inductor":
-            kwargs.pop("mode", None)
-            kwargs.pop("options", None)
-        return kwargs
-
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Recipe:
-    """One row of the bench."""
+    """One row of the bench and one candidate of ``tune``: how the model is compiled and fed.
+
+    The compile is data (``compile``, ``compile_kwargs``, ``optimizer``, ``world_size``);
+    :func:`setup_source` writes it as the Python a user would write, and that source is both
+    what the bench runs (:func:`apply_recipe`) and what ``tune`` prints as its snippet.
+    """
 
     name: str
     """Selectable name (``"full"``)."""
@@ -74,8 +71,15 @@ class Recipe:
     """``static``, ``dynamic``, ``warm-up`` or ``distributed``."""
     description: str
     """One line for ``--list`` and the table."""
-    apply: Callable[[RecipeContext], None]
-    """Compiles ``ctx.model`` / ``ctx.optimizer`` (eager recipes do nothing)."""
+    compile: Literal["none", "model", "regional"] = "none"
+    """``model.compile(...)`` (after ``fix_loss_function`` on a transformers model),
+    ``compile_regional(model, ...)``, or nothing."""
+    compile_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of that call besides the backend (``mode`` and ``options`` are dropped
+    with a backend other than inductor, which refuses them)."""
+    optimizer: Literal["as-is", "compiled", "foreach_map", "fused"] = "as-is"
+    """The run's optimizer as it is, under ``compile_optimizer`` (``impl="foreach_map"``), or
+    rebuilt with ``fused=True`` (Adam/AdamW only)."""
     data: DataScheme = "max"
     """How the captioner's batches are padded."""
     default: bool = True
@@ -95,163 +99,157 @@ class Recipe:
     zero_grads: bool = False
     """Zero gradients in place (``zero_grads``) instead of ``optimizer.zero_grad()``."""
     world_size: int = 1
-    """Processes (DDP ranks) the runner starts."""
+    """Processes the runner starts; above 1 the model is wrapped in DDP before it compiles."""
     heavy_on: tuple[str, ...] = field(default=())
     """Devices on which the recipe is opt-in although ``default`` (e.g. ``("cpu",)``)."""
 
 
-# --- apply functions: the library's public helpers only -----------------------------------------
+def setup_source(
+    recipe: Recipe,
+    *,
+    backend: str = "inductor",
+    overrides: dict[str, Any] | None = None,
+    transformers_model: bool = False,
+) -> list[str]:
+    """The recipe's setup as lines of Python acting on ``model`` and ``optimizer``.
 
+    Args:
+        recipe: the recipe.
+        backend: the ``torch.compile`` backend (written only when not ``"inductor"``).
+        overrides: keyword arguments written over the recipe's (``{"fullgraph": False}``).
+        transformers_model: the model holds a transformers model: a whole-model compile pins
+            its loss first (``fix_loss_function``), so the loss does not break the graph.
 
-def _eager(ctx: RecipeContext) -> None:
-    """Nothing compiled."""
+    Returns:
+        The lines, imports first; empty for an eager recipe.
 
-
-def _fix_loss(model: Any, **compile_kwargs: Any) -> None:
-    """``fix_loss_function`` where applicable: a model without a transformers model keeps its loss.
-
-    (Added for ``tune``, which runs these recipes on users' plain ``nn.Module`` models too.)
+    Example:
+        >>> print("\\n".join(setup_source(RECIPES["full"], transformers_model=True)))
+        from torchcompile_kit import fix_loss_function
+        fix_loss_function(model)  # pins the loss: no graph break there
+        model.compile(fullgraph=True)
     """
-    from torchcompile_kit import fix_loss_function
-    from torchcompile_kit.regional import has_transformers_model
+    kwargs = {**recipe.compile_kwargs, **(overrides or {})}
+    if backend != "inductor":
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "options")}
+        if isinstance(kwargs.get("blocks"), dict):
+            kwargs["blocks"] = {name: {k: v for k, v in kw.items() if k != "mode"} for name, kw in kwargs["blocks"].items()}
+        kwargs["backend"] = backend
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    backend_kw = "" if backend == "inductor" else f", backend={backend!r}"
+    imports: list[str] = []
+    lines: list[str] = []
+    if recipe.compile == "model" and transformers_model:
+        imports.append("fix_loss_function")
+        lines.append("fix_loss_function(model)  # pins the loss: no graph break there")
+    if recipe.world_size > 1:  # DDP's gradient hooks break the graph: its recipe has no fullgraph
+        lines += ["from torch.nn.parallel import DistributedDataParallel", "model = DistributedDataParallel(model)"]
+    if recipe.compile == "model":
+        lines.append(f"model.compile({args})")
+    elif recipe.compile == "regional":
+        imports.append("compile_regional")
+        lines.append(f"compile_regional(model, {args})")
+    if recipe.optimizer in ("compiled", "foreach_map"):
+        imports.append("compile_optimizer")
+        impl = ", impl='foreach_map'" if recipe.optimizer == "foreach_map" else ""
+        lines.append(f"optimizer = compile_optimizer(optimizer{impl}{backend_kw})  # its step compiled")
+    elif recipe.optimizer == "fused":
+        lines += [
+            "# your Adam/AdamW rebuilt with fused=True: same param groups and hyperparameters",
+            "optimizer = type(optimizer)(",
+            "    [{k: v for k, v in g.items() if k not in ('foreach', 'fused')}",
+            "     for g in optimizer.param_groups],",
+            "    fused=True,",
+            ")",
+        ]
+    head = [f"from torchcompile_kit import {', '.join(sorted(imports))}"] if imports else []
+    return head + lines
 
-    if has_transformers_model(model):
-        fix_loss_function(model, **compile_kwargs)
 
+def apply_recipe(recipe: Recipe, ctx: RecipeContext) -> None:
+    """Run :func:`setup_source` on ``ctx.model`` and ``ctx.optimizer`` (replacing them when it does).
 
-def _full(**recipe_kwargs: Any) -> Callable[[RecipeContext], None]:
-    def apply(ctx: RecipeContext) -> None:
-        _fix_loss(ctx.model)  # the seed's fix for the loss graph break
-        ctx.model.compile(**ctx.kwargs(fullgraph=True, **recipe_kwargs))
+    The bench runs the very lines ``tune`` prints for the user, so the snippet is what was
+    measured. ``optimizer="fused"`` refuses an optimizer other than Adam/AdamW (``TypeError``).
 
-    return apply
-
-
-def _full_and_optimizer(impl: str) -> Callable[[RecipeContext], None]:
-    def apply(ctx: RecipeContext) -> None:
-        from torchcompile_kit import compile_optimizer
-
-        _full()(ctx)
-        ctx.optimizer = compile_optimizer(ctx.optimizer, impl=impl, backend=ctx.backend)
-
-    return apply
-
-
-def _full_and_fused_adam(ctx: RecipeContext) -> None:
-    """Full compile + the run's Adam/AdamW rebuilt with ``fused=True``, the fastest eager
-    optimizer (for ``tune``): same class, param groups and hyperparameters."""
+    Example:
+        >>> apply_recipe(RECIPES["regional"], ctx)  # doctest: +SKIP
+    """
     import torch
 
-    optimizer = ctx.optimizer
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+    if recipe.optimizer == "fused" and not isinstance(ctx.optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise TypeError(
-            f"recipe 'fused-adam' rebuilds the optimizer with fused=True, which needs Adam or "
-            f"AdamW; the run's optimizer is {type(optimizer).__name__!r}: leave this recipe out"
+            f"recipe {recipe.name!r} rebuilds the optimizer with fused=True, which needs Adam or "
+            f"AdamW; the run's optimizer is {type(ctx.optimizer).__name__!r}: leave this recipe out"
         )
-    _full()(ctx)
-    groups = [{k: v for k, v in g.items() if k not in ("foreach", "fused")} for g in optimizer.param_groups]
-    ctx.optimizer = type(optimizer)(groups, fused=True)
+    from torchcompile_kit.regional import has_transformers_model
 
-
-def _modular(ctx: RecipeContext) -> None:
-    from torchcompile_kit import compile_regional
-
-    # the seed: encoder and decoder compiled apart, the encoder (static) with max-autotune
-    encoder_mode = "max-autotune" if ctx.device.type == "cuda" else "max-autotune-no-cudagraphs"
-    encoder = {"mode": encoder_mode} if ctx.backend == "inductor" else {}
-    _fix_loss(ctx.model, compile=True, **ctx.kwargs(fullgraph=True))
-    compile_regional(
-        ctx.model,
-        blocks={"encoder": encoder, "decoder": {}},
-        **ctx.kwargs(fullgraph=True),
+    source = "\n".join(
+        setup_source(
+            recipe,
+            backend=ctx.backend,
+            overrides=ctx.overrides,
+            transformers_model=has_transformers_model(ctx.model),
+        )
     )
+    namespace = {"torch": torch, "model": ctx.model, "optimizer": ctx.optimizer}
+    exec(compile(source, f"<recipe {recipe.name}>", "exec"), namespace)  # noqa: S102 - our own lines
+    ctx.model, ctx.optimizer = namespace["model"], namespace["optimizer"]
 
 
-def _regional(ctx: RecipeContext) -> None:
-    from torchcompile_kit import compile_regional
-
-    # the seed's regional recipe, compile_regional's defaults: every block compiled, and the loss
-    compile_regional(ctx.model, **ctx.kwargs(fullgraph=True))
-
-
-def _regional_blocks(ctx: RecipeContext) -> None:
-    from torchcompile_kit import compile_regional
-
-    # the blocks only: the loss and the modules around them eager
-    compile_regional(ctx.model, compile_loss=False, **ctx.kwargs(fullgraph=True))
-
-
-def _regional_remainder(ctx: RecipeContext) -> None:
-    from torchcompile_kit import compile_regional
-
-    # the blocks, and each module outside them that holds parameters (embeddings, final norm, LM
-    # head) as a region of its own; the loss function compiled as in 'regional'
-    compile_regional(ctx.model, remainder=True, **ctx.kwargs(fullgraph=True))
-
-
-def _nested(ctx: RecipeContext) -> None:
-    from torchcompile_kit import compile_regional
-
-    # pins the transformers loss itself (no graph break), then one whole-model compile
-    compile_regional(ctx.model, nested=True, **ctx.kwargs(fullgraph=True))
-
-
-def _ddp(ctx: RecipeContext) -> None:
-    from torch.nn.parallel import DistributedDataParallel
-
-    _fix_loss(ctx.model)
-    ctx.model = DistributedDataParallel(ctx.model)
-    # DDP's gradient hooks break the graph (DDPOptimizer splits it per bucket): no fullgraph
-    ctx.model.compile(**ctx.kwargs())
+_WHOLE = {"fullgraph": True}
 
 
 def _recipes() -> list[Recipe]:
     dyn = {"group": "dynamic", "data": "longest", "baseline": "eager-longest"}
+    full = {"compile": "model", "compile_kwargs": _WHOLE}
+    regional = {"compile": "regional", "compile_kwargs": _WHOLE}
     return [
         # static shapes: every caption padded to the max length
-        Recipe(name="eager", group="static", description="eager, pad to max (the baseline)", apply=_eager),
+        Recipe(name="eager", group="static", description="eager, pad to max (the baseline)"),
         Recipe(name="full", group="static", description="model.compile(fullgraph=True) after fix_loss_function; cold, saves its cache",
-               apply=_full(), save_cache=True),
+               save_cache=True, **full),
         Recipe(name="max-autotune", group="static", description="full compile, mode='max-autotune'",
-               apply=_full(mode="max-autotune"), default=False),
+               compile="model", compile_kwargs={**_WHOLE, "mode": "max-autotune"}, default=False),
         Recipe(name="reduce-overhead", group="static", description="full compile, mode='reduce-overhead' (CUDA graphs)",
-               apply=_full(mode="reduce-overhead"), requires=("cuda",)),
-        Recipe(name="compile-optimizer", group="static", description="full compile + compile_optimizer(Adam)",
-               apply=_full_and_optimizer("step")),
-        Recipe(name="fused-adam", group="static", description="full compile + eager Adam(fused=True), the fastest eager optimizer",
-               apply=_full_and_fused_adam, default=False),
+               compile="model", compile_kwargs={**_WHOLE, "mode": "reduce-overhead"}, requires=("cuda",)),
+        Recipe(name="compile-optimizer", group="static", description="full compile + compile_optimizer(the run's optimizer, Adam by default)",
+               optimizer="compiled", **full),
+        Recipe(name="fused-adam", group="static", description="full compile + the run's Adam/AdamW with fused=True, the fastest eager optimizer",
+               optimizer="fused", default=False, **full),
         Recipe(name="foreach-map", group="static", description="full compile + compile_optimizer(impl='foreach_map') + zero_grads",
-               apply=_full_and_optimizer("foreach_map"), zero_grads=True, default=False),
+               optimizer="foreach_map", zero_grads=True, default=False, **full),
         # dynamic shapes: pad to the longest caption of the batch (a multiple of 8)
-        Recipe(name="eager-longest", description="eager, pad to longest (baseline of this group)", apply=_eager, **dyn),
+        Recipe(name="eager-longest", description="eager, pad to longest (baseline of this group)", **dyn),
         Recipe(name="automatic-dynamic", description="full compile, dynamic=None: recompiles once, then dynamic",
-               apply=_full(), default=False, **dyn),
-        Recipe(name="mark-dynamic", description="full compile + mark_dynamic_batch(batch, 1) on every batch",
-               apply=_full(), mark_dynamic=True, **dyn),
+               default=False, **full, **dyn),
+        Recipe(name="mark-dynamic", description="full compile + mark_dynamic_batch(batch, 1) on every batch (one dynamic graph)",
+               mark_dynamic=True, **full, **dyn),
         Recipe(name="dynamic-true", description="full compile, dynamic=True",
-               apply=_full(dynamic=True), default=False, **dyn),
-        Recipe(name="multiple-of-32", group="dynamic", description="full compile, dynamic=False, pad to a multiple of 32 (the seed's way)",
-               apply=_full(dynamic=False), data="multiple_of_32", baseline="eager-longest", default=False),
+               compile="model", compile_kwargs={**_WHOLE, "dynamic": True}, default=False, **dyn),
+        Recipe(name="multiple-of-32", group="dynamic", description="full compile, dynamic=False, pad to a multiple of 32 (the reference post's way)",
+               compile="model", compile_kwargs={**_WHOLE, "dynamic": False}, data="multiple_of_32", baseline="eager-longest", default=False),
         Recipe(name="buckets", group="dynamic", description="plan_buckets + BucketBatchSampler + PadToBucketCollator, dynamic=False, every shape warmed up",
-               apply=_full(dynamic=False), data="buckets", baseline="eager-longest", loss_reference=None),
-        Recipe(name="modular", description="encoder and decoder compiled apart: compile_regional(blocks={'encoder': {mode}, 'decoder': {}})",
-               apply=_modular, requires=("encoder_decoder",), default=False, **dyn),
+               compile="model", compile_kwargs={**_WHOLE, "dynamic": False}, data="buckets", baseline="eager-longest", loss_reference=None),
+        Recipe(name="modular", description="encoder and decoder compiled apart, the encoder with mode='max-autotune'",
+               compile="regional", compile_kwargs={"blocks": {"encoder": {"mode": "max-autotune"}, "decoder": {}}, **_WHOLE},
+               requires=("encoder_decoder",), default=False, **dyn),
         # warm-up: cold compile ('full' above), warm from the saved cache, regional, nested
-        Recipe(name="full-warm", group="warm-up", description="full compile, warm: loads the cache 'full' saved",
-               apply=_full(), cache_from="full", requires=("cache",)),
-        Recipe(name="regional", group="warm-up", description="compile_regional(model, fullgraph=True); cold, saves its cache",
-               apply=_regional, save_cache=True),
-        Recipe(name="regional-warm", group="warm-up", description="compile_regional, warm: loads the cache 'regional' saved",
-               apply=_regional, cache_from="regional", requires=("cache",)),
+        Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved",
+               cache_from="full", requires=("cache",), **full),
+        Recipe(name="regional", group="warm-up", description="compile_regional: each repeated block compiled once and reused, and the loss; saves its cache",
+               save_cache=True, **regional),
+        Recipe(name="regional-warm", group="warm-up", description="compile_regional, restarted with the compile cache 'regional' saved",
+               cache_from="regional", requires=("cache",), **regional),
         Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (loss and remainder eager)",
-               apply=_regional_blocks, default=False),
+               compile="regional", compile_kwargs={"compile_loss": False, **_WHOLE}, default=False),
         Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the loss, and the embeddings, final norm and LM head compiled too",
-               apply=_regional_remainder, default=False),
-        Recipe(name="nested", group="warm-up", description="the hybrid: one full compile, blocks as nested_compile_region (compile_regional(nested=True))",
-               apply=_nested, requires=("nested",)),
+               compile="regional", compile_kwargs={"remainder": True, **_WHOLE}, default=False),
+        Recipe(name="nested", group="warm-up", description="the hybrid: one full compile, blocks as nested compile regions (compile_regional(nested=True))",
+               compile="regional", compile_kwargs={"nested": True, **_WHOLE}, requires=("nested",)),
         # distributed
         Recipe(name="ddp", group="distributed", description="DDP, 2 processes (gloo on CPU), compiled after wrapping",
-               apply=_ddp, world_size=2, default=False, loss_reference=None),
+               compile="model", world_size=2, default=False, loss_reference=None),
     ]
 
 

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_positive_int
-from .planner import bucket_for, check_buckets, round_up
 from ..errors import BatchShapeError, SequenceTooLongError
+from .planner import bucket_for, check_buckets, round_up
 
 
 def _as_1d(value: Any, where: str) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """``tune``: on the user's own model and data, the fastest recipe that is still correct.
 
-The topic's API. Modules: :mod:`.candidates` (the recipes tried, in order), :mod:`.arithmetic`
+The topic's API. Modules: :mod:`.candidates` (the bench recipes tried, in order), :mod:`.arithmetic`
 (predicted totals and break-even steps), :mod:`.runs` (each candidate in its own process, via the
 bench's runner), :mod:`.gate` (the correctness check, in that process), :mod:`.budget` (time left,
 and what budget would do more), :mod:`.ranking` (the recommendation),
@@ -11,7 +11,7 @@ and what budget would do more), :mod:`.ranking` (the recommendation),
 
 
 from .arithmetic import Cost, break_even_steps, predicted_total
-from .candidates import CANDIDATES, Candidate, candidate_names
+from .candidates import CANDIDATES
 from .ranking import rank_candidates
 from .report import format_table, verification_line
 from .result import CandidateResult, TuneResult
@@ -27,10 +27,8 @@ __all__ = [
     "verification_line",
     # candidates and arithmetic
     "CANDIDATES",
-    "Candidate",
     "Cost",
     "break_even_steps",
-    "candidate_names",
     "predicted_total",
     "rank_candidates",
 ]

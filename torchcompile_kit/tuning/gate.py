@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..adapters import check_peft_compile_safety
-from ..bench import RecipeContext, loss_of
+from ..bench import RECIPES, Recipe, RecipeContext, loss_of
 from ..diagnostics import CompileMonitor, EquivalenceStep, check_compile_equivalence
-from .candidates import CANDIDATES, Candidate
 
 __all__ = ["CHECK_HOOK", "GateVerdict", "check_candidate", "check_in_run"]
 
@@ -64,7 +63,7 @@ class GateVerdict:
 
 
 def check_candidate(
-    candidate: Candidate,
+    candidate: Recipe,
     *,
     model: Any,
     reference: Any,
@@ -76,7 +75,7 @@ def check_candidate(
     """Check a run's compiled model (and compiled optimizer) against eager, compiling nothing new.
 
     Args:
-        candidate: the compiled candidate the run applied (``candidate.gate`` is not ``None``).
+        candidate: the compiling recipe the run applied.
         model: the model the run compiled (in place) and trained; its weights are set to
             ``reference``'s.
         reference: an uncompiled model of the same architecture with the weights the run started
@@ -90,7 +89,7 @@ def check_candidate(
         The :class:`GateVerdict`; exceptions while checking become a failed verdict.
 
     Example:
-        >>> verdict = check_candidate(CANDIDATES[2], model=compiled, reference=eager_copy,
+        >>> verdict = check_candidate(RECIPES["full"], model=compiled, reference=eager_copy,
         ...                           batch=batch, optimizer=opt, backend="eager")  # doctest: +SKIP
         >>> verdict.ok, verdict.offending, verdict.new_graphs  # doctest: +SKIP
         (True, None, 0)
@@ -102,7 +101,7 @@ def check_candidate(
         if verdict is None:
             with monitor:
                 verdict = _equivalence(model, reference, batch, backend)
-                if verdict.ok and candidate.optimizer == "compiled":
+                if verdict.ok and candidate.optimizer in ("compiled", "foreach_map"):
                     verdict = _optimizer(model, optimizer, batch, verdict)
             verdict.new_graphs = monitor.snapshot().get("graphs")
     except Exception as err:  # noqa: BLE001 - a candidate that cannot be checked is not recommended
@@ -120,7 +119,7 @@ def check_in_run(
         ctx: the run's context (its compiled model and optimizer, backend, overrides).
         reference: the eager model, built again with the weights the run started from.
         batch: the run's first batch, on the device.
-        recipe: the bench recipe the run applied (selects the candidate).
+        recipe: the name of the bench recipe the run applied.
 
     Returns:
         :meth:`GateVerdict.to_dict`, stored as the run's ``metrics["check"]``.
@@ -128,9 +127,8 @@ def check_in_run(
     Example:
         >>> run_recipe_isolated("full", spec=..., out_dir="runs", check=CHECK_HOOK)  # doctest: +SKIP
     """
-    candidate = next(c for c in CANDIDATES if c.recipe == recipe and c.gate is not None)
     verdict = check_candidate(
-        candidate,
+        RECIPES[recipe],
         model=ctx.model,
         reference=reference,
         batch=batch,

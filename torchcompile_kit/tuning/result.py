@@ -19,9 +19,7 @@ class CandidateResult:
     """One candidate: how it ran, what it costs for the planned run, whether it is correct."""
 
     name: str
-    """Candidate name (``"regional"``)."""
-    recipe: str
-    """The bench recipe that ran it."""
+    """The bench recipe it ran (``"regional"``)."""
     description: str
     """One line: what it does."""
     status: Status
@@ -35,7 +33,7 @@ class CandidateResult:
     offending: str | None = None
     """The gate's offending tensor (or error) when ``verdict == "fail"``."""
     restart: bool = False
-    """A warm restart from a saved compile cache (see ``Candidate.restart``)."""
+    """A warm restart from a saved compile cache (the recipe's ``cache_from``)."""
     compile_s: float | None = None
     """One-off seconds before steady speed (cold, or warm for a restart)."""
     recompile_s: float | None = None

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bench import RECIPES, missing_requirement, run_recipe_isolated
+from ..bench import Recipe, missing_requirement, run_recipe_isolated
 from .arithmetic import predicted_total
 from .budget import Budget
-from .candidates import Candidate
 from .gate import CHECK_HOOK
 from .ranking import cost_of
 from .result import CandidateResult
@@ -63,7 +62,7 @@ class RunPlan:
 
 
 def measure_candidate(
-    candidate: Candidate,
+    candidate: Recipe,
     plan: RunPlan,
     budget: Budget,
     emit: Callable[[dict], None],
@@ -75,7 +74,7 @@ def measure_candidate(
     its verdict comes with its measurement.
 
     Args:
-        candidate: the candidate.
+        candidate: the candidate (a bench recipe).
         plan: the settings every run shares.
         budget: the budget (time left, time spent).
         emit: progress callback.
@@ -87,11 +86,10 @@ def measure_candidate(
     """
     result = CandidateResult(
         name=candidate.name,
-        recipe=candidate.recipe,
         description=candidate.description,
         status="skipped",
-        restart=candidate.restart,
-        verdict="eager" if candidate.gate is None else "unchecked",
+        restart=candidate.cache_from is not None,
+        verdict="eager" if candidate.compile == "none" else "unchecked",
     )
     done.append(result)
     result.reason = _cannot_run(candidate, plan, done)
@@ -114,7 +112,7 @@ def measure_candidate(
         return result
     timeout, bound = budget.left(), None
     best = _best_so_far(done, plan.steps_planned, plan.warm_start)
-    if candidate.gate is not None and best is not None and eager is not None:
+    if candidate.compile != "none" and best is not None and eager is not None:
         measured = float(eager.metrics.get("warmup_s") or 0.0) + sum(
             eager.metrics.get("step_times_s") or []
         )
@@ -125,7 +123,7 @@ def measure_candidate(
     result.started_s = budget.elapsed()
     progress = _Progress()
     run = run_recipe_isolated(
-        candidate.recipe,
+        candidate.name,
         spec=plan.spec,
         preset=plan.preset,
         steps=plan.steps,
@@ -133,13 +131,13 @@ def measure_candidate(
         backend=plan.backend,
         timeout_s=None if timeout > _NO_LIMIT_S else timeout,
         warmup_steps=plan.warmup_steps,
-        compile_overrides=OVERRIDES if candidate.gate is not None else None,
+        compile_overrides=OVERRIDES if candidate.compile != "none" else None,
         plan_steps=plan.steps_planned,
         steady_s=plan.steady_s,
-        check=CHECK_HOOK if candidate.gate is not None else None,
+        check=CHECK_HOOK if candidate.compile != "none" else None,
         on_event=progress,
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
-        pair_with="eager" if plan.paired and candidate.recipe != "eager" else None,
+        pair_with="eager" if plan.paired and candidate.name != "eager" else None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
     result.reason = run.reason or run.error
@@ -165,7 +163,7 @@ def measure_candidate(
             "reason": result.reason,
         }
     )
-    if result.status == "ok" and candidate.gate is not None:
+    if result.status == "ok" and candidate.compile != "none":
         _read_check(result, emit)
     return result
 
@@ -201,19 +199,17 @@ def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
     emit({"event": "check", "name": result.name, "status": result.verdict})
 
 
-def _cannot_run(candidate: Candidate, plan: RunPlan, done: list[CandidateResult]) -> str | None:
-    if candidate.recipe not in RECIPES:
-        return f"the bench has no recipe {candidate.recipe!r} in this version"
-    if candidate.captioner_only and plan.spec is not None:
+def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -> str | None:
+    if candidate.compile == "none" and candidate.data != "max" and plan.spec is not None:
         return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
     # found here, not in a process started to find it: a start-up saved from the budget
     missing = missing_requirement(
-        RECIPES[candidate.recipe], device_type=plan.device_type, spec=plan.spec, backend=plan.backend
+        candidate, device_type=plan.device_type, spec=plan.spec, backend=plan.backend
     )
     if missing is not None:
         return missing
-    source = RECIPES[candidate.recipe].cache_from
-    if source is not None and not any(r.recipe == source and r.status == "ok" for r in done):
+    source = candidate.cache_from
+    if source is not None and not any(r.name == source and r.status == "ok" for r in done):
         return f"needs the compile cache of {source!r}, which did not run"
     return None
 
@@ -232,12 +228,12 @@ def _best_so_far(
     return best
 
 
-def verify_run(chosen: CandidateResult, candidate: Candidate, plan: RunPlan, runs: Path) -> dict[str, Any]:
+def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path) -> dict[str, Any]:
     """Run the recommendation for the planned steps; predicted vs measured total wall time.
 
     Args:
         chosen: the recommended candidate's result.
-        candidate: its candidate.
+        candidate: its recipe.
         plan: the settings of the ``tune`` (spec, preset, backend, planned steps).
         runs: the runner's ``out_dir`` for this run.
 
@@ -247,14 +243,14 @@ def verify_run(chosen: CandidateResult, candidate: Candidate, plan: RunPlan, run
     """
     warmup = int(chosen.metrics.get("warmup_steps") or 1)
     run = run_recipe_isolated(
-        candidate.recipe,
+        candidate.name,
         spec=plan.spec,
         preset=plan.preset,
         out_dir=runs,
         backend=plan.backend,
         steps=max(1, plan.steps_planned - warmup),
         warmup_steps=warmup,
-        compile_overrides=OVERRIDES if candidate.gate is not None else None,
+        compile_overrides=OVERRIDES if candidate.compile != "none" else None,
     )
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}

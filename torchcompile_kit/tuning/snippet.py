@@ -1,16 +1,16 @@
-"""The ready-to-paste code that applies a recommended candidate with this library's helpers.
+"""The ready-to-paste code that applies a recommended recipe with this library's helpers.
 
 The snippet builds the model and batches from the user's own ``--model`` factory (so it runs as
 printed, from any directory: it puts the directory ``tune`` imported the factory's module from on
-``sys.path``, or loads a file spec by its absolute path), applies the recipe exactly as ``tune``
-measured it (the bench recipe's calls, written out) with the factory's own optimizer when it
-returns one, and trains for the planned steps. ``fullgraph=True`` is written only when the
+``sys.path``, or loads a file spec by its absolute path), applies the recipe with the very lines
+the bench ran (:func:`~torchcompile_kit.bench.setup_source`) on the factory's own optimizer when
+it returns one, and trains for the planned steps. ``fullgraph=True`` is written only when the
 measured run had no graph break.
 """
 
 from __future__ import annotations
 
-from .candidates import Candidate
+from ..bench import Recipe, setup_source
 
 __all__ = ["make_snippet"]
 
@@ -26,7 +26,7 @@ _SEQ_KEYS = (
 
 
 def make_snippet(
-    candidate: Candidate,
+    recipe: Recipe,
     *,
     spec: str,
     backend: str = "inductor",
@@ -37,85 +37,44 @@ def make_snippet(
     sys_path: str | None = None,
     spec_optimizer: bool = False,
 ) -> str:
-    """Python source that sets up ``candidate``'s recipe on the user's model and trains.
+    """Python source that sets up ``recipe`` on the user's model and trains.
 
     Args:
-        candidate: the recommended candidate.
+        recipe: the recommended bench recipe; its setup is :func:`~torchcompile_kit.bench.setup_source`,
+            the lines the bench ran.
         spec: the ``"module:function"`` factory (``--model``); file paths are loaded by path
             (pass an absolute one for a script that runs from anywhere).
         backend: the ``torch.compile`` backend (written only when not ``"inductor"``).
         fullgraph: write ``fullgraph=True`` (the measured run had no graph break).
         steps_planned: the number of steps the loop runs.
         batch_size: the sampler's batch size for the bucket recipe.
-        transformers_model: the model contains a transformers model: pin its loss first
-            (``fix_loss_function``), as the recipe did.
+        transformers_model: the model contains a transformers model (a whole-model compile pins
+            its loss first, as the recipe did).
         sys_path: the directory the factory's module imports from
             (``bench.portable_model_spec``); the snippet inserts it into ``sys.path``.
         spec_optimizer: the factory returns its optimizer as a fourth item: the snippet trains
-            with it (compiled or fused as the candidate says) instead of ``Adam(lr=1e-4)``.
+            with it (compiled or fused as the recipe says) instead of ``Adam(lr=1e-4)``.
 
     Returns:
         The source; it defines ``model``, ``optimizer``, ``make_batch`` and ``train_step``, and
         trains for ``steps_planned`` steps when run as a script (``__name__ == "__main__"``).
 
     Example:
-        >>> from torchcompile_kit.tuning.candidates import CANDIDATES
-        >>> print(make_snippet(CANDIDATES[0], spec="mypkg.models:build", steps_planned=10))
+        >>> from torchcompile_kit.bench import RECIPES
+        >>> print(make_snippet(RECIPES["eager"], spec="mypkg.models:build", steps_planned=10))
         ... # doctest: +ELLIPSIS
         import torch
         ...
     """
     module, _, function = spec.rpartition(":")
-    kw = "" if backend == "inductor" else f", backend={backend!r}"
-    full_kw = f"fullgraph={fullgraph}{kw}"
-    imports = {"mark_dynamic_batch"} if candidate.dynamic == "mark" else set()
-    lines: list[str] = []
-    if candidate.kind == "full" or candidate.kind == "buckets":
-        dynamic = ", dynamic=False" if candidate.dynamic == "static" else ""
-        if transformers_model:
-            imports.add("fix_loss_function")
-            lines.append("fix_loss_function(model)  # pins the loss: no graph break there")
-        lines.append(f"model.compile({full_kw}{dynamic})")
-    elif candidate.kind in ("regional", "nested"):
-        imports.add("compile_regional")
-        if candidate.kind == "regional":
-            if transformers_model:
-                imports.add("fix_loss_function")
-                lines.append(f"fix_loss_function(model, compile=True, {full_kw})")
-            lines.append(f"compile_regional(model, {full_kw})")
-        else:
-            lines += [f"compile_regional(model, nested=True, {full_kw})"]
-    if spec_optimizer:  # the factory's own optimizer, as the measured run used it
-        if candidate.optimizer == "compiled":
-            imports.add("compile_optimizer")
-            lines.append(f"optimizer = compile_optimizer(optimizer{kw})  # its step compiled")
-        elif candidate.optimizer == "fused":
-            lines += [
-                "# your Adam/AdamW rebuilt with fused=True: same param groups and hyperparameters",
-                "optimizer = type(optimizer)(",
-                "    [{k: v for k, v in g.items() if k not in ('foreach', 'fused')}",
-                "     for g in optimizer.param_groups],",
-                "    fused=True,",
-                ")",
-            ]
-    else:
-        lines.append(
-            "# the optimizer tune measured; return yours from the factory to keep it (docs/tune.md)"
-        )
-        if candidate.optimizer == "compiled":
-            imports.add("compile_optimizer")
-            lines.append(
-                f"optimizer = compile_optimizer(torch.optim.Adam(model.parameters(), lr=1e-4){kw})"
-            )
-        elif candidate.optimizer == "fused":
-            lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)")
-        else:
-            lines.append("optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)")
-    if candidate.restart:
-        imports.add("compile_cache")
+    overrides = {"fullgraph": fullgraph} if recipe.compile != "none" and recipe.world_size == 1 else {}
+    setup = setup_source(
+        recipe, backend=backend, overrides=overrides, transformers_model=transformers_model
+    )
     head = ["import torch"]
-    if imports:
-        head.append(f"from torchcompile_kit import {', '.join(sorted(imports))}")
+    if recipe.mark_dynamic or recipe.cache_from:
+        names = ["mark_dynamic_batch"] * recipe.mark_dynamic + ["compile_cache"] * bool(recipe.cache_from)
+        head.append(f"from torchcompile_kit import {', '.join(names)}")
     if module.endswith(".py") or "/" in module:
         head += [
             "import importlib.util",
@@ -137,14 +96,16 @@ def make_snippet(
     unpack = "model, make_batch, _, optimizer" if spec_optimizer else "model, make_batch, *_"
     body = [
         "",
-        f"# recipe chosen by `torchcompile-kit tune`: {candidate.name} ({candidate.description})",
+        f"# recipe chosen by `torchcompile-kit tune`: {recipe.name} ({recipe.description})",
         f"{unpack} = {function}()",
-        *lines,
-        "",
-        "",
-        "def train_step(batch):",
     ]
-    if candidate.dynamic == "mark":
+    if not spec_optimizer:
+        body += [
+            "# the optimizer tune measured; return yours from the factory to keep it (docs/tune.md)",
+            "optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)",
+        ]
+    body += [*setup, "", "", "def train_step(batch):"]
+    if recipe.mark_dynamic:
         body.append(f"    keys = [k for k in {_SEQ_KEYS!r} if k in batch]")
         body.append("    batch = mark_dynamic_batch(batch, 1, keys=keys)  # one dynamic graph")
     body += [
@@ -159,7 +120,7 @@ def make_snippet(
         f"steps_planned = {steps_planned}",
     ]
     loop = ["for step in range(steps_planned):", "    train_step(make_batch(step))"]
-    if candidate.kind == "buckets":
+    if recipe.data == "buckets":
         size = batch_size or 64
         body += [
             "# bucket recipe: your dataset (samples of token ids) and their lengths:",
@@ -176,7 +137,7 @@ def make_snippet(
             "# for step, batch in zip(range(steps_planned), loader):",
             "#     train_step(batch)",
         ]
-    if candidate.restart:
+    if recipe.cache_from:
         loop = [
             "with compile_cache('compile-cache'):  # saved at exit, loaded by the next restart",
             *("    " + line for line in loop),

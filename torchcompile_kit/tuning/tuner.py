@@ -31,6 +31,7 @@ from .._checks import check_positive_int
 from .._compat import package_version
 from ..bench import (
     PRESETS,
+    RECIPES,
     ModelSpec,
     ModelSpecError,
     load_model_spec,
@@ -39,7 +40,7 @@ from ..bench import (
     spec_buckets,
 )
 from .budget import Budget, budget_shortfall
-from .candidates import CANDIDATES, Candidate, candidate_names
+from .candidates import CANDIDATES
 from .ranking import rank_candidates
 from .report import bucket_notes, format_table, recommendation_reason, write_chart
 from .result import CandidateResult, TuneResult
@@ -84,7 +85,7 @@ def tune(
             ``None``: a temporary directory, removed when ``tune`` returns.
         backend: ``torch.compile`` backend for every candidate (``None``: ``inductor``).
         preset: the captioner preset (``tiny``/``seed``) and default step counts.
-        candidates: names to consider (default: all of ``candidate_names()``).
+        candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         warm_start: rank the warm restarts (a compile cache saved by an earlier run) for the
             planned run; otherwise they are shown as what a restart would cost.
         steps: steady steps each candidate is timed over (``None``: the preset's).
@@ -120,10 +121,10 @@ def tune(
         raise ValueError(f"steady_s must be >= 0 seconds, got {steady_s!r}")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-    names = candidate_names() if candidates is None else list(candidates)
-    unknown = [n for n in names if n not in candidate_names()]
+    names = list(CANDIDATES) if candidates is None else list(candidates)
+    unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
-        raise ValueError(f"unknown candidate(s) {unknown!r}; choose from {candidate_names()!r}")
+        raise ValueError(f"unknown candidate(s) {unknown!r}; choose from {list(CANDIDATES)!r}")
     spec = _spec_string(model)
     loaded = load_model_spec(spec) if spec is not None else None  # fails early, with the reason
     budget = Budget(budget_s=budget_s)
@@ -147,16 +148,15 @@ def tune(
             runs=out / "runs",
             paired=paired,
         )
-        by_name = {c.name: c for c in CANDIDATES}
         results: list[CandidateResult] = []
-        for candidate in (c for c in CANDIDATES if c.name in names):
-            measure_candidate(candidate, plan, budget, emit, results)
+        for name in (n for n in CANDIDATES if n in names):
+            measure_candidate(RECIPES[name], plan, budget, emit, results)
         ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
         shortfall = budget_shortfall(results, budget)
         result = TuneResult(
             recommendation=recommended.name if recommended else None,
             reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
-            snippet=_snippet(recommended, by_name, plan, loaded),
+            snippet=_snippet(recommended, plan, loaded),
             steps_planned=steps_planned,
             candidates=ranked,
             settings=_settings(
@@ -167,7 +167,7 @@ def tune(
         )
         if verify and recommended is not None:
             result.verification = verify_run(
-                recommended, by_name[recommended.name], plan, out / "verify"
+                recommended, RECIPES[recommended.name], plan, out / "verify"
             )
         result.elapsed_s = budget.elapsed()
         if out_dir is not None:
@@ -226,7 +226,6 @@ def _is_transformers(loaded: ModelSpec | None) -> bool:
 
 def _snippet(
     chosen: CandidateResult | None,
-    by_name: dict[str, Candidate],
     plan: RunPlan,
     loaded: ModelSpec | None,
 ) -> str:
@@ -238,7 +237,7 @@ def _snippet(
         plan.spec or "torchcompile_kit.tuning.examples:captioner_tiny"
     )
     return make_snippet(
-        by_name[chosen.name],
+        RECIPES[chosen.name],
         spec=spec,
         sys_path=sys_path,
         backend=plan.backend,
@@ -285,6 +284,6 @@ def _notes(loaded: ModelSpec | None, preset: str, results: list[CandidateResult]
     ids = loaded.make_batch(0).get("input_ids")
     batch_size = int(ids.shape[0]) if getattr(ids, "ndim", 0) >= 2 else 64
     # the note says what the timed buckets row padded to only when there is such a row
-    timed = any(r.recipe == "buckets" and r.status == "ok" for r in results)
+    timed = any(r.name == "buckets" and r.status == "ok" for r in results)
     measured = spec_buckets(loaded.lengths, PRESETS[preset]) if timed else None
     return bucket_notes(loaded.lengths, batch_size, measured)
