@@ -99,7 +99,7 @@ def vit(n_layer: int = 2, hidden: int = 32):
 
 
 def vision_encoder_decoder(n_layer: int = 2, hidden: int = 32):
-    """The seed's captioning model, tiny: ViT encoder + GPT-2 decoder."""
+    """The post's captioning model, tiny: ViT encoder + GPT-2 decoder."""
     from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
 
     decoder = GPT2Config(

@@ -1,6 +1,6 @@
 """Command line: ``torchcompile-kit bench | report | tune`` (also ``python -m torchcompile_kit``).
 
-- ``bench [RECIPE ...]``: the seed post's experiment on this machine, recipe by recipe, each in its
+- ``bench [RECIPE ...]``: the reference post's experiment on this machine, recipe by recipe, each in its
   own process with an empty inductor cache; a table, ``results.json`` and PNG charts in ``--out``.
 - ``report DIR [DIR2]``: the table and charts again from saved results; two runs side by side.
 - ``tune --model M:F --steps-planned N``: the fastest correct recipe for your run (``torchcompile_kit.tuning``).
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser(
         "bench",
-        help="run the seed's torch.compile experiment recipe by recipe (table, results.json, charts)",
+        help="run the post's torch.compile experiment recipe by recipe (table, results.json, charts)",
         description="Recipes (each runs in its own process with an empty inductor cache):\n" + _recipe_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -65,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the recipes and exit")
     bench.add_argument("--all", action="store_true", help="run every recipe, opt-in ones included")
     bench.add_argument("--ddp", action="store_true", help="also run DDP with 2 processes (gloo on CPU)")
-    bench.add_argument("--preset", default=None, metavar="{tiny,seed}",
-                       help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or seed (the seed's sizes; default on CUDA)")
+    bench.add_argument("--preset", default=None, metavar="{tiny,full-size}",
+                       help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size (the post's sizes; default on CUDA)")
     bench.add_argument("--steps", type=int, default=None, help="steady steps to time per recipe (default: the preset's)")
     bench.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="where results.json, charts and logs go (default: %(default)s)")
@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--budget", type=_POSITIVE_FLOAT, default=30.0, metavar="MINUTES", help="time tune may spend (default: %(default)s)")
     tune.add_argument("--out", default="tune-results", metavar="DIR", help="tune.json, tune.png, recommended.py, logs (default: %(default)s)")
     tune.add_argument("--candidates", nargs="+", default=None, metavar="NAME", help="candidates to consider (default: all)")
-    tune.add_argument("--preset", default="tiny", choices=("tiny", "seed"), help="captioner sizes and default step counts")
+    tune.add_argument("--preset", default="tiny", choices=("tiny", "full-size"), help="captioner sizes and default step counts")
     tune.add_argument("--steps", type=int, default=None, help="steady steps timed per candidate (default: the preset's)")
     tune.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
     tune.add_argument("--steady-seconds", type=_SECONDS, default=None, metavar="S",
@@ -149,7 +149,7 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    preset = args.preset or ("seed" if device_type == "cuda" else "tiny")
+    preset = args.preset or ("full-size" if device_type == "cuda" else "tiny")
     try:
         check_preset(preset)
         names = check_recipe_names(args.recipes)

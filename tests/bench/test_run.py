@@ -42,7 +42,7 @@ def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_pat
     static, longest = rows["eager"]["metrics"], rows["eager-longest"]["metrics"]
     assert METRICS <= set(static)
     assert static["graphs"] == 0 and static["speedup"] == 1.0
-    # the seed's length mix: padding to max wastes most tokens, to the longest far fewer
+    # the post's length mix: padding to max wastes most tokens, to the longest far fewer
     assert static["padding"] > 0.7 and longest["padding"] < static["padding"]
     assert len(longest["losses"]) == 3 and longest["loss_max_abs_diff"] < 1e-4  # same samples
     assert {"torch", "device", "git_commit", "date"} <= set(doc["environment"])
@@ -118,7 +118,7 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
 
 @pytest.mark.slow
 def test_captioner_compiled_recipes_with_a_cheap_backend(in_process, tmp_path):
-    """The seed's model through dynamo: full, mark-dynamic and the nested hybrid (aot_eager)."""
+    """The post's model through dynamo: full, mark-dynamic and the nested hybrid (aot_eager)."""
     out = tmp_path / "run"
     code = main(["bench", "eager", "full", "nested", "--steps", "2", "--warmup-steps", "1",
                  "--backend", "aot_eager", "--out", str(out), "--no-charts"])

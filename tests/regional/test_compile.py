@@ -310,7 +310,7 @@ def test_mapping_gives_per_group_compile_kwargs():
 
 
 def test_modular_compile_of_whole_submodules():
-    # the seed's modular compilation: encoder and decoder each one region
+    # the post's modular compilation: encoder and decoder each one region
     model = tm.vision_encoder_decoder()
     plan = find_repeated_blocks(model, blocks={"encoder": {"mode": "max-autotune"}, "decoder": {}})
     assert plan.blocks == ["encoder", "decoder"]

@@ -24,7 +24,7 @@ from torchcompile_kit import (
     plan_buckets,
     warmup_shapes,
 )
-from torchcompile_kit.bench import seed_length_mix as seed_lengths
+from torchcompile_kit.bench import caption_length_mix as caption_lengths
 
 PROPERTY = settings(max_examples=60, deadline=None)
 
@@ -74,7 +74,7 @@ def test_planner_is_optimal_against_brute_force(lengths, k, multiple_of, max_len
 
 
 def test_planner_is_deterministic_and_order_free():
-    lengths = seed_lengths(3000)
+    lengths = caption_lengths(3000)
     shuffled = random.Random(1).sample(lengths, len(lengths))
     first = plan_buckets(lengths)
     assert plan_buckets(shuffled) == first == plan_buckets(torch.tensor(lengths))
@@ -109,7 +109,7 @@ def test_planner_rejects_bad_arguments():
 def test_planner_on_the_seed_mix_meets_the_reference_padding():
     # reference (notes §4, analytic): grouped batches, K=8 waste 14.0% (any length) / 15.9%
     # (multiples of 8); K=4 26.4%; multiple-of-32 grouped 39.1%
-    lengths = seed_lengths(20000)
+    lengths = caption_lengths(20000)
     real = sum(lengths)
 
     def waste(buckets):
@@ -314,7 +314,7 @@ def test_sampler_batches_are_single_bucket_and_cover_every_index(
 
 
 def test_sampler_shuffles_within_and_across_buckets_per_epoch():
-    lengths = seed_lengths(2000)
+    lengths = caption_lengths(2000)
     buckets = plan_buckets(lengths, max_buckets=4)
     sampler = BucketBatchSampler(lengths, buckets, 16, seed=3)
     epoch0 = list(sampler)
@@ -340,7 +340,7 @@ def test_sampler_shuffles_within_and_across_buckets_per_epoch():
     drop_last=st.booleans(),
 )
 def test_sampler_ddp_shards(n, world, batch_size, drop_last):
-    lengths = seed_lengths(n, seed=n)
+    lengths = caption_lengths(n, seed=n)
     buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
     shards = [
         list(
@@ -387,7 +387,7 @@ def test_sampler_reads_world_size_from_torch_distributed(tmp_path):
 
 
 def test_sampler_token_budget_keeps_batch_tokens_near_constant():
-    lengths = seed_lengths(3000)
+    lengths = caption_lengths(3000)
     buckets = plan_buckets(lengths, max_buckets=4, max_length=256)
     sampler = BucketBatchSampler(lengths, buckets, 512, max_tokens=2048)
     for size, bucket in zip(sampler.batch_sizes, buckets):
@@ -411,7 +411,7 @@ def test_sampler_errors():
 
 
 def test_sampler_and_collator_drive_a_dataloader():
-    lengths = seed_lengths(500)
+    lengths = caption_lengths(500)
     rng = random.Random(0)
     dataset = [{"input_ids": [rng.randint(3, 99) for _ in range(n)]} for n in lengths]
     for row in dataset:
@@ -481,7 +481,7 @@ def test_batch_aware_plan_is_optimal_for_the_sampler_batches(lengths, k, batch_s
 
 
 def test_batch_size_one_plans_as_per_sample():
-    lengths = seed_lengths(3000, seed=2)
+    lengths = caption_lengths(3000, seed=2)
     for k in (2, 5, 8):
         assert plan_buckets(lengths, max_buckets=k, batch_size=1) == plan_buckets(
             lengths, max_buckets=k
@@ -490,7 +490,7 @@ def test_batch_size_one_plans_as_per_sample():
 
 def test_seed_mix_batches_pad_as_planned():
     """Issue 13: at batch 64, multiple_of=8, the batches' padding is the plan's (±0.5 pt)."""
-    lengths = seed_lengths(19200)  # the shapes bench's epoch: 300 batches of 64
+    lengths = caption_lengths(19200)  # the shapes bench's epoch: 300 batches of 64
     per_sample = plan_buckets(lengths, max_buckets=8, max_length=256)
     aware = plan_buckets(lengths, max_buckets=8, max_length=256, batch_size=64, drop_last=True)
     planned = expected_padding(lengths, aware, batch_size=64, drop_last=True)
@@ -554,7 +554,7 @@ def test_training_over_the_seed_mix_compiles_one_graph_set_per_bucket():
     """Collator + sampler + warmup_shapes: at most len(buckets) shapes, 0 recompiles."""
     torch.manual_seed(0)
     max_length = 128  # the tiny GPT-2 has 128 positions: longer samples are truncated
-    lengths = seed_lengths(400, seed=1)
+    lengths = caption_lengths(400, seed=1)
     rng = random.Random(1)
     dataset = [{"input_ids": [rng.randint(3, 127) for _ in range(n)]} for n in lengths]
     for row in dataset:
@@ -599,7 +599,7 @@ def test_training_over_the_seed_mix_compiles_one_graph_set_per_bucket():
 
 
 def test_sampler_advances_its_epoch_unless_set_epoch_was_called():
-    lengths = seed_lengths(300)
+    lengths = caption_lengths(300)
     buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
     sampler = BucketBatchSampler(lengths, buckets, 8, seed=2)
     epochs = [list(sampler) for _ in range(3)]  # no set_epoch: 0, 1, 2
@@ -616,7 +616,7 @@ def test_sampler_advances_its_epoch_unless_set_epoch_was_called():
 
 def test_sampler_deals_once_inside_accelerates_batch_sampler_shard():
     data_loader = pytest.importorskip("accelerate.data_loader")
-    lengths = seed_lengths(205)
+    lengths = caption_lengths(205)
     buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
     sampler = BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1)
     shards = [data_loader.BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in (0, 1)]

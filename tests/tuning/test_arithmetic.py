@@ -23,7 +23,6 @@ def measured(name, *, compile_s, step_s, verdict="pass", restart=False, spikes=(
     """A candidate as the runner would have measured it (warm-up = compile + 5 steps)."""
     return CandidateResult(
         name=name,
-        recipe=name,
         description=name,
         status="ok",
         restart=restart,
@@ -46,7 +45,7 @@ def field():
         measured("wrong", compile_s=1.0, step_s=0.01, verdict="fail"),
         # its run reported no check: never recommended either
         measured("unchecked", compile_s=1.0, step_s=0.01, verdict="unchecked"),
-        CandidateResult(name="pruned", recipe="full", description="", status="pruned", reason="r"),
+        CandidateResult(name="pruned", description="", status="pruned", reason="r"),
     ]
 
 

@@ -73,7 +73,7 @@ RULES: tuple[AdapterRule, ...] = (
         "first use (one recompile); to change settings, compile_peft(uncompile(model), ...).",
         check=lambda f: _if(bool(f.compiled_modules), _names(f.compiled_modules)),
     ),
-    # --- the seed guide's seven items: broken before peft 0.15 ---------------------------------
+    # --- PEFT's torch.compile guide before 0.15: its seven items: broken before peft 0.15 ---------------------------------
     AdapterRule(
         id="legacy-lokr",
         severity="refuse",

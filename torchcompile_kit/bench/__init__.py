@@ -1,9 +1,9 @@
-"""The benchmark command's machinery: ``torchcompile-kit bench`` runs the seed post's experiment.
+"""The benchmark command's machinery: ``torchcompile-kit bench`` runs the reference post's experiment.
 
 Modules, one concept each:
 
-- :mod:`.captioner`: the seed's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``seed``;
-- :mod:`.recipes`: the recipe table (the seed's rows), built on the library's public helpers;
+- :mod:`.captioner`: the post's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``seed``;
+- :mod:`.recipes`: the recipe table (the post's rows), built on the library's public helpers;
 - :mod:`.model_spec`: ``--model module:function``, the user's model;
 - :mod:`.batches`: each recipe's batches (padding schemes, buckets);
 - :mod:`.runner`: one recipe in its own fresh process (``run_recipe_isolated``);
@@ -16,7 +16,7 @@ Only the command line and ``tune`` import this package; nothing below it does.
 """
 
 from .batches import batch_stream, spec_buckets
-from .captioner import PRESETS, build_captioner, seed_length_mix
+from .captioner import PRESETS, build_captioner, caption_length_mix
 from .model_spec import (
     ModelSpec,
     ModelSpecError,
@@ -50,7 +50,7 @@ __all__ = [
     "parse_model_spec",
     "portable_model_spec",
     "run_recipe_isolated",
-    "seed_length_mix",
+    "caption_length_mix",
     "spec_buckets",
 ]
 

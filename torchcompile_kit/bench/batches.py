@@ -3,10 +3,10 @@
 
 Every recipe of a run sees the same samples in the same order (the bucket recipe excepted: its
 sampler groups samples by length), so losses can be compared step by step with eager. Padding
-schemes (the seed's and the library's):
+schemes (the post's and the library's):
 
-- ``max``: every caption padded to the max length (the seed's static-shape experiments);
-- ``longest``: to the batch's longest caption, rounded up to a multiple of 8 (the seed rounds to 8
+- ``max``: every caption padded to the max length (the post's static-shape experiments);
+- ``longest``: to the batch's longest caption, rounded up to a multiple of 8 (the post rounds to 8
   so SDPA's alignment guard does not recompile);
 - ``multiple_of_32``: to a multiple of 32, at most ``max_length / 32`` static graphs;
 - ``buckets``: :func:`plan_buckets` over the dataset's lengths, :class:`BucketBatchSampler`

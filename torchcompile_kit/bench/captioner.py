@@ -1,13 +1,14 @@
-"""The seed's toy model and data: an image captioner (ViT encoder + GPT-2 decoder) on captions of
-variable length, built from configs with random weights and data made in code (nothing downloads).
+"""The reference post's toy model and data: an image captioner (ViT encoder + GPT-2 decoder) on
+captions of variable length, built from configs with random weights and data made in code.
 
-The seed post (``/work/shared/seeds/torch_compile_training_post.txt``) trains a
+The reference post, Chaim Rand's "Maximizing AI/ML Model Performance with PyTorch Compilation"
+(Towards Data Science, 2025, https://towardsdatascience.com/maximizing-ai-ml-model-performance-with-pytorch-compilation/), trains a
 ``VisionEncoderDecoderModel`` (default ``ViTConfig`` + default ``GPT2Config``, vocab 1024,
 ``use_cache=False``, the unused pooler removed) on random 224×224 images and random captions whose
-lengths follow a mix: 90% in [5,31], 9% in [33,63], 1% in [65,255]; batch 64; Adam. The ``seed``
-preset keeps those sizes; ``tiny`` scales the architecture down so that a whole bench run fits in
+lengths follow a mix: 90% in [5,31], 9% in [33,63], 1% in [65,255]; batch 64; Adam. The
+``full-size`` preset keeps those sizes; ``tiny`` scales the architecture down so that a whole bench run fits in
 minutes on a 2-core CPU. Dropout is set to 0 in both, so eager and compiled runs take the same
-steps and their losses can be compared (the seed keeps the default 0.1; dropout does not change the
+steps and their losses can be compared (the post keeps the default 0.1; dropout does not change the
 graph's shape or cost much).
 """
 
@@ -22,7 +23,7 @@ __all__ = [
     "CaptionerPreset",
     "build_captioner",
     "caption_samples",
-    "seed_length_mix",
+    "caption_length_mix",
 ]
 
 PAD_ID = 0
@@ -35,59 +36,59 @@ class CaptionerPreset:
     """Sizes of the captioner and of the run."""
 
     name: str
-    """``"tiny"`` or ``"seed"``."""
+    """``"tiny"`` or ``"full-size"``."""
     image_size: int
-    """Side of the square random images (the seed: 224)."""
+    """Side of the square random images (the post: 224)."""
     patch_size: int
-    """ViT patch side (the seed: 16)."""
+    """ViT patch side (the post: 16)."""
     hidden: int
-    """Hidden size of both the encoder and the decoder (the seed: 768)."""
+    """Hidden size of both the encoder and the decoder (the post: 768)."""
     layers: int
-    """Layers in the encoder and in the decoder each (the seed: 12)."""
+    """Layers in the encoder and in the decoder each (the post: 12)."""
     heads: int
-    """Attention heads (the seed: 12)."""
+    """Attention heads (the post: 12)."""
     vocab: int
-    """Decoder vocabulary (the seed: 1024)."""
+    """Decoder vocabulary (the post: 1024)."""
     max_length: int
-    """Longest caption, the pad-to-max length (the seed: 256)."""
+    """Longest caption, the pad-to-max length (the post: 256)."""
     batch_size: int
-    """Samples per step (the seed: 64)."""
+    """Samples per step (the post: 64)."""
     warmup_steps: int
-    """Steps timed as warm-up from a cold start (the seed: 20)."""
+    """Steps timed as warm-up from a cold start (the post: 20)."""
     steps: int
-    """Steady steps timed after warm-up (the seed: 100)."""
+    """Steady steps timed after warm-up (the post: 100)."""
     max_buckets: int
-    """``plan_buckets(max_buckets=)`` of the bucket recipe (the seed's recompile limit: 8)."""
+    """``plan_buckets(max_buckets=)`` of the bucket recipe (the post's recompile limit: 8)."""
 
 
 PRESETS: dict[str, CaptionerPreset] = {
     # Small enough that one inductor compile of the whole model takes tens of seconds on 2 cores,
-    # and steady steps take milliseconds; the length mix and max length stay the seed's, so the
-    # shape and padding behaviour of every recipe is the seed's.
+    # and steady steps take milliseconds; the length mix and max length stay the post's, so the
+    # shape and padding behaviour of every recipe is the post's.
     "tiny": CaptionerPreset(
         name="tiny", image_size=32, patch_size=8, hidden=64, layers=2, heads=2, vocab=1024,
         max_length=256, batch_size=8, warmup_steps=5, steps=20, max_buckets=4,
     ),
-    "seed": CaptionerPreset(
-        name="seed", image_size=224, patch_size=16, hidden=768, layers=12, heads=12, vocab=1024,
+    "full-size": CaptionerPreset(
+        name="full-size", image_size=224, patch_size=16, hidden=768, layers=12, heads=12, vocab=1024,
         max_length=256, batch_size=64, warmup_steps=20, steps=100, max_buckets=8,
     ),
 }
 
 
-def seed_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[int]:
-    """``n`` caption lengths from the seed's mix: 90% U[5,31], 9% U[33,63], 1% U[65,max-1].
+def caption_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[int]:
+    """``n`` caption lengths from the post's mix: 90% U[5,31], 9% U[33,63], 1% U[65,max-1].
 
     Args:
         n: how many lengths.
         seed: seed of the ``random.Random`` that draws them.
-        max_length: the longest caption plus one (the seed: 256, so long captions are [65,255]).
+        max_length: the longest caption plus one (the post: 256, so long captions are [65,255]).
 
     Returns:
         The lengths, in draw order.
 
     Example:
-        >>> len(seed_length_mix(10))
+        >>> len(caption_length_mix(10))
         10
     """
     rng = random.Random(seed)
@@ -100,7 +101,7 @@ def seed_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[int
 
 
 def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
-    """The seed's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, random weights, train mode.
+    """The post's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, random weights, train mode.
 
     Args:
         preset: the sizes.
@@ -156,12 +157,12 @@ def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
 
 
 def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` samples like the seed's ``FakeDataset``: a random image and a random caption.
+    """``n`` samples like the post's ``FakeDataset``: a random image and a random caption.
 
     Each sample holds ``pixel_values`` (3×S×S), ``decoder_input_ids`` (START + caption),
     ``decoder_attention_mask`` (ones) and ``labels`` (caption + END), all of one length drawn from
-    :func:`seed_length_mix`, so any collator (``PadToBucketCollator`` pads ids and mask with 0 and
-    ``labels`` with -100) gives the seed's batches.
+    :func:`caption_length_mix`, so any collator (``PadToBucketCollator`` pads ids and mask with 0 and
+    ``labels`` with -100) gives the post's batches.
 
     Args:
         preset: the sizes.
@@ -176,7 +177,7 @@ def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[d
     """
     import torch
 
-    lengths = seed_length_mix(n, seed=seed, max_length=preset.max_length)
+    lengths = caption_length_mix(n, seed=seed, max_length=preset.max_length)
     gen = torch.Generator().manual_seed(seed)
     samples = []
     for length in lengths:

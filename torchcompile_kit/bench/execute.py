@@ -318,7 +318,7 @@ def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec
     from torchcompile_kit import mark_dynamic_batch, zero_grads
 
     autocast = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))  # the seed's bf16 autocast
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))  # the post's bf16 autocast
         if device.type == "cuda"
         else contextlib.nullcontext
     )

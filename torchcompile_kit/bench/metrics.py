@@ -1,9 +1,9 @@
-"""What one recipe measures, the way the seed measures it, and the comparisons across recipes.
+"""What one recipe measures, the way the reference post measures it, and the comparisons across recipes.
 
 In the recipe's process (:func:`measure_training`):
 
 - ``warmup_s``: wall time of the first ``warmup_steps`` steps from a true cold start (empty
-  inductor cache, nothing compiled), the seed's "warm-up time"; it includes compiling, and for
+  inductor cache, nothing compiled), the post's "warm-up time"; it includes compiling, and for
   recipes that compile every shape up front (buckets) that pre-compilation too;
 - ``first_step_s``: the first of those steps alone;
 - ``steps_per_s``: 1 / the median time of the steady steps that follow;

@@ -59,9 +59,9 @@ def run_recipe_isolated(
 
     Args:
         recipe: a name from :data:`torchcompile_kit.bench.recipes.RECIPES`.
-        spec: ``None`` for the seed's captioner at ``preset``, or a ``"module:function"`` model
+        spec: ``None`` for the post's captioner at ``preset``, or a ``"module:function"`` model
             spec (see :mod:`torchcompile_kit.bench.model_spec`), loaded again in the child.
-        preset: ``"tiny"`` or ``"seed"`` (sizes of the captioner, default step counts).
+        preset: ``"tiny"`` or ``"full-size"`` (sizes of the captioner, default step counts).
         steps: steady steps to time after warm-up (``None``: the preset's).
         out_dir: the run's directory (``caches/``, ``logs/`` and ``_work/`` go under it).
         backend: ``torch.compile`` backend for every compile of the recipe (``None``:

@@ -23,7 +23,7 @@ Nothing the user observes changes (``tests/diagnostics/test_first_call.py``):
   the compiled call then starts from, so dropout draws the same masks where the backend draws like
   eager (``eager``, ``aot_eager``), and the user's RNG stream is the compiled call's alone. Other
   backends (inductor) draw differently: the reference is then run twice from different seeds, and
-  a model whose outputs depend on the seed (active dropout) is recorded as *skipped*, with a
+  a model whose outputs depend on the random seed (active dropout) is recorded as *skipped*, with a
   warning, rather than compared (``check_compile_equivalence(..., dropout=False)`` checks it).
 - **buffers** changed by the eager forward (BatchNorm statistics) are restored before the compiled
   call, which then updates them once, as without the check.

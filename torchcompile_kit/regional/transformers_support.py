@@ -107,7 +107,7 @@ def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwar
     ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and logs a
     warning when the name does not say (``GPT2LMHeadModel``); under ``torch.compile`` that is a
     graph break in every training step. This resolves the loss once, eagerly, and pins it
-    (``model.loss_function = ForCausalLMLoss``, as the seed post recommends).
+    (``model.loss_function = ForCausalLMLoss``, as the reference post recommends).
 
     Args:
         model: a transformers model, or a module containing some (every one is fixed).

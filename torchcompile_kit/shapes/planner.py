@@ -12,7 +12,7 @@ docs/shapes.md); grouped batches pad each sample only up to its own bucket.
 
 Why it can take the batch size: the sampler fills batches of exactly ``batch_size`` and carries a
 bucket's leftovers (fewer than a batch) up into the next bucket's batches, where they pad to the
-longer bucket. On the seed's mix at batch 64 that adds about 1 point of padding to what a plan
+longer bucket. On the post's mix at batch 64 that adds about 1 point of padding to what a plan
 made per sample promises (15.8% -> 16.9%, docs/shapes.md). Given ``batch_size``, the planner
 minimizes the padding of the batches themselves (the sampler's rule, :func:`carry_rule`), and
 :func:`expected_padding` predicts it exactly (``drop_last=False``).

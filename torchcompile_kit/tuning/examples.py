@@ -1,7 +1,7 @@
 """``--model`` factories for trying ``tune`` (and the bench) without a model of your own.
 
 - :func:`tiny_llama`: a tiny Llama-style decoder (transformers ``LlamaForCausalLM``, random
-  weights from a config) on the seed's caption-length mix (90% in [5,31], 9% in [33,63], 1% in
+  weights from a config) on the post's caption-length mix (90% in [5,31], 9% in [33,63], 1% in
   [65,255]), batches of 64 padded to their longest (a multiple of 8), and the dataset's lengths
   as the optional third item::
 
@@ -23,16 +23,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..bench import PRESETS, RECIPES, ModelSpec, batch_stream, build_captioner, seed_length_mix
+from ..bench import PRESETS, RECIPES, ModelSpec, batch_stream, build_captioner, caption_length_mix
 
 __all__ = ["captioner_tiny", "tiny_llama", "tiny_llama_32k"]
 
 BATCH_SIZE = 64
-"""The seed's batch size."""
+"""The post's batch size."""
 DATASET_SIZE = 19_200
 """Samples in the made-up dataset: 300 batches of 64."""
 VOCAB = 1024
-"""The seed's vocabulary."""
+"""The post's vocabulary."""
 PAD_ID = 0
 """Padding token id (labels are -100 there)."""
 
@@ -42,7 +42,7 @@ def tiny_llama() -> tuple[Any, Any, list[int]]:
 
     Returns:
         ``(model, make_batch, lengths)``: 2 layers, hidden 64, 4 heads (2 KV heads), vocab 1024,
-        256 positions, ``use_cache=False``; ``make_batch(step)`` draws 64 samples of the seed's
+        256 positions, ``use_cache=False``; ``make_batch(step)`` draws 64 samples of the post's
         length mix (the same for the same step), pads them to the longest rounded up to 8, with
         ``attention_mask`` and ``labels`` (-100 on padding).
 
@@ -91,7 +91,7 @@ def _llama(vocab: int, batch_size: int) -> tuple[Any, Any, list[int]]:
         eos_token_id=2,
     )
     model = LlamaForCausalLM(config)
-    lengths = seed_length_mix(DATASET_SIZE)
+    lengths = caption_length_mix(DATASET_SIZE)
 
     def make_batch(step: int) -> dict[str, Any]:
         chosen = random.Random(step).sample(lengths, batch_size)

@@ -84,7 +84,7 @@ def tune(
         out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the runs' logs go;
             ``None``: a temporary directory, removed when ``tune`` returns.
         backend: ``torch.compile`` backend for every candidate (``None``: ``inductor``).
-        preset: the captioner preset (``tiny``/``seed``) and default step counts.
+        preset: the captioner preset (``tiny``/``full-size``) and default step counts.
         candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         warm_start: rank the warm restarts (a compile cache saved by an earlier run) for the
             planned run; otherwise they are shown as what a restart would cost.
