@@ -29,7 +29,7 @@ def _new_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor
 
 
 def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
-    from torchcompile_kit import UnsupportedTorchError
+    from torchcompile_kit.errors import UnsupportedTorchError
 
     with pytest.raises(UnsupportedTorchError, match=r"compile_regional\(recompile_limit=32\).*"
                        + torch.__version__.replace("+", r"\+") + r".*config.patch"):
@@ -41,7 +41,7 @@ def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
 
 @pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is not None, reason="this torch takes recompile_limit per call")
 def test_compile_regional_refuses_a_per_call_limit_before_compiling_anything():
-    from torchcompile_kit import UnsupportedTorchError
+    from torchcompile_kit.errors import UnsupportedTorchError
 
     blocks = nn.Sequential(*[IndexedBlock(i) for i in range(3)])
     with pytest.raises(UnsupportedTorchError, match="recompile_limit"):

@@ -59,6 +59,25 @@ def test_unknown_attribute_raises_attribute_error():
         raise AssertionError("expected AttributeError")
 
 
+def test_a_topics_name_at_the_top_says_where_it_is():
+    import pytest
+
+    with pytest.raises(AttributeError, match="from torchcompile_kit.errors import UnsafeAdapterConfigError"):
+        torchcompile_kit.UnsafeAdapterConfigError  # noqa: B018
+    with pytest.raises(AttributeError, match="from torchcompile_kit.regional import find_repeated_blocks"):
+        torchcompile_kit.find_repeated_blocks  # noqa: B018
+
+
+def test_every_public_name_has_its_reason_in_the_architecture_page():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    table = page[page.index("## The public face") :].split("\n\n")[2]
+    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert listed == set(torchcompile_kit.__all__) - {"__version__"}
+
+
 def test_errors_inherit_builtins():
     from torchcompile_kit import errors
 

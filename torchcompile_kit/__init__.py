@@ -17,70 +17,43 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it (relative to this package)
+# public name -> module that defines it (relative to this package). A name is here when a training
+# script calls or constructs it to apply, check or measure a recipe (docs/architecture.md gives
+# each one's reason); the types those calls return, the helpers around them and every error but
+# the base are imported from their topic (torchcompile_kit.regional, .errors, ...).
 _EXPORTS: dict[str, str] = {
-    # errors
-    "BatchShapeError": "errors",
-    "BlockSelectorError": "errors",
-    "CompiledMismatchError": "errors",
-    "NoRepeatedBlocksError": "errors",
-    "SequenceTooLongError": "errors",
     "TorchCompileKitError": "errors",
-    "UnexpectedRecompileError": "errors",
-    "UnsafeAdapterConfigError": "errors",
-    "UnsafeCompileModeError": "errors",
-    "UnsupportedOptimizerError": "errors",
-    "UnsupportedTorchError": "errors",
     # regional compilation
-    "RegionalPlan": "regional",
     "compile_regional": "regional",
-    "find_repeated_blocks": "regional",
     "fix_loss_function": "regional",
     "get_regional_plan": "regional",
     "uncompile": "regional",
     # optimizer
     "compile_optimizer": "optim",
-    "foreach_map_adam_step": "optim",
-    "zero_grads": "optim",
     # shapes
     "BucketBatchSampler": "shapes",
     "PadToBucketCollator": "shapes",
-    "expected_padding": "shapes",
     "mark_dynamic_batch": "shapes",
     "pad_to_bucket": "shapes",
     "plan_buckets": "shapes",
     "warmup_shapes": "shapes",
     # diagnostics
     "CompileMonitor": "diagnostics",
-    "EquivalenceReport": "diagnostics",
     "EquivalenceStep": "diagnostics",
     "check_compile_equivalence": "diagnostics",
     "explain_graph_breaks": "diagnostics",
     "no_recompiles": "diagnostics",
     # cache
-    "CacheLoadResult": "cache",
-    "CacheSaveResult": "cache",
-    "CompileCacheSession": "cache",
-    "CompileCacheWarning": "cache",
     "compile_cache": "cache",
     "load_compile_cache": "cache",
     "save_compile_cache": "cache",
     # adapters
-    "PeftCompileRecord": "adapters",
-    "SafetyFinding": "adapters",
     "check_peft_compile_safety": "adapters",
     "compile_peft": "adapters",
-    "get_peft_compile_record": "adapters",
-    # integrations (CompileTrainer, a transformers.Trainer subclass, stays in
-    # torchcompile_kit.integrations: touching it imports transformers)
-    "CompileTrainerMixin": "integrations",
-    "apply_fsdp2_regional": "integrations",
-    "enable_activation_checkpointing": "integrations",
-    "prepare_bucket_dataloader": "integrations",
     # tune
-    "TuneResult": "tuning",
     "tune": "tuning",
 }
+_TOPICS = ("errors", "regional", "optim", "shapes", "diagnostics", "cache", "adapters", "integrations", "tuning")
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
@@ -88,10 +61,30 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
     if module_name is None:
+        topic = _topic_of(name)
+        if topic is not None:
+            raise AttributeError(
+                f"torchcompile_kit.{name} is imported from its topic: "
+                f"from torchcompile_kit.{topic} import {name}"
+            )
         raise AttributeError(f"module 'torchcompile_kit' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module_name}", __name__), name)
     globals()[name] = value  # later lookups skip __getattr__
     return value
+
+
+def _topic_of(name: str) -> str | None:
+    """The topic that exports ``name`` (only when the top level does not: an error's hint)."""
+    if name.startswith("_"):
+        return None
+    for topic in _TOPICS:
+        try:
+            module = importlib.import_module(f".{topic}", __name__)
+        except ImportError:  # a topic whose optional dependency is missing
+            continue
+        if name in getattr(module, "__all__", ()):
+            return topic
+    return None
 
 
 def __dir__() -> list[str]:

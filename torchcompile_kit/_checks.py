@@ -58,7 +58,7 @@ def check_module(name: str, value: Any) -> nn.Module:
 def parameters_of(value: Any, *, what: str) -> Iterable[torch.Tensor]:
     """The parameters of a module, of an optimizer's groups, or an iterable of them as given.
 
-    ``what`` names the argument in the ``TypeError`` for anything else (``"zero_grads"``).
+    ``what`` names the argument in the ``TypeError`` for anything else (``"zero_grads_in_place"``).
 
     Example:
         >>> len(list(parameters_of(nn.Linear(2, 1), what="model")))

@@ -25,12 +25,8 @@ from peft import (
 from tiny_models import gpt2, opt, token_batch
 from torch._dynamo.testing import CompileCounter
 
-from torchcompile_kit import (
-    UnsafeAdapterConfigError,
-    _dynamo,
-    check_compile_equivalence,
-    compile_peft,
-)
+from torchcompile_kit import _dynamo, check_compile_equivalence, compile_peft
+from torchcompile_kit.errors import UnsafeAdapterConfigError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),

@@ -9,8 +9,9 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from tiny_models import gpt2, llama
 
-from torchcompile_kit import UnsafeAdapterConfigError, check_peft_compile_safety, compile_peft
+from torchcompile_kit import check_peft_compile_safety, compile_peft
 from torchcompile_kit.adapters import RULES
+from torchcompile_kit.errors import UnsafeAdapterConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -20,7 +20,7 @@ from peft import (
 )
 from tiny_models import gpt2, opt
 
-from torchcompile_kit import UnsafeAdapterConfigError, check_peft_compile_safety
+from torchcompile_kit import check_peft_compile_safety
 from torchcompile_kit.adapters import (
     RULES,
     AdapterFacts,
@@ -29,6 +29,7 @@ from torchcompile_kit.adapters import (
     rule_by_id,
     rule_in_force,
 )
+from torchcompile_kit.errors import UnsafeAdapterConfigError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),

@@ -23,13 +23,13 @@ from adapters.hook_guard_cost import block_guard_counts
 from torchcompile_kit import (
     CompileMonitor,
     EquivalenceStep,
-    UnsafeAdapterConfigError,
     _dynamo,
     check_compile_equivalence,
     compile_peft,
-    get_peft_compile_record,
     uncompile,
 )
+from torchcompile_kit.adapters import get_peft_compile_record
+from torchcompile_kit.errors import UnsafeAdapterConfigError
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),

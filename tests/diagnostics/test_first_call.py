@@ -17,13 +17,13 @@ from tiny_models import gpt2
 from torch import nn
 
 from torchcompile_kit import (
-    CompiledMismatchError,
     CompileMonitor,
     TorchCompileKitError,
     compile_optimizer,
     compile_regional,
     uncompile,
 )
+from torchcompile_kit.errors import CompiledMismatchError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
 

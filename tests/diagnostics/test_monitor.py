@@ -12,13 +12,13 @@ from torch import nn
 
 from torchcompile_kit import (
     CompileMonitor,
-    UnexpectedRecompileError,
     _dynamo,
     compile_optimizer,
     compile_regional,
     get_regional_plan,
     no_recompiles,
 )
+from torchcompile_kit.errors import UnexpectedRecompileError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
 

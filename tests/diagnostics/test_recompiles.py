@@ -18,7 +18,6 @@ from torchcompile_kit import (
     BucketBatchSampler,
     CompileMonitor,
     PadToBucketCollator,
-    UnexpectedRecompileError,
     compile_optimizer,
     compile_regional,
     fix_loss_function,
@@ -27,6 +26,7 @@ from torchcompile_kit import (
     warmup_shapes,
 )
 from torchcompile_kit.diagnostics import allow_first_compile
+from torchcompile_kit.errors import UnexpectedRecompileError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
 

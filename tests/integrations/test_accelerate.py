@@ -23,7 +23,6 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from integrations.spawn import free_port, run_on_ranks
 from torchcompile_kit import (
-    BatchShapeError,
     BucketBatchSampler,
     PadToBucketCollator,
     compile_optimizer,
@@ -31,6 +30,7 @@ from torchcompile_kit import (
     uncompile,
 )
 from torchcompile_kit.diagnostics import CompileMonitor
+from torchcompile_kit.errors import BatchShapeError
 from torchcompile_kit.integrations import prepare_bucket_dataloader
 
 accelerate = pytest.importorskip("accelerate")
@@ -121,7 +121,7 @@ def test_unwrap_keeps_in_place_compiled_blocks_and_uncompile_undoes_them(fresh_a
 
 
 def test_prepare_bucket_dataloader_refuses_double_or_wrong_sharding(fresh_accelerate_state):
-    from torchcompile_kit import BatchShapeError
+    from torchcompile_kit.errors import BatchShapeError
 
     accelerator = accelerate.Accelerator(cpu=True)
     rows, lengths = rows_and_lengths(8)
@@ -141,7 +141,7 @@ def test_dispatch_batches_is_refused_not_half_read(fresh_accelerate_state):
     buckets) and read only its own share of the sampler; the sampler refuses by name."""
     from accelerate import DataLoaderConfiguration
 
-    from torchcompile_kit import BatchShapeError
+    from torchcompile_kit.errors import BatchShapeError
 
     accelerator = accelerate.Accelerator(
         cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True)
@@ -158,7 +158,7 @@ def test_dispatch_batches_is_refused_not_half_read(fresh_accelerate_state):
 def test_compile_optimizer_refuses_accelerated_optimizer_with_grad_scaler(fresh_accelerate_state):
     from accelerate.optimizer import AcceleratedOptimizer
 
-    from torchcompile_kit import UnsupportedOptimizerError
+    from torchcompile_kit.errors import UnsupportedOptimizerError
 
     accelerate.Accelerator(cpu=True)  # AcceleratedOptimizer reads the accelerator's state
     inner = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)

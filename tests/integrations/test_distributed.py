@@ -16,11 +16,11 @@ from torchcompile_kit import (
     BucketBatchSampler,
     PadToBucketCollator,
     compile_regional,
-    find_repeated_blocks,
     uncompile,
     warmup_shapes,
 )
 from torchcompile_kit.integrations import apply_fsdp2_regional, enable_activation_checkpointing
+from torchcompile_kit.regional import find_repeated_blocks
 
 pytest.importorskip("transformers")
 

@@ -12,12 +12,8 @@ import torch
 from safetensors.torch import load_file
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torchcompile_kit import (
-    BucketBatchSampler,
-    PadToBucketCollator,
-    UnsupportedOptimizerError,
-    compile_regional,
-)
+from torchcompile_kit import BucketBatchSampler, PadToBucketCollator, compile_regional
+from torchcompile_kit.errors import UnsupportedOptimizerError
 from torchcompile_kit.integrations import CompileTrainer
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""compile_optimizer, zero_grads: parity with eager torch.optim, recompiles, state dicts, errors."""
+"""compile_optimizer, zero_grads_in_place: parity with eager torch.optim, recompiles, state dicts, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torchcompile_kit import UnsupportedOptimizerError, compile_optimizer, zero_grads
+from torchcompile_kit import compile_optimizer, uncompile
+from torchcompile_kit.errors import UnsupportedOptimizerError
+from torchcompile_kit.optim import zero_grads_in_place
 
 STEPS = 12
 TOTAL = 20  # schedule length, longer than the run so every schedule keeps changing the LR
@@ -356,7 +358,7 @@ def test_static_grads_with_zero_grads_marks_and_keeps_storage():
             opt.step()
             if ptrs is None:
                 ptrs = [p.grad.data_ptr() for p in model.parameters()]
-            zero_grads(model)
+            zero_grads_in_place(model)
     assert [p.grad.data_ptr() for p in model.parameters()] == ptrs
     assert all(p.grad._dynamo_static_input_type == "unguarded" for p in model.parameters())
 
@@ -377,7 +379,7 @@ def test_zero_grads_in_place(kind):
     model[2].bias.grad = None
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    zero_grads({"module": model, "optimizer": opt, "iterable": model.parameters()}[kind])
+    zero_grads_in_place({"module": model, "optimizer": opt, "iterable": model.parameters()}[kind])
     for name, p in model.named_parameters():
         if name in grads:
             assert p.grad is grads[name] and not p.grad.any()
@@ -387,7 +389,7 @@ def test_zero_grads_in_place(kind):
 
 def test_zero_grads_rejects_other_types():
     with pytest.raises(TypeError, match="'int'"):
-        zero_grads(3)
+        zero_grads_in_place(3)
 
 
 def _params():
@@ -420,5 +422,21 @@ def test_scheduler_of_another_optimizer_and_double_compile_are_errors():
     compile_optimizer(opt, backend="eager")
     with pytest.raises(UnsupportedOptimizerError, match="already compiled"):
         compile_optimizer(opt, backend="eager")
-    del opt.step  # undo: the class's eager step again
+    assert uncompile(opt) is opt  # undo: the class's eager step again
+    assert "step" not in opt.__dict__ and not opt._optimizer_load_state_dict_post_hooks
     compile_optimizer(opt, backend="eager")
+
+
+def test_uncompile_restores_the_eager_step_and_keeps_the_state():
+    params = _params()
+    opt = compile_optimizer(torch.optim.Adam(params, lr=torch.tensor(0.1)), backend="eager")
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+    state = {k: v.clone() for k, v in opt.state[params[0]].items()}
+    uncompile(opt)
+    assert "step" not in opt.__dict__  # the class's step
+    assert all(torch.equal(state[k], opt.state[params[0]][k]) for k in state)
+    opt.step()  # eager, from the kept state
+    assert int(opt.state[params[0]]["step"]) == 4

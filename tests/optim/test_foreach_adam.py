@@ -6,7 +6,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torchcompile_kit import UnsupportedOptimizerError, compile_optimizer, foreach_map_adam_step
+from torchcompile_kit import compile_optimizer
+from torchcompile_kit.errors import UnsupportedOptimizerError
+from torchcompile_kit.optim import foreach_map_adam_step
 
 STEPS = 10
 SHAPES = [(4, 3), (3,), (2, 2, 2), (1,)]

@@ -12,16 +12,9 @@ import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-from torchcompile_kit import (
-    BlockSelectorError,
-    NoRepeatedBlocksError,
-    _dynamo,
-    compile_regional,
-    find_repeated_blocks,
-    fix_loss_function,
-    uncompile,
-)
-from torchcompile_kit.regional import get_regional_plan
+from torchcompile_kit import _dynamo, compile_regional, fix_loss_function, uncompile
+from torchcompile_kit.errors import BlockSelectorError, NoRepeatedBlocksError
+from torchcompile_kit.regional import find_repeated_blocks, get_regional_plan
 
 # --- toy models ----------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchcompile_kit import CompileMonitor, compile_regional, find_repeated_blocks
+from torchcompile_kit import CompileMonitor, compile_regional
+from torchcompile_kit.regional import find_repeated_blocks
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is in the test extra; not installed")
 

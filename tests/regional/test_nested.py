@@ -10,13 +10,13 @@ from tiny_models import gpt2
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from torchcompile_kit import (
-    UnsafeCompileModeError,
     _dynamo,
     compile_regional,
     fix_loss_function,
     get_regional_plan,
     uncompile,
 )
+from torchcompile_kit.errors import UnsafeCompileModeError
 
 
 def _batch():

@@ -17,14 +17,14 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torchcompile_kit import (
     BucketBatchSampler,
     PadToBucketCollator,
-    SequenceTooLongError,
-    expected_padding,
     no_recompiles,
     pad_to_bucket,
     plan_buckets,
     warmup_shapes,
 )
 from torchcompile_kit.bench import caption_length_mix as caption_lengths
+from torchcompile_kit.errors import SequenceTooLongError
+from torchcompile_kit.shapes import estimate_padding
 
 PROPERTY = settings(max_examples=60, deadline=None)
 
@@ -455,7 +455,7 @@ def sampler_tokens(lengths, buckets, batch_size, *, drop_last=False, max_tokens=
 def test_expected_padding_is_what_the_sampler_batches_give(lengths, k, batch_size, max_tokens):
     buckets = plan_buckets(lengths, max_buckets=k, multiple_of=4)
     computed, real = sampler_tokens(lengths, buckets, batch_size, max_tokens=max_tokens)
-    predicted = expected_padding(lengths, buckets, batch_size=batch_size, max_tokens=max_tokens)
+    predicted = estimate_padding(lengths, buckets, batch_size=batch_size, max_tokens=max_tokens)
     assert predicted == pytest.approx(1 - real / computed, abs=1e-12)
 
 
@@ -493,7 +493,7 @@ def test_seed_mix_batches_pad_as_planned():
     lengths = caption_lengths(19200)  # the shapes bench's epoch: 300 batches of 64
     per_sample = plan_buckets(lengths, max_buckets=8, max_length=256)
     aware = plan_buckets(lengths, max_buckets=8, max_length=256, batch_size=64, drop_last=True)
-    planned = expected_padding(lengths, aware, batch_size=64, drop_last=True)
+    planned = estimate_padding(lengths, aware, batch_size=64, drop_last=True)
     rng = random.Random(0)
     dataset = [{"input_ids": [rng.randint(3, 99) for _ in range(n)]} for n in lengths]
     loader = torch.utils.data.DataLoader(
@@ -507,7 +507,7 @@ def test_seed_mix_batches_pad_as_planned():
         computed += batch["attention_mask"].numel()
     assert abs((1 - real / computed) - planned) < 0.005
     # and no worse than the per-sample plan once both are cut into the same batches
-    assert planned <= expected_padding(lengths, per_sample, batch_size=64, drop_last=True)
+    assert planned <= estimate_padding(lengths, per_sample, batch_size=64, drop_last=True)
     assert len(aware) <= 8 and all(b % 8 == 0 for b in aware)
 
 
@@ -517,7 +517,7 @@ def test_many_candidate_lengths_are_thinned_but_never_worse_than_per_sample():
     per_sample = plan_buckets(lengths, multiple_of=1)
     aware = plan_buckets(lengths, multiple_of=1, batch_size=32)
     assert len(aware) <= 8 and aware[-1] == max(lengths)
-    assert expected_padding(lengths, aware, batch_size=32) <= expected_padding(
+    assert estimate_padding(lengths, aware, batch_size=32) <= estimate_padding(
         lengths, per_sample, batch_size=32
     )
 
@@ -543,8 +543,8 @@ def test_batch_options_errors():
     with pytest.raises(ValueError, match="batch_size"):
         plan_buckets([4, 9], batch_size=0)
     with pytest.raises(SequenceTooLongError, match="max_length=8"):
-        expected_padding([4, 9], [8])
-    assert expected_padding([4, 9], [8], max_length=8) == pytest.approx(1 - 12 / 16)
+        estimate_padding([4, 9], [8])
+    assert estimate_padding([4, 9], [8], max_length=8) == pytest.approx(1 - 12 / 16)
 
 
 # ---------------------------------------------------------------- end to end with a tiny GPT-2

@@ -9,12 +9,8 @@ import tiny_models
 import torch
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-from torchcompile_kit import (
-    UnexpectedRecompileError,
-    mark_dynamic_batch,
-    no_recompiles,
-    warmup_shapes,
-)
+from torchcompile_kit import mark_dynamic_batch, no_recompiles, warmup_shapes
+from torchcompile_kit.errors import UnexpectedRecompileError
 
 
 def _summed(batch):

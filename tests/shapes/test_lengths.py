@@ -8,7 +8,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-from torchcompile_kit import BatchShapeError, BucketBatchSampler, expected_padding, plan_buckets
+from torchcompile_kit import BucketBatchSampler, plan_buckets
+from torchcompile_kit.errors import BatchShapeError
+from torchcompile_kit.shapes import estimate_padding
 
 LENGTHS = [5, 6, 30, 31, 7, 29, 12, 16, 3, 64]
 
@@ -37,7 +39,7 @@ def test_every_form_plans_and_samples_like_a_list(form):
     buckets = plan_buckets(lengths, max_buckets=3, multiple_of=8)
     assert buckets == plan_buckets(LENGTHS, max_buckets=3, multiple_of=8)
     assert all(type(b) is int for b in buckets)
-    assert expected_padding(_forms()[form], buckets) == expected_padding(LENGTHS, buckets)
+    assert estimate_padding(_forms()[form], buckets) == estimate_padding(LENGTHS, buckets)
     sampler = BucketBatchSampler(_forms()[form], buckets, batch_size=3, num_replicas=1, rank=0)
     assert sorted(i for batch in sampler for i in batch) == list(range(len(LENGTHS)))
 

@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .._undo import register_undo
 from ..diagnostics import FirstCallVerifier
-from ..regional import cache_calls_compiled, register_undo
+from ..regional import cache_calls_compiled
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
 from .facts import describe_peft_model
 from .record import RECORD_ATTR, PeftCompileRecord

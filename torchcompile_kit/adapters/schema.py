@@ -97,7 +97,7 @@ class AdapterRule:
     id: str
     """Stable identifier, shown in every message (``"dora-fullgraph"``)."""
     severity: Severity
-    """``"refuse"`` raises :class:`~torchcompile_kit.UnsafeAdapterConfigError`; ``"warn"`` warns."""
+    """``"refuse"`` raises :class:`~torchcompile_kit.errors.UnsafeAdapterConfigError`; ``"warn"`` warns."""
     condition: str
     """The trigger, in words."""
     evidence: str

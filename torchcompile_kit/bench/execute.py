@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import _dynamo
+from ..cache import load_compile_cache, save_compile_cache
+from ..diagnostics import CompileMonitor
 from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
@@ -27,22 +29,7 @@ from .model_spec import ModelSpec, load_model_spec, loss_of
 from .outcome import RecipeResult, emit_event
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 
-__all__ = ["execute_request", "missing_requirement", "public_feature"]
-
-
-def public_feature(name: str) -> Any:
-    """``torchcompile_kit.<name>`` if the package exports it yet, else ``None``.
-
-    The bench codes against the public names of helpers other parts of the library provide
-    (``CompileMonitor``, ``save_compile_cache``); a recipe that needs a missing one is skipped
-    with the reason instead of faking numbers.
-    """
-    import torchcompile_kit
-
-    try:
-        return getattr(torchcompile_kit, name)
-    except (AttributeError, ImportError):
-        return None
+__all__ = ["execute_request", "missing_requirement"]
 
 
 def missing_requirement(
@@ -188,12 +175,12 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         # Before the model is built, as a restart script does: the load starts inductor's CPU ISA
         # probe, which then runs beside the build (load_compile_cache).
         started = time.perf_counter()
-        loaded = public_feature("load_compile_cache")(cache_path)
+        loaded = load_compile_cache(cache_path)
         metrics["cache_load_s"] = time.perf_counter() - started
         metrics["cache_loaded"] = bool(loaded)
         if not loaded:
-            notes.append(f"cache not loaded: {getattr(loaded, 'reason', '')}".strip())
-        elif hasattr(loaded, "summary"):
+            notes.append(f"cache not loaded: {loaded.reason}")
+        else:
             notes.append(loaded.summary())
     emit_event(event="phase", phase="build")
     started = time.perf_counter()
@@ -227,10 +214,7 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     first = next(stream)
     stream = itertools.chain([first], stream)
     step = _train_step(recipe, ctx, device, spec)
-    monitor_cls = public_feature("CompileMonitor")
-    monitor = monitor_cls() if monitor_cls is not None else contextlib.nullcontext()
-    if monitor_cls is None:
-        notes.append("graphs/recompiles/breaks not measured: CompileMonitor not available yet")
+    monitor = CompileMonitor()
     with monitor:
         metrics.update(
             measure_training(
@@ -251,14 +235,13 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         metrics["plan_tokens_per_step"] = planned_tokens_per_step(
             recipe, spec, preset, device, int(request["plan_steps"])
         )
-    if monitor_cls is not None:
-        snapshot = monitor.snapshot()
-        metrics.update({k: snapshot.get(k) for k in ("graphs", "recompiles", "graph_breaks", "compile_seconds")})
-        metrics["monitor"] = snapshot
-    if loaded and hasattr(loaded, "cache_stats"):
+    snapshot = monitor.snapshot()
+    metrics.update({k: snapshot.get(k) for k in ("graphs", "recompiles", "graph_breaks", "compile_seconds")})
+    metrics["monitor"] = snapshot
+    if loaded:
         metrics["cache_stats"] = loaded.cache_stats()  # torch's FX-graph/AOTAutograd cache hits
-    if recipe.save_cache and public_feature("save_compile_cache") is not None:
-        saved = public_feature("save_compile_cache")(cache_path)
+    if recipe.save_cache:
+        saved = save_compile_cache(cache_path)
         metrics["cache_saved"] = bool(saved)
     if request.get("check"):  # after the cache is saved: the check compiles nothing into it
         metrics["check"] = _check(request, ctx, initial, first, device)
@@ -315,7 +298,8 @@ def _check(
 def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec):
     import torch
 
-    from torchcompile_kit import mark_dynamic_batch, zero_grads
+    from torchcompile_kit import mark_dynamic_batch
+    from torchcompile_kit.optim import zero_grads_in_place
 
     autocast = (
         (lambda: torch.autocast("cuda", dtype=torch.bfloat16))  # the post's bf16 autocast
@@ -327,8 +311,8 @@ def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec
         batch = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
         if recipe.mark_dynamic:
             mark_dynamic_batch(batch, 1, keys=seq_keys(batch))
-        if recipe.zero_grads:
-            zero_grads(ctx.model)
+        if recipe.zero_grads_in_place:
+            zero_grads_in_place(ctx.model)
         else:
             ctx.optimizer.zero_grad()
         with autocast():

@@ -96,8 +96,8 @@ class Recipe:
     """Save the compile cache after the run (for a ``cache_from`` recipe)."""
     mark_dynamic: bool = False
     """Mark the sequence dim of every batch dynamic (``mark_dynamic_batch``)."""
-    zero_grads: bool = False
-    """Zero gradients in place (``zero_grads``) instead of ``optimizer.zero_grad()``."""
+    zero_grads_in_place: bool = False
+    """Zero gradients in place (``zero_grads_in_place``) instead of ``optimizer.zero_grad()``."""
     world_size: int = 1
     """Processes the runner starts; above 1 the model is wrapped in DDP before it compiles."""
     heavy_on: tuple[str, ...] = field(default=())
@@ -217,8 +217,8 @@ def _recipes() -> list[Recipe]:
                optimizer="compiled", **full),
         Recipe(name="fused-adam", group="static", description="full compile + the run's Adam/AdamW with fused=True, the fastest eager optimizer",
                optimizer="fused", default=False, **full),
-        Recipe(name="foreach-map", group="static", description="full compile + compile_optimizer(impl='foreach_map') + zero_grads",
-               optimizer="foreach_map", zero_grads=True, default=False, **full),
+        Recipe(name="foreach-map", group="static", description="full compile + compile_optimizer(impl='foreach_map') + zero_grads_in_place",
+               optimizer="foreach_map", zero_grads_in_place=True, default=False, **full),
         # dynamic shapes: pad to the longest caption of the batch (a multiple of 8)
         Recipe(name="eager-longest", description="eager, pad to longest (baseline of this group)", **dyn),
         Recipe(name="automatic-dynamic", description="full compile, dynamic=None: recompiles once, then dynamic",

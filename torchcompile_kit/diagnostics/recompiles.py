@@ -1,7 +1,7 @@
 """``no_recompiles()``: inside the block, a compiled function never recompiles.
 
 Built on ``torch.compiler.set_stance``. Dynamo's "Detected recompile" error is
-turned into :class:`~torchcompile_kit.UnexpectedRecompileError` naming what would recompile (the
+turned into :class:`~torchcompile_kit.errors.UnexpectedRecompileError` naming what would recompile (the
 user's function, the module whose ``forward`` it is, or the optimizer), the input as that
 function's signature calls it, the guard that failed, and the fix that fits.
 :func:`allow_first_compile` lets a helper whose first graph can only be built during training
@@ -183,7 +183,7 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
 
     Built on ``torch.compiler.set_stance``; the previous stance is restored on exit. Graphs
     compiled before the block (e.g. by :func:`warmup_shapes`) still run. Dynamo's error is turned
-    into :class:`~torchcompile_kit.UnexpectedRecompileError` as it leaves the block, so catch it
+    into :class:`~torchcompile_kit.errors.UnexpectedRecompileError` as it leaves the block, so catch it
     around the ``with``, not inside it. The error names what would recompile: the function, the
     module whose ``forward`` it is (``LlamaDecoderLayer.forward``, not transformers'
     ``forward_with_checkpointing`` wrapper) with the input as ``forward`` names it
@@ -198,7 +198,7 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
 
     Args:
         on_recompile: ``"error"`` (``"fail_on_recompile"``): raise
-            :class:`~torchcompile_kit.UnexpectedRecompileError` naming the input and size that
+            :class:`~torchcompile_kit.errors.UnexpectedRecompileError` naming the input and size that
             missed; for tests and first runs. ``"eager"`` (``"eager_on_recompile"``): run that call
             eagerly instead, for production runs that must not stall on a compile.
 

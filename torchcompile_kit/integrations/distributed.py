@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .._checks import check_module
-from ..regional import compile_regional, find_repeated_blocks, get_regional_plan, register_undo
+from .._undo import register_undo
+from ..regional import compile_regional, find_repeated_blocks, get_regional_plan
 
 __all__ = ["apply_fsdp2_regional", "enable_activation_checkpointing"]
 

@@ -30,6 +30,7 @@ import torch
 
 from .. import _dynamo
 from .._checks import check_choice
+from .._undo import register_undo
 from ..diagnostics import allow_first_compile, check_in_place_update, check_verify_arg
 from ..errors import UnsupportedOptimizerError
 
@@ -99,12 +100,12 @@ def compile_optimizer(
             accelerate's ``AcceleratedOptimizer`` (``Trainer.optimizer`` after training starts)
             is unwrapped: its inner ``.optimizer`` is compiled and the wrapper returned.
         impl: ``"step"`` compiles the optimizer's own ``step``; ``"foreach_map"`` compiles
-            :func:`torchcompile_kit.foreach_map_adam_step`, one horizontally fused update.
+            :func:`torchcompile_kit.optim.foreach_map_adam_step`, one horizontally fused update.
         scheduler: the LR scheduler driving ``optimizer``, if any; checked to be bound to it.
             Schedulers created before or after this call both work.
         static_grads: mark every gradient with ``torch._dynamo.mark_static_address`` before the
             compiled step, so CUDA graphs (``mode="reduce-overhead"``) do not copy them. Only
-            useful when gradients keep their storage: zero them with :func:`zero_grads` or
+            useful when gradients keep their storage: zero them with :func:`zero_grads_in_place` or
             ``optimizer.zero_grad(set_to_none=False)``; a warning says when they were
             re-allocated.
         verify: run the first compiled step eagerly too, from the same parameters and state,
@@ -120,8 +121,8 @@ def compile_optimizer(
             ``options``, ``recompile_limit`` ...).
 
     Returns:
-        The same ``optimizer``, its ``step`` replaced. ``del optimizer.step`` restores the
-        eager step.
+        The same ``optimizer``, its ``step`` replaced. ``torchcompile_kit.uncompile(optimizer)``
+        restores the eager step.
 
     Raises:
         UnsupportedOptimizerError: for an optimizer or option listed above as unsupported, an
@@ -152,7 +153,9 @@ def compile_optimizer(
     setattr(step, _COMPILED_FLAG, impl)
     step.__doc__ = f"Compiled {type(optimizer).__name__}.step (torchcompile_kit, impl={impl!r})."
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
-    optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
+    hook = optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
+    register_undo(optimizer, hook.remove)
+    register_undo(optimizer, lambda: optimizer.__dict__.pop("step", None))
     return wrapper
 
 
@@ -200,7 +203,7 @@ def _check_arguments(
         raise UnsupportedOptimizerError(
             f"compile_optimizer: this {type(optimizer).__name__}'s step is already compiled (impl="
             f"{getattr(optimizer.step, _COMPILED_FLAG)!r}); call compile_optimizer once per "
-            f"optimizer, or `del optimizer.step` first to undo the earlier call"
+            f"optimizer, or torchcompile_kit.uncompile(optimizer) first to undo the earlier call"
         )
     for index, group in enumerate(optimizer.param_groups):
         for option in ("fused", "differentiable"):
@@ -435,7 +438,7 @@ class _CompiledStep:
             warnings.warn(
                 f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) were "
                 f"re-allocated since the last step, so marking them static saves nothing; zero "
-                f"them in place with torchcompile_kit.zero_grads(model) or "
+                f"them in place with torchcompile_kit.optim.zero_grads_in_place(model) or "
                 f"optimizer.zero_grad(set_to_none=False)",
                 RuntimeWarning,
                 stacklevel=4,

@@ -1,4 +1,4 @@
-"""``zero_grads``: zero gradients in place, keeping their storage (for static-address steps)."""
+"""``zero_grads_in_place``: zero gradients in place, keeping their storage (for static-address steps)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 
 from .._checks import parameters_of
 
-__all__ = ["zero_grads"]
+__all__ = ["zero_grads_in_place"]
 
 
-def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
+def zero_grads_in_place(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
     """Zero every existing gradient in place, keeping its storage (``None`` grads stay ``None``).
 
     ``zero_grad()`` sets gradients to ``None`` by default, so backward allocates new ones at new
@@ -32,11 +32,11 @@ def zero_grads(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.T
     Example:
         >>> model = torch.nn.Linear(2, 1)
         >>> model(torch.ones(1, 2)).sum().backward()
-        >>> zero_grads(model)
+        >>> zero_grads_in_place(model)
         >>> float(model.weight.grad.abs().sum())
         0.0
     """
-    params = parameters_of(model, what="zero_grads")
+    params = parameters_of(model, what="zero_grads_in_place")
     grads = [p.grad for p in params if p.grad is not None]
     if grads:
         torch._foreach_zero_(grads)

@@ -1,6 +1,6 @@
 """Regional compilation: compile the repeated blocks of a model once, not the whole model.
 
-The topic's API. Modules: :mod:`.plan` (the plan and the undo registry, data),
+The topic's API. Modules: :mod:`.plan` (the plan, data),
 :mod:`.discovery` (which modules are blocks), :mod:`.preflight` (per-instance state that would
 recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block hints) and
 :mod:`.compile` (compiling in place, and undoing it).
@@ -8,7 +8,7 @@ recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block
 
 from .compile import compile_in_place, compile_regional, uncompile
 from .discovery import find_repeated_blocks
-from .plan import BlockGroup, RegionalPlan, get_regional_plan, register_undo
+from .plan import BlockGroup, RegionalPlan, get_regional_plan
 from .transformers_support import cache_calls_compiled, fix_loss_function, has_transformers_model
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
     "cache_calls_compiled",
     "compile_in_place",
     "has_transformers_model",
-    "register_undo",
 ]

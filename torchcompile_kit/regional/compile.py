@@ -19,10 +19,11 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_module
+from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
 from .discovery import BlocksArg, find_repeated_blocks
-from .plan import PLAN_ATTR, get_regional_plan, register_undo, run_undo
+from .plan import PLAN_ATTR, get_regional_plan
 from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
 from .transformers_support import (
     disable_cache_in_plain_forwards,
@@ -190,23 +191,31 @@ def compile_regional(
     return model
 
 
-def uncompile(model: nn.Module) -> nn.Module:
-    """Restore eager execution of a model compiled in place, and return it.
+def uncompile(model: Any) -> Any:
+    """Restore eager execution of a model or optimizer compiled in place, and return it.
 
-    Undoes :func:`compile_regional` (blocks, remainder, loss function, the ``use_cache`` hook),
-    what other helpers registered with :func:`~torchcompile_kit.regional.register_undo`
-    (``compile_peft``'s runtime checks) and any ``module.compile()`` call inside ``model``.
-    Weights are untouched.
+    For a model, undoes :func:`compile_regional` (blocks, remainder, loss function, the
+    ``use_cache`` hook), ``compile_peft`` (and its runtime checks) and any ``module.compile()``
+    call inside ``model``; weights are untouched. For an optimizer, undoes
+    ``compile_optimizer``: ``step`` is the optimizer class's eager step again, its state kept.
 
     Args:
-        model: the model.
+        model: the model, or the optimizer (a torch optimizer, or accelerate's wrapper of one).
 
     Returns:
         ``model`` itself, running eagerly.
 
+    Raises:
+        TypeError: neither an ``nn.Module`` nor an optimizer.
+
     Example:
         >>> model = uncompile(compile_regional(model))  # doctest: +SKIP
+        >>> optimizer = uncompile(compile_optimizer(optimizer))  # doctest: +SKIP
     """
+    if hasattr(model, "param_groups") and not isinstance(model, nn.Module):
+        inner = getattr(model, "optimizer", None)  # accelerate's AcceleratedOptimizer
+        run_undo(inner if inner is not None and not has_undo(model) else model)
+        return model
     _check_model(model)
     for name in _dynamo.compiled_module_names(model):
         _dynamo.clear_compiled_call(model.get_submodule(name))

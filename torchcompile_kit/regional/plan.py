@@ -1,13 +1,7 @@
-"""The regional plan: which blocks are compiled, which modules stay eager (data only).
-
-Also the one undo registry: everything a helper installs next to an in-place compile (the
-``use_cache`` hook, the pinned loss, ``compile_peft``'s runtime checks) registers how to remove it
-with :func:`register_undo`, and :func:`~torchcompile_kit.uncompile` runs them in reverse.
-"""
+"""The regional plan: which blocks are compiled, which modules stay eager (data only)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +16,9 @@ __all__ = [
     "PlanReport",
     "RegionalPlan",
     "get_regional_plan",
-    "register_undo",
-    "run_undo",
 ]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
-UNDO_ATTR = "_torchcompile_kit_undo"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -336,22 +327,3 @@ def get_regional_plan(model: nn.Module) -> RegionalPlan | None:
         'compiled 12 × GPT2Block; eager: transformer.wte, transformer.wpe, ...'
     """
     return getattr(model, PLAN_ATTR, None)
-
-
-def register_undo(model: nn.Module, undo: Callable[[], None]) -> None:
-    """Run ``undo`` when :func:`~torchcompile_kit.uncompile` is called on ``model``.
-
-    For helpers that install something next to an in-place compile (hooks, wrapped methods).
-    Undos run in reverse order of registration.
-
-    Example:
-        >>> handle = model.register_forward_pre_hook(hook)  # doctest: +SKIP
-        >>> register_undo(model, handle.remove)  # doctest: +SKIP
-    """
-    model.__dict__.setdefault(UNDO_ATTR, []).append(undo)
-
-
-def run_undo(model: nn.Module) -> None:
-    """Run and forget every undo registered on ``model``, last first."""
-    for undo in reversed(model.__dict__.pop(UNDO_ATTR, [])):
-        undo()

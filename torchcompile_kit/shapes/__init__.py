@@ -9,12 +9,12 @@ the collator), :mod:`.sampler` (batches drawn from one bucket each) and :mod:`.d
 
 from .dynamic import mark_dynamic_batch, warmup_shapes
 from .padding import PadToBucketCollator, pad_to_bucket
-from .planner import expected_padding, plan_buckets
+from .planner import estimate_padding, plan_buckets
 from .sampler import BucketBatchSampler
 
 __all__ = [
     # planning
-    "expected_padding",
+    "estimate_padding",
     "plan_buckets",
     # batching
     "BucketBatchSampler",

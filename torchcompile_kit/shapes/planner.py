@@ -4,7 +4,7 @@ Every new sequence length is a new graph for ``torch.compile`` (until ``recompil
 silently drops the model to eager). :func:`plan_buckets` chooses at most ``max_buckets`` lengths
 that waste the fewest padded tokens when batches are grouped by bucket
 (:class:`~torchcompile_kit.BucketBatchSampler`); the padder and the collator of
-:mod:`.padding` pad to them, and :func:`expected_padding` says how much padding a plan gives.
+:mod:`.padding` pad to them, and :func:`estimate_padding` says how much padding a plan gives.
 
 Why the planner assumes grouped batches: with random batches of 64 almost every batch holds one long
 sample, so no choice of buckets gets padding under ~80% on a long-tailed length mix (see
@@ -15,7 +15,7 @@ bucket's leftovers (fewer than a batch) up into the next bucket's batches, where
 longer bucket. On the post's mix at batch 64 that adds about 1 point of padding to what a plan
 made per sample promises (15.8% -> 16.9%, docs/shapes.md). Given ``batch_size``, the planner
 minimizes the padding of the batches themselves (the sampler's rule, :func:`carry_rule`), and
-:func:`expected_padding` predicts it exactly (``drop_last=False``).
+:func:`estimate_padding` predicts it exactly (``drop_last=False``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
     "carry_rule",
     "check_buckets",
     "check_token_budget",
-    "expected_padding",
+    "estimate_padding",
     "plan_buckets",
     "round_up",
 ]
@@ -164,7 +164,7 @@ def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller
     )
 
 
-def expected_padding(
+def estimate_padding(
     lengths: Iterable[int] | torch.Tensor,
     buckets: Sequence[int],
     *,
@@ -195,9 +195,9 @@ def expected_padding(
         ValueError: empty or non-positive lengths, bad buckets or sizes.
 
     Example:
-        >>> expected_padding([4, 8, 8, 8], [8])
+        >>> estimate_padding([4, 8, 8, 8], [8])
         0.125
-        >>> expected_padding([4, 8, 8, 20], [8, 24], batch_size=2)  # one 8 carried up to 24
+        >>> estimate_padding([4, 8, 8, 20], [8, 24], batch_size=2)  # one 8 carried up to 24
         0.375
     """
     values = as_lengths(lengths)
@@ -279,7 +279,7 @@ def plan_buckets(
     a bucket's leftovers (fewer than a batch) are carried up and pad to the next bucket, so a
     bucket with few samples costs more than its samples alone. Pass the lengths of the whole
     dataset then, exactly those the sampler gets: the leftovers depend on the counts.
-    :func:`expected_padding` with the same arguments gives the padding of the plan.
+    :func:`estimate_padding` with the same arguments gives the padding of the plan.
 
     Args:
         lengths: token length of every sample (or of a representative sample of them), ``>= 1``.

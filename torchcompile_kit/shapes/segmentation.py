@@ -20,7 +20,7 @@ def carry_rule(carried: int, members: int, size: int) -> tuple[int, int, int]:
     ``carried`` samples of shorter buckets wait; the bucket has ``members`` samples and batches of
     ``size``. Each full batch holds at least one member (so it pads to this bucket) and is filled
     with carried samples first; what is not used is carried up to the next bucket. Shared by
-    :class:`BucketBatchSampler`, :func:`plan_buckets` and :func:`expected_padding`, so that the
+    :class:`BucketBatchSampler`, :func:`plan_buckets` and :func:`estimate_padding`, so that the
     plan and the batches follow one rule.
     """
     full = min((carried + members) // size, members)

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..shapes import expected_padding, plan_buckets
+from ..shapes import estimate_padding, plan_buckets
 from .result import CandidateResult, TuneResult
 
 __all__ = ["bucket_notes", "format_table", "recommendation_reason", "verification_line", "write_chart"]
@@ -301,7 +301,7 @@ def bucket_notes(
     if not lengths:
         return []
     buckets = plan_buckets(lengths, max_buckets=8, batch_size=batch_size, drop_last=True)
-    in_buckets = expected_padding(lengths, buckets, batch_size=batch_size, drop_last=True)
+    in_buckets = estimate_padding(lengths, buckets, batch_size=batch_size, drop_last=True)
     shuffled = random.Random(0).sample(lengths, len(lengths))
     real = computed = 0
     for i in range(0, len(shuffled) - batch_size + 1, batch_size):  # random, pad to longest (x8)
