@@ -268,29 +268,6 @@ def test_disable_adapter_and_merge_are_allowed_on_current_peft():
     torch.testing.assert_close(logits(merged, batch), adapted, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("regional", [True, False])
-def test_peft_docs_policy_refuses_the_seed_runtime_items(regional):
-    batch = token_batch()
-    model = compile_peft(lora_gpt2().eval(), regional=regional, policy="peft-docs", backend="eager")
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-disable-adapter\]"):
-        with model.disable_adapter():
-            pass
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-merge-and-unload\]"):
-        model.merge_and_unload()
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-mixed-batch\]"):
-        model(input_ids=batch["input_ids"], adapter_names=["default", "default"])
-    model.add_adapter("other", LoraConfig(r=4, target_modules=GPT2_ATTN))
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-multiple-adapters\]"):
-        model(input_ids=batch["input_ids"])
-
-
-def test_peft_docs_runtime_refusals_downgrade_to_warnings():
-    model = compile_peft(lora_gpt2().eval(), policy="peft-docs", on_violation="warn", backend="eager")
-    with pytest.warns(UserWarning, match=r"\[legacy-disable-adapter\]"):
-        with model.disable_adapter():
-            pass
-
-
 # --- hotswap ----------------------------------------------------------------------------------
 
 
@@ -323,13 +300,11 @@ def test_uncompile_removes_the_runtime_checks(regional):
 
     batch = token_batch()
     names = ["default", "default"]
-    model = compile_peft(lora_gpt2().eval(), regional=regional, policy="peft-docs", backend="eager")
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[legacy-mixed-batch\]"):
+    model = compile_peft(lora_gpt2().eval(), regional=regional, fullgraph=True, backend="eager")
+    with pytest.raises(UnsafeAdapterConfigError, match=r"\[mixed-batch-fullgraph\]"):
         model(input_ids=batch["input_ids"], adapter_names=names)
     uncompile(model)
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in model.modules())
-    with torch.no_grad():  # eager again, and the peft-docs refusals went with the compile
+    with torch.no_grad():  # eager again, and the runtime refusal went with the compile
         model(input_ids=batch["input_ids"], adapter_names=names)
-        with model.disable_adapter():
-            model(input_ids=batch["input_ids"])
-    assert "disable_adapter" not in model.__dict__
+    assert "generate" not in model.__dict__

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from peft import LoraConfig, get_peft_model
 from tiny_models import gpt2, llama
 
@@ -37,12 +38,13 @@ def test_a_lora_model_still_gets_the_refusal_wording():
 
 def test_a_runtime_refusal_names_the_operation_not_a_compile():
     model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"]))
-    model = compile_peft(model.eval(), policy="peft-docs", backend="eager")
-    with pytest.raises(UnsafeAdapterConfigError) as err, model.disable_adapter():
-        pass
+    model = compile_peft(model.eval(), fullgraph=True, backend="eager")
+    ids = torch.randint(3, 100, (2, 8))
+    with pytest.raises(UnsafeAdapterConfigError) as err:
+        model(input_ids=ids, adapter_names=["default", "default"])
     message = str(err.value)
-    assert message.startswith("refusing disable_adapter() on the compiled PeftModel"), message
-    assert "[legacy-disable-adapter]" in message and "refusing to compile" not in message
+    assert message.startswith("refusing forward() on the compiled PeftModel"), message
+    assert "[mixed-batch-fullgraph]" in message and "refusing to compile" not in message
 
 
 def _without_urls(text: str) -> str:

@@ -266,17 +266,14 @@ def test_adapter_added_after_compile_needs_no_refresh_and_is_rechecked():
 def test_findings_are_returned_as_data():
     torch.manual_seed(0)
     dora = get_peft_model(opt(use_cache=False), lora(use_dora=True)).eval()
-    model = compile_peft(dora, backend="eager", policy="peft-docs", on_violation="warn")
+    model = compile_peft(dora, backend="eager", on_violation="warn")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with model.disable_adapter():
-            pass
         model.generate(**batch(), max_new_tokens=1, do_sample=False, pad_token_id=0, use_cache=True)
     record = get_peft_compile_record(model)
     decided = [(d.rule_id, d.verdict, d.stage, d.operation) for d in record.decisions]
     assert decided == [
         ("dora-graph-breaks", "warned", "compile", "compile_peft"),
-        ("legacy-disable-adapter", "warned", "runtime", "disable_adapter"),
         ("generate-eager", "warned", "runtime", "generate"),
     ]
     assert record.verdict == "warned" and record.hook_guards and record.generate == "eager"

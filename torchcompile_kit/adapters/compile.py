@@ -21,7 +21,7 @@ from .evaluation import check_on_violation, enforce, evaluate_rules, finding, ru
 from .facts import describe_peft_model
 from .guard import AdapterGuard
 from .record import Decision, GenerateMode, PeftCompileRecord
-from .schema import AdapterFacts, OnViolation, Policy, SafetyFinding
+from .schema import AdapterFacts, OnViolation, SafetyFinding
 
 __all__ = ["check_peft_compile_safety", "compile_peft"]
 
@@ -33,14 +33,13 @@ def check_peft_compile_safety(
     training: bool | None = None,
     backend: Any = "inductor",
     options: dict[str, Any] | None = None,
-    policy: Policy = "auto",
     on_violation: OnViolation = "error",
 ) -> list[SafetyFinding]:
     """Apply the PEFT x ``torch.compile`` rule table to ``model`` before it is compiled.
 
     Refusals cover what is known to break or silently miscompute (PEFT applied to a
     ``torch.compile`` wrapper, inductor ``freezing`` while training, ``fullgraph`` with DoRA or
-    with LoKr/LoHa training, and on peft < 0.15 the seven items peft's guide then listed);
+    with LoKr/LoHa training, adapter dropout with checkpointing on CUDA);
     warnings cover graph breaks and untested combinations. See ``docs/peft.md`` for the table.
 
     Args:
@@ -49,8 +48,6 @@ def check_peft_compile_safety(
         training: whether the compiled model will train; ``None`` reads ``model.training``.
         backend: the planned ``torch.compile`` backend.
         options: the planned inductor ``options`` (``{"freezing": True}`` matters).
-        policy: ``"auto"`` applies rules for the installed peft/torch; ``"peft-docs"`` also
-            refuses everything peft's pre-0.15 guide lists as not working, on every version.
         on_violation: ``"error"`` raises on refusals and warns on warnings; ``"warn"`` turns
             refusals into warnings; ``"ignore"`` only returns the findings.
 
@@ -60,7 +57,7 @@ def check_peft_compile_safety(
     Raises:
         UnsafeAdapterConfigError: a refusal fired and ``on_violation="error"``; the message lists
             every refusal, not just the first.
-        ValueError: unknown ``policy`` or ``on_violation``.
+        ValueError: unknown ``on_violation``.
 
     Example:
         >>> model = get_peft_model(base, LoraConfig(use_dora=True))  # doctest: +SKIP
@@ -69,8 +66,7 @@ def check_peft_compile_safety(
         UnsafeAdapterConfigError: refusing to compile PeftModelForCausalLM: 1 rule violated ...
     """
     return _check(model, fullgraph=fullgraph, training=training, backend=backend, options=options,
-                  policy=policy, on_violation=on_violation,
-                  operation="check_peft_compile_safety")[1]
+                  on_violation=on_violation, operation="check_peft_compile_safety")[1]
 
 
 def _check(
@@ -79,13 +75,12 @@ def _check(
     extra: list[SafetyFinding] | None = None,
     decisions: list[Decision] | None = None,
     on_violation: OnViolation,
-    policy: Policy,
     operation: str = "compile_peft",
     **describe: Any,
 ) -> tuple[AdapterFacts, list[SafetyFinding]]:
     check_on_violation(on_violation)
     facts = describe_peft_model(model, **describe)
-    findings = evaluate_rules(facts, policy=policy) + (extra or [])
+    findings = evaluate_rules(facts) + (extra or [])
     enforce(findings, on_violation, subject=facts.model_class, decisions=decisions,
             operation=operation)
     return facts, findings
@@ -95,7 +90,6 @@ def compile_peft(
     model: nn.Module,
     *,
     regional: bool = True,
-    policy: Policy = "auto",
     on_violation: OnViolation = "error",
     hotswap_target_rank: int | None = None,
     generate: GenerateMode = "eager",
@@ -118,8 +112,6 @@ def compile_peft(
     - warns, once, with the count and the fix when it has run in more adapter states (active
       adapters, disabled, merged, ``adapter_names``) than dynamo's ``recompile_limit``, past
       which dynamo silently runs eagerly;
-    - on peft < 0.15 (or ``policy="peft-docs"``) refuses ``disable_adapter()``,
-      ``merge_and_unload()``, mixed batches and a second adapter;
     - with ``regional=False``, warns that ``generate()`` does not use the compiled graph;
     - with ``generate="eager"`` (the default), runs ``generate()``'s blocks eagerly and says so
       once (rule ``generate-eager``).
@@ -131,7 +123,6 @@ def compile_peft(
         model: the uncompiled ``PeftModel``, with every adapter you will switch between loaded.
         regional: compile each repeated block (``compile_regional``); ``False`` compiles the whole
             ``PeftModel`` in place with ``model.compile(**compile_kwargs)``.
-        policy: see :func:`check_peft_compile_safety`.
         on_violation: see :func:`check_peft_compile_safety`; applies to the runtime guards too.
         hotswap_target_rank: prepare LoRA adapters for compiled hotswapping before compiling
             (``peft.utils.hotswap.prepare_model_for_compiled_hotswap`` with this target rank, the
@@ -160,7 +151,7 @@ def compile_peft(
 
     Raises:
         UnsafeAdapterConfigError: see :func:`check_peft_compile_safety`.
-        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``policy``,
+        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad
             ``on_violation`` or ``generate``; ``NoRepeatedBlocksError`` when ``regional=True``
             finds no blocks.
         TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
@@ -179,7 +170,7 @@ def compile_peft(
     extra = [] if hook_guards else [finding(rule_by_id("hook-guards-off"), "hook_guards=False")]
     facts, _ = _check(
         model, fullgraph=fullgraph, backend=compile_kwargs.get("backend", "inductor"),
-        options=compile_kwargs.get("options"), policy=policy, on_violation=on_violation,
+        options=compile_kwargs.get("options"), on_violation=on_violation,
         extra=extra, decisions=decisions,
     )
     if hotswap_target_rank is not None:
@@ -208,7 +199,7 @@ def compile_peft(
             decisions=decisions, adapters=list(facts.peft_types),
         )
         AdapterGuard(
-            model, policy=policy, fullgraph=fullgraph, regional=regional,
+            model, fullgraph=fullgraph, regional=regional,
             on_violation=on_violation, record=record, compile_kwargs=compile_kwargs, verify=verify,
         ).install()
     return model

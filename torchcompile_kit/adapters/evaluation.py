@@ -2,7 +2,7 @@
 
 Rules are evaluated against :class:`~.schema.AdapterFacts`, a plain description of a PEFT model and
 of the planned compile, so the table can be checked without compiling and against versions that
-are not installed (``evaluate_rules(facts, peft_version="0.14.0")``).
+are not installed (``evaluate_rules(facts, torch_version="2.12.0")``).
 """
 
 from __future__ import annotations
@@ -17,15 +17,7 @@ from .._compat import version_at_least
 from ..errors import UnsafeAdapterConfigError
 from .record import Decision, Stage
 from .rule_table import RULES
-from .schema import (
-    ON_VIOLATION,
-    POLICIES,
-    AdapterFacts,
-    AdapterRule,
-    OnViolation,
-    Policy,
-    SafetyFinding,
-)
+from .schema import ON_VIOLATION, AdapterFacts, AdapterRule, OnViolation, SafetyFinding
 
 __all__ = [
     "check_on_violation",
@@ -37,48 +29,21 @@ __all__ = [
 ]
 
 
-def _check_policy(policy: str) -> None:
-    check_choice(
-        "policy",
-        policy,
-        POLICIES,
-        hint="use 'auto' (rules for the installed versions) or 'peft-docs' (also refuse "
-        "everything peft's pre-0.15 guide lists)",
-    )
-
-
-def rule_in_force(
-    rule: AdapterRule,
-    *,
-    policy: Policy = "auto",
-    peft_version: str | Version | None = None,
-    torch_version: str | Version | None = None,
-) -> bool:
-    """Whether ``rule`` applies under ``policy`` for the given (default: installed) versions.
+def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = None) -> bool:
+    """Whether ``rule`` applies to the given (default: installed) torch.
 
     Args:
         rule: a row of :data:`RULES`.
-        policy: ``"auto"`` applies version-ranged rules by version; ``"peft-docs"`` applies the
-            seed guide's items on every peft version.
-        peft_version: evaluate against this declared peft version instead of the installed one.
-        torch_version: likewise for torch.
+        torch_version: evaluate against this declared torch version instead of the installed one.
 
     Returns:
         ``True`` when the rule should be checked.
 
-    Raises:
-        ValueError: unknown ``policy``.
-
     Example:
-        >>> lokr = next(r for r in RULES if r.id == "legacy-lokr")
-        >>> rule_in_force(lokr, peft_version="0.14.0"), rule_in_force(lokr, peft_version="0.15.0")
-        (True, False)
+        >>> rule = rule_by_id("cuda-dropout-checkpointing")
+        >>> rule_in_force(rule, torch_version="2.12.0"), rule_in_force(rule, torch_version="2.13.0")
+        (False, True)
     """
-    _check_policy(policy)
-    if rule.seed and policy == "peft-docs":
-        return True
-    if rule.peft_before and version_at_least("peft", rule.peft_before, installed=peft_version):
-        return False
     if rule.torch_since and not version_at_least(
         "torch", rule.torch_since, installed=torch_version
     ):
@@ -87,37 +52,26 @@ def rule_in_force(
 
 
 def evaluate_rules(
-    facts: AdapterFacts,
-    *,
-    policy: Policy = "auto",
-    peft_version: str | Version | None = None,
-    torch_version: str | Version | None = None,
+    facts: AdapterFacts, *, torch_version: str | Version | None = None
 ) -> list[SafetyFinding]:
     """Apply every static rule in force to ``facts``; no warning or error is emitted here.
 
     Args:
         facts: the model and compile plan (``torchcompile_kit.adapters.describe_peft_model``).
-        policy: see :func:`rule_in_force`.
-        peft_version: evaluate against this declared peft version instead of the installed one.
-        torch_version: likewise for torch.
+        torch_version: evaluate against this declared torch version instead of the installed one.
 
     Returns:
         One :class:`SafetyFinding` per rule that fired, in table order.
 
-    Raises:
-        ValueError: unknown ``policy``.
-
     Example:
-        >>> facts = AdapterFacts(model_class="PeftModel", peft_types={"default": "LOKR"})
-        >>> [f.rule_id for f in evaluate_rules(facts, peft_version="0.14.0")]
-        ['legacy-lokr']
+        >>> facts = AdapterFacts(model_class="PeftModel", peft_types={"default": "LOKR"},
+        ...                      training=True, fullgraph=True)
+        >>> [f.rule_id for f in evaluate_rules(facts)]
+        ['lokr-loha-training-fullgraph']
     """
-    _check_policy(policy)
     findings = []
     for rule in RULES:
-        if rule.check is None or not rule_in_force(
-            rule, policy=policy, peft_version=peft_version, torch_version=torch_version
-        ):
+        if rule.check is None or not rule_in_force(rule, torch_version=torch_version):
             continue
         detail = rule.check(facts)
         if detail is not None:

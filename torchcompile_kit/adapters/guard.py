@@ -30,10 +30,10 @@ from .. import _dynamo
 from .._undo import register_undo
 from ..diagnostics import FirstCallVerifier
 from ..regional import cache_calls_compiled
-from .evaluation import enforce, evaluate_rules, finding, rule_by_id, rule_in_force
+from .evaluation import enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
 from .record import RECORD_ATTR, PeftCompileRecord
-from .schema import OnViolation, Policy, SafetyFinding
+from .schema import OnViolation, SafetyFinding
 
 __all__ = ["GUARD_ATTR", "AdapterGuard"]
 
@@ -46,7 +46,7 @@ class AdapterGuard:
     """Checks made when a compiled PEFT model is used.
 
     Installed as bound methods of this object (a forward pre-hook, or the compiled call for a
-    whole-model compile, and wrappers of a few ``PeftModel`` methods), so ``copy.deepcopy`` of the
+    whole-model compile, and a wrapper of ``generate``), so ``copy.deepcopy`` of the
     model rebinds them to the copy.
     """
 
@@ -54,7 +54,6 @@ class AdapterGuard:
         self,
         model: nn.Module,
         *,
-        policy: Policy,
         fullgraph: bool,
         regional: bool,
         on_violation: OnViolation,
@@ -65,7 +64,6 @@ class AdapterGuard:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         self.model = model
-        self.policy = policy
         self.fullgraph = fullgraph
         self.regional = regional
         self.on_violation = on_violation
@@ -107,10 +105,9 @@ class AdapterGuard:
             if self.verifier is not None:
                 self.compiled_call = self.verifier.wrap(self.compiled_call)
             _dynamo.set_compiled_call(model, self.call_compiled)
-        for name in ("disable_adapter", "merge_and_unload", "generate"):
-            if hasattr(model, name):
-                self.originals[name] = getattr(model, name)
-                setattr(model, name, getattr(self, name))
+        if hasattr(model, "generate"):
+            self.originals["generate"] = model.generate
+            model.generate = self.generate
         register_undo(model, self.uninstall)
 
     def uninstall(self) -> None:
@@ -138,7 +135,6 @@ class AdapterGuard:
             shown = repr(list(adapter_names)[:6])
             if self.fullgraph:
                 found.append(finding(rule_by_id("mixed-batch-fullgraph"), shown))
-            found += self._legacy("legacy-mixed-batch", shown)
         adapters = self._adapter_key()
         if adapters != self.adapters:
             found += self._recheck()
@@ -162,7 +158,7 @@ class AdapterGuard:
             options=self.compile_kwargs.get("options"),
         )
         self.record.adapters = list(facts.peft_types)
-        found = [f for f in evaluate_rules(facts, policy=self.policy) if f.rule_id not in _NOT_RECHECKED]
+        found = [f for f in evaluate_rules(facts) if f.rule_id not in _NOT_RECHECKED]
         return [f for f in found if (f.rule_id, f.message) not in self.known or f.severity == "refuse"]
 
     def _enforce(self, found: list[SafetyFinding], operation: str, stacklevel: int = 4) -> None:
@@ -185,22 +181,7 @@ class AdapterGuard:
         probe = self.probe
         return (tuple(probe.active_adapters), probe.disable_adapters, probe.merged, names, grad)
 
-    def _legacy(self, rule_id: str, detail: str) -> list[SafetyFinding]:
-        rule = rule_by_id(rule_id)
-        return [finding(rule, detail)] if rule_in_force(rule, policy=self.policy) else []
-
     # wrapped methods ------------------------------------------------------------------------
-
-    def _checked_call(self, method: str, rule_id: str, *args: Any, **kwargs: Any) -> Any:
-        # stacklevel: past enforce, this helper and the wrapper, to the user's call
-        self._enforce(self._legacy(rule_id, f"{method}()"), method, stacklevel=5)
-        return self.originals[method](*args, **kwargs)
-
-    def disable_adapter(self, *args: Any, **kwargs: Any) -> Any:
-        return self._checked_call("disable_adapter", "legacy-disable-adapter", *args, **kwargs)
-
-    def merge_and_unload(self, *args: Any, **kwargs: Any) -> Any:
-        return self._checked_call("merge_and_unload", "legacy-merge-and-unload", *args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         found = []

@@ -29,13 +29,7 @@ def _if(condition: bool, detail: str) -> str | None:
 _DOCS = "docs/peft.md"
 _TABLE = f"{_DOCS}#methods--features-what-the-library-does"  # the methods x features table
 _RUNTIME = f"{_DOCS}#peft-at-run-time-no-stale-graph"
-_SEED = f"{_DOCS}#the-seed-guides-list-and-how-it-changed-by-version"
 _PEFT_COMPILE_TESTS = "https://github.com/huggingface/peft/blob/main/tests/test_torch_compile.py"
-_SEED_EVIDENCE = (
-    f"{_SEED}: peft docs (torch_compile.md before v0.15) and xfail(strict=True) in "
-    f"{_PEFT_COMPILE_TESTS}, added in huggingface/peft#1725 (v0.12), removed in #2332 (v0.15)"
-)
-_SEED_FIX = "upgrade to peft >= 0.15, where this passes peft's compile tests and ours"
 
 RULES: tuple[AdapterRule, ...] = (
     # --- what was handed over ----------------------------------------------------------------
@@ -72,81 +66,6 @@ RULES: tuple[AdapterRule, ...] = (
         "compile_peft, an adapter added later needs no refresh: the compiled blocks pick it up on "
         "first use (one recompile); to change settings, compile_peft(uncompile(model), ...).",
         check=lambda f: _if(bool(f.compiled_modules), _names(f.compiled_modules)),
-    ),
-    # --- PEFT's torch.compile guide before 0.15: its seven items: broken before peft 0.15 ---------------------------------
-    AdapterRule(
-        id="legacy-lokr",
-        severity="refuse",
-        condition="LoKr adapter",
-        evidence=_SEED_EVIDENCE,
-        message="LoKr adapters {detail} give wrong results under torch.compile on peft < 0.15 (policy='peft-docs' refuses it on every version); "
-        f"{_SEED_FIX}, or use LoRA/LoHa.",
-        check=lambda f: _if(bool(f.adapters_of("LOKR")), _names(f.adapters_of("LOKR"))),
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-lora-embedding",
-        severity="refuse",
-        condition="LoRA on an nn.Embedding layer",
-        evidence=_SEED_EVIDENCE,
-        message="LoRA on embedding layers {detail} gives wrong results under torch.compile on this "
-        f"peft version; {_SEED_FIX}, or leave embeddings out of target_modules.",
-        check=lambda f: _if(bool(f.lora_embedding_layers), _names(f.lora_embedding_layers)),
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-bitsandbytes",
-        severity="refuse",
-        condition="base model quantized with bitsandbytes",
-        evidence=_SEED_EVIDENCE + "; huggingface/peft#1886",
-        message="adapters on a bitsandbytes-quantized model ({detail}) do not work under "
-        f"torch.compile on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or compile an unquantized model.",
-        check=lambda f: _if(f.quantization == "bitsandbytes", repr(f.quantization)),
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-multiple-adapters",
-        severity="refuse",
-        condition="more than one adapter loaded (at compile time, or at a forward after it)",
-        evidence=_SEED_EVIDENCE,
-        message="inference with several adapters ({detail}) gives wrong results under torch.compile "
-        f"on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or keep one adapter per compiled model.",
-        check=lambda f: _if(f.n_adapters > 1, _names(list(f.peft_types))),
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-merge-and-unload",
-        severity="refuse",
-        condition="merge_and_unload() called on the compiled model",
-        evidence=_SEED_EVIDENCE,
-        message="{detail} of a compiled model gives wrong results on peft < 0.15 (policy='peft-docs' refuses it on every version); "
-        f"{_SEED_FIX}, or merge the uncompiled model (torchcompile_kit.uncompile(model) first).",
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-disable-adapter",
-        severity="refuse",
-        condition="disable_adapter() used with the compiled model",
-        evidence=_SEED_EVIDENCE + "; meta-pytorch/torchtune#721",
-        message="{detail} on a compiled model gives silently wrong outputs on this peft "
-        f"version; {_SEED_FIX}, or run the base model uncompiled.",
-        peft_before="0.15",
-        seed=True,
-    ),
-    AdapterRule(
-        id="legacy-mixed-batch",
-        severity="refuse",
-        condition="forward(..., adapter_names=[...]) on the compiled model",
-        evidence=_SEED_EVIDENCE,
-        message="mixed adapter batches (adapter_names={detail}) give wrong results under torch.compile "
-        f"on peft < 0.15 (policy='peft-docs' refuses it on every version); {_SEED_FIX}, or batch by adapter and call set_adapter.",
-        peft_before="0.15",
-        seed=True,
     ),
     # --- loud failures and graph breaks on every version ---------------------------------------
     AdapterRule(

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
-    "POLICIES",
     "TESTED_PEFT_TYPES",
     "AdapterFacts",
     "AdapterRule",
     "OnViolation",
-    "Policy",
     "SafetyFinding",
     "Severity",
 ]
@@ -24,8 +22,6 @@ __all__ = [
 OnViolation = Literal["error", "warn", "ignore"]
 ON_VIOLATION: tuple[str, ...] = ("error", "warn", "ignore")
 Severity = Literal["refuse", "warn"]
-Policy = Literal["auto", "peft-docs"]
-POLICIES: tuple[str, ...] = ("auto", "peft-docs")
 
 # Methods whose outputs and gradients matched eager here (tests/adapters/test_compile.py matrix), plus
 # VB-LoRA and MiSS, which peft's own tests/test_torch_compile.py covers.
@@ -107,13 +103,8 @@ class AdapterRule:
     check: Callable[[AdapterFacts], str | None] | None = None
     """Static rules: returns the triggering detail, or ``None``. ``None`` for runtime rules,
     which ``compile_peft``'s guards apply when the operation happens."""
-    peft_before: str | None = None
-    """Applies only when peft is older than this (unless the policy says otherwise)."""
     torch_since: str | None = None
     """Applies only from this torch release on."""
-    seed: bool = False
-    """One of the seven items peft's pre-0.15 guide lists as not working; ``policy="peft-docs"``
-    applies these on every peft version."""
 
     @property
     def stage(self) -> Literal["static", "runtime"]:
@@ -121,9 +112,7 @@ class AdapterRule:
 
     @property
     def versions(self) -> str:
-        parts = [f"peft < {self.peft_before}"] if self.peft_before else []
-        parts += [f"torch >= {self.torch_since}"] if self.torch_since else []
-        return ", ".join(parts) or "all"
+        return f"torch >= {self.torch_since}" if self.torch_since else "all"
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
