@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from .bench.recipes import RECIPES
 
@@ -198,7 +199,7 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
     }
     runs: dict[str, list] = {name: [] for name in names}
 
-    def save(complete: bool) -> tuple[dict, Path]:
+    def save(complete: bool) -> tuple[Any, Path]:
         """results.json (and the charts) of the rows so far: an interrupted run leaves them."""
         results = [merge_repeats(runs[name]) for name in names if runs[name]]
         document = build_results(results, settings=settings, started=started, complete=complete)
@@ -244,7 +245,7 @@ def _summary(result) -> str:
         from .bench.paired import paired_ratio
 
         m = result.metrics
-        text = f"ok: warm-up {m.get('warmup_s') or 0:.1f} s, {m.get('steps_per_s') or 0:.2f} steps/s"
+        text = f"ok: warm-up {m.warmup_s or 0:.1f} s, {m.steps_per_s or 0:.2f} steps/s"
         ratio = paired_ratio(m)
         if ratio is not None:
             text += f", {ratio['ratio']:.2f}× {ratio['baseline']}"

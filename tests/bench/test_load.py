@@ -67,9 +67,9 @@ def _run(out):
     code = main(["bench", "eager", "full", "full-warm", "--model", SPEC, "--steps", "240",
                  "--warmup-steps", "2", "--backend", "eager", "--out", str(out), "--no-charts"])
     assert code == 0
-    rows = {row["name"]: row for row in load_results(out)["rows"]}
-    assert all(row["status"] == "ok" for row in rows.values()), rows
-    return {name: row["metrics"] for name, row in rows.items()}
+    rows = {row.name: row for row in load_results(out).rows}
+    assert all(row.status == "ok" for row in rows.values()), rows
+    return {name: row.metrics for name, row in rows.items()}
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +81,22 @@ def quiet(tmp_path_factory):
 
 
 def _share(m):
-    return max(m["cpu_neighbours"], m["cpu_neighbours_steady"])
+    return max(m.cpu_neighbours, m.cpu_neighbours_steady)
 
 
 def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
     for name, m in quiet.items():
-        assert m["speedup"] > 0 and m["cpu_neighbours"] is not None
-        assert bool(m["not_quotable"]) == (
+        assert m.speedup > 0 and m.cpu_neighbours is not None
+        assert bool(m.not_quotable) == (
             _share(m) > NEIGHBOUR_LIMIT
-            or (m.get("cpu_steal") or 0) > 0.05
-            or (name != "eager" and (m["speedup_high"] - m["speedup_low"]) / m["speedup"] > WIDTH_LIMIT)
-        ), (name, m["not_quotable"])
+            or (m.cpu_steal or 0) > 0.05
+            or (name != "eager" and (m.speedup_high - m.speedup_low) / m.speedup > WIDTH_LIMIT)
+        ), (name, m.not_quotable)
         if _share(m) <= NEIGHBOUR_LIMIT and name != "eager":
             # nobody else on the machine: the interval is narrow enough to quote
-            assert m["not_quotable"] == [], (name, m["not_quotable"])
+            assert m.not_quotable == [], (name, m.not_quotable)
     for name in ("full", "full-warm"):
-        assert quiet[name]["speedup_paired"] and quiet[name]["speedup_blocks"] >= 20
+        assert quiet[name].speedup_paired and quiet[name].speedup_blocks >= 20
 
 
 @pytest.mark.slow
@@ -105,8 +105,8 @@ def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(quiet, tmp
     loaded = _run(tmp_path / "loaded")
     for name, m in loaded.items():
         # the test's own neighbour took ~a quarter of the 2-core machine during every row
-        assert _share(m) > NEIGHBOUR_LIMIT and m["not_quotable"], (name, m)
-        assert "other processes used" in m["not_quotable"][0]
+        assert _share(m) > NEIGHBOUR_LIMIT and m.not_quotable, (name, m)
+        assert "other processes used" in m.not_quotable[0]
     full, warm = loaded["full"], loaded["full-warm"]
     # the same compiled code twice: intervals that overlap each other ...
     assert full["speedup_low"] <= warm["speedup_high"] and warm["speedup_low"] <= full["speedup_high"], (full, warm)

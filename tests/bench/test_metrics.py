@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from torchcompile_kit.bench.metrics import compare, measure_training, real_and_computed
+from torchcompile_kit.bench.outcome import Metrics, RecipeResult
 from torchcompile_kit.bench.recipes import RECIPES
+from torchcompile_kit.bench.results import BenchResults
 
 
 def test_real_and_computed_tokens():
@@ -24,13 +26,13 @@ def test_measure_training_counts_steps_and_padding():
         on_step=lambda i, n, phase: seen.append((i, phase)),
     )
     assert seen == [(1, "warm-up"), (2, "warm-up"), (3, "steady"), (4, "steady"), (5, "steady")]
-    assert metrics["losses"] == [2.0] * 5 and len(metrics["step_times_s"]) == 3
-    assert metrics["padding"] == 0.5 and metrics["warmup_s"] >= metrics["first_step_s"] > 0
-    assert metrics["steps_per_s"] > 0 and metrics["peak_memory_mb"] > 0
+    assert metrics.losses == [2.0] * 5 and len(metrics.step_times_s) == 3
+    assert metrics.padding == 0.5 and metrics.warmup_s >= metrics.first_step_s > 0
+    assert metrics.steps_per_s > 0 and metrics.peak_memory_mb > 0
 
 
 def _row(name, steps_per_s, warmup_s, losses):
-    return {"name": name, "status": "ok", "metrics": {"steps_per_s": steps_per_s, "warmup_s": warmup_s, "losses": losses}}
+    return RecipeResult(name=name, status="ok", metrics=Metrics(steps_per_s=steps_per_s, warmup_s=warmup_s, losses=losses))
 
 
 def test_compare_uses_each_groups_baseline_and_the_loss_reference():
@@ -40,15 +42,24 @@ def test_compare_uses_each_groups_baseline_and_the_loss_reference():
         _row("eager-longest", 8.0, 1.0, [1.0, 2.0]),
         _row("mark-dynamic", 12.0, 12.0, [1.0, 2.0]),
         _row("buckets", 16.0, 20.0, [9.0, 9.0]),
-        {"name": "nested", "status": "failed", "metrics": {}},
+        RecipeResult(name="nested", status="failed"),
     ]
     compare(rows, RECIPES)
-    m = {row["name"]: row["metrics"] for row in rows}
-    assert m["full"]["speedup"] == 2.0 and m["mark-dynamic"]["speedup"] == 1.5  # ÷ eager-longest
-    assert m["full"]["warmup_ratio"] == 1.0 and m["buckets"]["warmup_ratio"] == 2.0
-    assert m["full"]["loss_max_abs_diff"] == 0.5 and m["eager"]["loss_max_abs_diff"] == 0.0
-    assert "loss_max_abs_diff" not in m["buckets"]  # other batches: no comparison
-    assert m["nested"] == {}
+    m = {row.name: row.metrics for row in rows}
+    assert m["full"].speedup == 2.0 and m["mark-dynamic"].speedup == 1.5  # ÷ eager-longest
+    assert m["full"].warmup_ratio == 1.0 and m["buckets"].warmup_ratio == 2.0
+    assert m["full"].loss_max_abs_diff == 0.5 and m["eager"].loss_max_abs_diff == 0.0
+    assert m["buckets"].loss_max_abs_diff is None  # other batches: no comparison
+    assert m["nested"] == Metrics()
+
+
+def test_results_round_trip_through_json(tmp_path):
+    from torchcompile_kit.bench.results import load_results, write_results
+
+    rows = [_row("eager", 2.0, 1.0, [1.0, 2.0]), _row("full", 4.0, 10.0, [1.0, 2.5])]
+    rows[1].metrics.paired = {"baseline": "eager", "base_s": [[0.2, 0.2]], "recipe_s": [[0.1, 0.1]]}
+    document = BenchResults(rows=rows, settings={"preset": "tiny"}, environment={"torch": "x"})
+    assert load_results(write_results(tmp_path, document)) == document
 
 
 def test_planned_tokens_follow_the_whole_run_not_its_start():
@@ -74,7 +85,7 @@ def test_measure_training_records_each_timed_steps_tokens():
     widths = iter([8, 16, 24, 32])
     batches = ({"input_ids": torch.zeros(2, next(widths))} for _ in range(4))
     out = measure_training(lambda b: 0.0, batches, warmup_steps=1, steps=3, device="cpu")
-    assert out["step_tokens"] == [32, 48, 64] and len(out["step_times_s"]) == 3
+    assert out.step_tokens == [32, 48, 64] and len(out.step_times_s) == 3
 
 
 def test_cpu_steal_is_read_from_proc_stat_where_there_is_one():
@@ -102,34 +113,34 @@ def test_steady_steps_go_on_until_they_cover_the_window_and_stop_at_the_cap():
     # the window is sized from this machine's own step time, so a slow or busy machine still
     # needs more than the 2 steps asked for to cover it
     probe = measure_training(sleepy, batches, warmup_steps=1, steps=3, device="cpu")
-    window = 8 * max(probe["step_times_s"])
+    window = 8 * max(probe.step_times_s)
     totals = []
     out = measure_training(
         sleepy, batches, warmup_steps=1, steps=2, device="cpu", min_steady_s=window,
         on_step=lambda i, n, phase: totals.append(n),
     )
     # more steps than the 2 asked for were timed to cover the window; the progress total grew
-    assert out["steps"] == len(out["step_times_s"]) > 2
-    assert out["steady_s"] == pytest.approx(sum(out["step_times_s"])) and out["steady_s"] >= window
-    assert totals[0] == 3 and totals[-1] == 1 + out["steps"]
+    assert out.steps == len(out.step_times_s) > 2
+    assert out.steady_s == pytest.approx(sum(out.step_times_s)) and out.steady_s >= window
+    assert totals[0] == 3 and totals[-1] == 1 + out.steps
     capped = measure_training(
         sleepy, batches, warmup_steps=1, steps=2, device="cpu", min_steady_s=10.0, max_steps=5
     )
-    assert capped["steps"] == 5  # never more steady steps than the cap (the planned run)
+    assert capped.steps == 5  # never more steady steps than the cap (the planned run)
     plain = measure_training(sleepy, batches, warmup_steps=1, steps=2, device="cpu")
-    assert plain["steps"] == 2
+    assert plain.steps == 2
 
 
 def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
     """bench printed 'warm ÷ cold 0.012' from a cold row measured with 89% of the CPU taken."""
     from torchcompile_kit.bench.report import warm_start_lines
 
-    cold = {"name": "full", "status": "ok",
-            "metrics": {"first_step_s": 50.0, "not_quotable": ["other processes used 89% of the CPU"]}}
-    warm = {"name": "full-warm", "status": "ok", "metrics": {"first_step_s": 0.5, "cache_load_s": 0.1}}
+    cold = RecipeResult(name="full", status="ok", metrics=Metrics(
+        first_step_s=50.0, not_quotable=["other processes used 89% of the CPU"]))
+    warm = RecipeResult(name="full-warm", status="ok", metrics=Metrics(first_step_s=0.5, cache_load_s=0.1))
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "warm ÷ cold 0.012" in line and "NOT QUOTABLE" in line and "89% of the CPU" in line
-    cold["metrics"]["not_quotable"] = []
+    cold.metrics.not_quotable = []
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "NOT QUOTABLE" not in line
 
@@ -138,12 +149,11 @@ def test_the_charts_name_the_group_of_each_colour(tmp_path):
     """The bars were coloured by group with no legend saying which colour is which."""
     from torchcompile_kit.bench import charts
 
-    rows = [{"name": n, "group": g, "status": "ok",
-             "metrics": {"warmup_s": 2.0, "steps_per_s": 3.0, "speedup": 1.1}}
+    rows = [RecipeResult(name=n, group=g, status="ok", metrics=Metrics(warmup_s=2.0, steps_per_s=3.0, speedup=1.1))
             for n, g in (("eager", "static"), ("full", "static"), ("regional", "warm-up"))]
     figure = charts._figure(len(rows))
     axes = figure.add_subplot(1, 1, 1)
     charts._group_legend(axes, rows)
     assert [t.get_text() for t in axes.get_legend().get_texts()] == ["static", "warm-up"]
-    written = charts.write_charts({"rows": rows, "settings": {}, "environment": {}}, tmp_path)
+    written = charts.write_charts(BenchResults(rows=rows), tmp_path)
     assert {p.name for p in written} == {"warmup.png", "throughput.png", "speedup.png"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from torchcompile_kit.bench.metrics import compare, measure_training
-from torchcompile_kit.bench.outcome import RecipeResult
+from torchcompile_kit.bench.outcome import Metrics, RecipeResult
 from torchcompile_kit.bench.paired import (
     MIN_BLOCKS,
     NEIGHBOUR_LIMIT,
@@ -72,7 +73,7 @@ def test_other_batches_use_the_ratio_of_totals():
 def test_too_few_blocks_have_no_interval_and_are_marked():
     r = ratio_interval([0.02] * (MIN_BLOCKS - 1), [0.01] * (MIN_BLOCKS - 1))
     assert r["ratio"] == 2.0 and r["low"] is None and r["high"] is None
-    (reason,) = not_quotable({"speedup": 2.0, "speedup_low": None, "speedup_high": None, "speedup_blocks": 4})
+    (reason,) = not_quotable(Metrics(speedup=2.0, speedup_blocks=4))
     assert "too few" in reason and "--steps" in reason
 
 
@@ -84,16 +85,16 @@ def test_bad_blocks_are_refused():
 
 
 def test_marks_say_why():
-    quiet = {"speedup": 1.2, "speedup_low": 1.15, "speedup_high": 1.25, "speedup_blocks": 20,
-             "cpu_neighbours": 0.02, "cpu_neighbours_steady": 0.03, "cpu_steal": 0.0}
+    quiet = Metrics(speedup=1.2, speedup_low=1.15, speedup_high=1.25, speedup_blocks=20,
+                    cpu_neighbours=0.02, cpu_neighbours_steady=0.03, cpu_steal=0.0)
     assert not_quotable(quiet) == []
-    loaded = dict(quiet, cpu_neighbours_steady=0.31)
+    loaded = dataclasses.replace(quiet, cpu_neighbours_steady=0.31)
     assert not_quotable(loaded) == ["other processes used 31% of the machine's CPU during it (limit 10%)"]
-    wide = dict(quiet, speedup_low=0.9, speedup_high=1.5)
+    wide = dataclasses.replace(quiet, speedup_low=0.9, speedup_high=1.5)
     assert "spans 50% of the ratio" in not_quotable(wide)[0]
-    stolen = dict(quiet, cpu_steal=0.12)
+    stolen = dataclasses.replace(quiet, cpu_steal=0.12)
     assert "hypervisor took 12%" in not_quotable(stolen)[0]
-    assert not_quotable({}) == []  # nothing measured, nothing to say
+    assert not_quotable(Metrics()) == []  # nothing measured, nothing to say
 
 
 def test_neighbour_share_is_the_machine_minus_this_process_tree():
@@ -133,17 +134,14 @@ def test_measure_training_alternates_blocks_on_the_same_batches():
     assert calls[:4] == [("R", 0), ("R", 1), ("B", 0), ("B", 1)]
     assert [name for name, _ in timed] == list("RRBBBBRRRRBB")  # the order swaps every block
     assert sorted(i for name, i in timed if name == "R") == sorted(i for name, i in timed if name == "B")
-    paired = metrics["paired"]
+    paired = metrics.paired
     assert paired["block_steps"] == 2 and len(paired["base_s"]) == len(paired["recipe_s"]) == 3
-    assert len(metrics["step_times_s"]) == 6 and len(metrics["losses"]) == 8  # the recipe's only
-    assert "cpu_neighbours" in metrics and "cpu_neighbours_steady" in metrics
+    assert len(metrics.step_times_s) == 6 and len(metrics.losses) == 8  # the recipe's only
 
 
 def _row(name, steps_per_s, paired=None, **extra):
-    metrics = {"steps_per_s": steps_per_s, "warmup_s": 1.0, "losses": [1.0], **extra}
-    if paired is not None:
-        metrics["paired"] = paired
-    return {"name": name, "status": "ok", "metrics": metrics}
+    metrics = Metrics(steps_per_s=steps_per_s, warmup_s=1.0, losses=[1.0], paired=paired, **extra)
+    return RecipeResult(name=name, status="ok", metrics=metrics)
 
 
 def test_compare_takes_the_paired_ratio_not_the_rows_measured_apart():
@@ -154,24 +152,24 @@ def test_compare_takes_the_paired_ratio_not_the_rows_measured_apart():
              cpu_neighbours=0.3),  # ... and this one while it was not: 4x by division
     ]
     compare(rows, RECIPES)
-    full = rows[1]["metrics"]
-    assert full["speedup"] == pytest.approx(1.02, rel=0.03) and full["speedup_paired"] is True
-    assert full["speedup_low"] <= full["speedup"] <= full["speedup_high"] and full["speedup_blocks"] == 20
-    assert full["not_quotable"] and rows[0]["metrics"]["not_quotable"] == []
-    assert rows[0]["metrics"]["speedup"] == 1.0
+    full = rows[1].metrics
+    assert full.speedup == pytest.approx(1.02, rel=0.03) and full.speedup_paired is True
+    assert full.speedup_low <= full.speedup <= full.speedup_high and full.speedup_blocks == 20
+    assert full.not_quotable and rows[0].metrics.not_quotable == []
+    assert rows[0].metrics.speedup == 1.0
 
 
 def test_repeats_pool_their_blocks_and_keep_each_run():
     def run(ratio, neighbours, warmup):
         base, recipe = _blocks(ratio, 10, noise=0.05, seed=int(100 * ratio))
-        return RecipeResult(name="full", status="ok", metrics={
-            "warmup_s": warmup, "steps_per_s": 10.0, "step_times_s": [0.1] * 10, "cpu_neighbours": neighbours,
-            "paired": {"baseline": "eager", "base_s": base, "recipe_s": recipe, "same_batches": True},
-        })
+        return RecipeResult(name="full", status="ok", metrics=Metrics(
+            warmup_s=warmup, steps_per_s=10.0, step_times_s=[0.1] * 10, cpu_neighbours=neighbours,
+            paired={"baseline": "eager", "base_s": base, "recipe_s": recipe, "same_batches": True},
+        ))
 
     merged = merge_repeats([run(1.2, 0.0, 30.0), run(1.25, 0.5, 90.0), run(1.2, 0.01, 31.0)])
-    assert len(merged.metrics["paired"]["base_s"]) == 30 and merged.metrics["steps"] == 30
-    assert merged.metrics["warmup_s"] == 31.0 and merged.metrics["cpu_neighbours"] == 0.01  # medians
-    assert [r["cpu_neighbours"] for r in merged.metrics["repeats"]] == [0.0, 0.5, 0.01]
+    assert len(merged.metrics.paired["base_s"]) == 30 and merged.metrics.steps == 30
+    assert merged.metrics.warmup_s == 31.0 and merged.metrics.cpu_neighbours == 0.01  # medians
+    assert [r["cpu_neighbours"] for r in merged.metrics.repeats] == [0.0, 0.5, 0.01]
     assert 1.15 < paired_ratio(merged.metrics)["ratio"] < 1.3
-    assert NEIGHBOUR_LIMIT > merged.metrics["cpu_neighbours"]  # the one loaded run is outvoted
+    assert NEIGHBOUR_LIMIT > merged.metrics.cpu_neighbours  # the one loaded run is outvoted

@@ -35,18 +35,18 @@ def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_pat
     printed = capsys.readouterr().out
     assert "== static" in printed and "== dynamic" in printed and "reduce-overhead" in printed
     doc = load_results(out)
-    rows = {row["name"]: row for row in doc["rows"]}
+    rows = {row.name: row for row in doc.rows}
     assert list(rows) == ["eager", "reduce-overhead", "eager-longest"]  # table order
-    assert rows["eager"]["status"] == rows["eager-longest"]["status"] == "ok"
-    assert rows["reduce-overhead"]["status"] == "skipped" and "CUDA" in rows["reduce-overhead"]["reason"]
-    static, longest = rows["eager"]["metrics"], rows["eager-longest"]["metrics"]
-    assert METRICS <= set(static)
-    assert static["graphs"] == 0 and static["speedup"] == 1.0
+    assert rows["eager"].status == rows["eager-longest"].status == "ok"
+    assert rows["reduce-overhead"].status == "skipped" and "CUDA" in rows["reduce-overhead"].reason
+    static, longest = rows["eager"].metrics, rows["eager-longest"].metrics
+    assert all(getattr(static, key) is not None for key in METRICS)  # each measured
+    assert static.graphs == 0 and static.speedup == 1.0
     # the post's length mix: padding to max wastes most tokens, to the longest far fewer
-    assert static["padding"] > 0.7 and longest["padding"] < static["padding"]
-    assert len(longest["losses"]) == 3 and longest["loss_max_abs_diff"] < 1e-4  # same samples
-    assert {"torch", "device", "git_commit", "date"} <= set(doc["environment"])
-    assert doc["settings"]["backend"] == "eager" and doc["settings"]["preset"] == "tiny"
+    assert static.padding > 0.7 and longest.padding < static.padding
+    assert len(longest.losses) == 3 and longest.loss_max_abs_diff < 1e-4  # same samples
+    assert {"torch", "device", "git_commit", "date"} <= set(doc.environment)
+    assert doc.settings["backend"] == "eager" and doc.settings["preset"] == "tiny"
     for chart in ("warmup.png", "throughput.png"):
         assert (out / chart).read_bytes()[:8] == PNG_MAGIC
 
@@ -69,36 +69,36 @@ def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_pat
 def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
     out = tmp_path / "run"
     assert _bench(out, "eager", "full", "mark-dynamic", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
-    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    rows = {row.name: row for row in load_results(out).rows}
     for name in ("full", "mark-dynamic"):
-        metrics = rows[name]["metrics"]
-        assert rows[name]["status"] == "ok", rows[name]["error"]
-        assert metrics["graphs"] == 1 and metrics["recompiles"] == 0 and metrics["graph_breaks"] == 0
-        assert metrics["loss_max_abs_diff"] < 1e-5 and metrics["speedup"] > 0
+        metrics = rows[name].metrics
+        assert rows[name].status == "ok", rows[name].error
+        assert metrics.graphs == 1 and metrics.recompiles == 0 and metrics.graph_breaks == 0
+        assert metrics.loss_max_abs_diff < 1e-5 and metrics.speedup > 0
 
 
 def test_a_failing_recipe_is_a_row_and_the_run_goes_on(in_process, tmp_path, capsys):
     out = tmp_path / "run"
     code = _bench(out, "full", "eager", "--model", "tests.bench.user_models:compile_hostile", "--no-charts")
     assert code == 0
-    rows = {row["name"]: row for row in load_results(out)["rows"]}
-    assert rows["full"]["status"] == "failed"
-    assert "refuses to be compiled" in rows["full"]["error"]
-    assert rows["eager"]["status"] == "ok" and rows["eager"]["metrics"]["steps_per_s"] > 0
+    rows = {row.name: row for row in load_results(out).rows}
+    assert rows["full"].status == "failed"
+    assert "refuses to be compiled" in rows["full"].error
+    assert rows["eager"].status == "ok" and rows["eager"].metrics.steps_per_s > 0
     assert "FAILED" in capsys.readouterr().out
 
 
 def test_user_model_buckets_need_the_lengths(in_process, tmp_path):
     out = tmp_path / "run"
     assert _bench(out, "buckets", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
-    (row,) = load_results(out)["rows"]
-    assert row["status"] == "skipped" and "(model, make_batch, lengths)" in row["reason"]
+    (row,) = load_results(out).rows
+    assert row.status == "skipped" and "(model, make_batch, lengths)" in row.reason
     out = tmp_path / "with-lengths"
     spec = "tests.bench.user_models:tiny_lm_with_lengths"
     assert _bench(out, "buckets", "multiple-of-32", "--model", spec, "--no-charts") == 0
-    rows = {row["name"]: row for row in load_results(out)["rows"]}
-    assert rows["buckets"]["status"] == rows["multiple-of-32"]["status"] == "ok"
-    assert rows["buckets"]["metrics"]["graphs"] == 1  # every batch re-padded to the one bucket
+    rows = {row.name: row for row in load_results(out).rows}
+    assert rows["buckets"].status == rows["multiple-of-32"].status == "ok"
+    assert rows["buckets"].metrics.graphs == 1  # every batch re-padded to the one bucket
 
 
 def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, monkeypatch):
@@ -109,7 +109,7 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
         out_dir=tmp_path, backend="eager", on_event=events.append,
     )
     assert result.status == "ok", result.error
-    assert result.metrics["graphs"] == 1 and result.metrics["recompiles"] == 0
+    assert result.metrics.graphs == 1 and result.metrics.recompiles == 0
     assert result.settings["model"] == "tests.bench.user_models:tiny_lm"
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
     request = json.loads((tmp_path / "_work" / "mark-dynamic" / "request.json").read_text())
@@ -123,11 +123,11 @@ def test_captioner_compiled_recipes_with_a_cheap_backend(in_process, tmp_path):
     code = main(["bench", "eager", "full", "nested", "--steps", "2", "--warmup-steps", "1",
                  "--backend", "aot_eager", "--out", str(out), "--no-charts"])
     assert code == 0
-    rows = {row["name"]: row for row in load_results(out)["rows"]}
+    rows = {row.name: row for row in load_results(out).rows}
     for name in ("full", "nested"):
-        assert rows[name]["status"] == "ok", rows[name]["error"]
-        assert rows[name]["metrics"]["graphs"] == 1 and rows[name]["metrics"]["graph_breaks"] == 0
-        assert rows[name]["metrics"]["loss_max_abs_diff"] < 1e-4
+        assert rows[name].status == "ok", rows[name].error
+        assert rows[name].metrics.graphs == 1 and rows[name].metrics.graph_breaks == 0
+        assert rows[name].metrics.loss_max_abs_diff < 1e-4
 
 
 @pytest.mark.slow
@@ -137,11 +137,11 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     spec = "tests.bench.user_models:tiny_lm"
     cold = run_recipe_isolated("full", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
     assert cold.status == "ok", cold.error
-    assert cold.metrics["cache_saved"] is True
+    assert cold.metrics.cache_saved is True
     warm = run_recipe_isolated("full-warm", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
     assert warm.status == "ok", warm.error
-    assert warm.metrics["cache_loaded"] is True
-    assert warm.metrics["monitor"]["cache_hits"] >= 1
+    assert warm.metrics.cache_loaded is True
+    assert warm.metrics.monitor["cache_hits"] >= 1
 
 
 def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,
@@ -163,8 +163,8 @@ def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_p
     with pytest.raises(KeyboardInterrupt):
         _bench(out, "eager", "eager-longest", "reduce-overhead", "--preset", "tiny")
     doc = load_results(out)
-    assert doc["complete"] is False
-    assert [row["name"] for row in doc["rows"]] == calls[:2]
+    assert doc.complete is False
+    assert [row.name for row in doc.rows] == calls[:2]
     assert (out / "warmup.png").read_bytes()[:8] == PNG_MAGIC
     capsys.readouterr()
     assert main(["report", str(out)]) == 0

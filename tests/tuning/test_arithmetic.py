@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from torchcompile_kit.bench import Metrics
 from torchcompile_kit.tuning import (
     CandidateResult,
     Cost,
@@ -27,12 +28,12 @@ def measured(name, *, compile_s, step_s, verdict="pass", restart=False, spikes=(
         status="ok",
         restart=restart,
         verdict="eager" if name == "eager" else verdict,
-        metrics={
-            "warmup_s": compile_s + WARMUP * step_s,
-            "warmup_steps": WARMUP,
-            "steps_per_s": 1 / step_s,
-            "step_times_s": [step_s] * 20 + list(spikes),
-        },
+        metrics=Metrics(
+            warmup_s=compile_s + WARMUP * step_s,
+            warmup_steps=WARMUP,
+            steps_per_s=1 / step_s,
+            step_times_s=[step_s] * 20 + list(spikes),
+        ),
     )
 
 
@@ -89,6 +90,20 @@ def test_the_run_length_decides_the_recommendation(steps_planned, expected):
     assert regional.break_even_steps == 600
     assert regional.predicted_total_s == pytest.approx(30.0 + steps_planned * 0.05)
     assert next(r for r in ranked if r.name == "full").break_even_steps == 2_000
+
+
+def result_of(ranked, name):
+    return next(c for c in ranked if c.name == name)
+
+
+def test_a_tune_result_round_trips_through_tune_json(tmp_path):
+    from torchcompile_kit.tuning import TuneResult
+
+    slower = measured("slower", compile_s=10.0, step_s=0.2)  # never breaks even with eager
+    ranked, best = rank_candidates([*field(), slower], 100)
+    assert result_of(ranked, "slower").break_even_steps == math.inf
+    result = TuneResult(recommendation=best.name, reason="r", snippet="s", steps_planned=100, candidates=ranked)
+    assert TuneResult.read_json(result.write_json(tmp_path / "tune.json")) == result
 
 
 def test_a_wrong_or_unchecked_candidate_is_never_recommended():
@@ -180,7 +195,7 @@ def test_a_run_that_changed_speed_is_flagged_not_taken_as_the_predictions_test()
 def paired(name, *, compile_s, step_s, ratios, restart=False):
     """A candidate whose run stepped beside eager: one block per ratio (eager's step 0.1 s)."""
     result = measured(name, compile_s=compile_s, step_s=step_s, restart=restart)
-    result.metrics["paired"] = {"baseline": "eager", "same_batches": True,
+    result.metrics.paired = {"baseline": "eager", "same_batches": True,
                                 "base_s": [[0.1] for _ in ratios], "recipe_s": [[0.1 / r] for r in ratios]}
     return result
 

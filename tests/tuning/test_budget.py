@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchcompile_kit.bench import RecipeResult
+from torchcompile_kit.bench import Metrics, RecipeResult
 from torchcompile_kit.tuning import budget as budget_module
 from torchcompile_kit.tuning import runs as runs_module
 from torchcompile_kit.tuning import tune
@@ -47,15 +47,15 @@ def runner(monkeypatch):
         now[0] += total
         # compiled candidates run twice as fast per step as eager
         step = STEP_S if recipe == "eager" else STEP_S / 2
-        metrics = {
-            "warmup_s": COMPILE_S[recipe] + step,
-            "warmup_steps": 1,
-            "steps_per_s": 1 / step,
-            "step_times_s": [step] * int(STEADY_S / step),
-            "steady_s": STEADY_S,
-        }
+        metrics = Metrics(
+            warmup_s=COMPILE_S[recipe] + step,
+            warmup_steps=1,
+            steps_per_s=1 / step,
+            step_times_s=[step] * int(STEADY_S / step),
+            steady_s=STEADY_S,
+        )
         if check is not None:
-            metrics["check"] = {"ok": True, "offending": None, "seconds": 0.5, "new_graphs": 0}
+            metrics.check = {"ok": True, "offending": None, "seconds": 0.5, "new_graphs": 0}
         return RecipeResult(name=recipe, status="ok", wall_s=total, metrics=metrics)
 
     monkeypatch.setattr(runs_module, "run_recipe_isolated", run)

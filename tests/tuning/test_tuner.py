@@ -59,13 +59,13 @@ def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_plann
     short = tune(f"{MODELS}:build", steps_planned=40, backend="eager", candidates=["eager"],
                  steps=3, warmup_steps=1, steady_s=60.0, out_dir=tmp_path / "short")
     eager = short.candidate("eager")
-    assert eager.status == "ok" and eager.metrics["steps"] == 40  # capped at the planned run
+    assert eager.status == "ok" and eager.metrics.steps == 40  # capped at the planned run
     window = tune(f"{MODELS}:build", steps_planned=10**6, backend="eager", candidates=["eager"],
                   steps=3, warmup_steps=1, steady_s=0.5, out_dir=tmp_path / "window")
     metrics = window.candidate("eager").metrics
-    assert metrics["steady_s"] >= 0.5 and metrics["steps"] >= 3
+    assert metrics.steady_s >= 0.5 and metrics.steps >= 3
     # more than the 3 steps asked for exactly when those took less than the window
-    assert (metrics["steps"] > 3) == (sum(metrics["step_times_s"][:3]) < 0.5)
+    assert (metrics.steps > 3) == (sum(metrics.step_times_s[:3]) < 0.5)
     assert window.settings["steady_s"] == 0.5
 
 
@@ -189,7 +189,7 @@ def test_a_small_budget_ends_with_a_compiled_candidate_checked_in_its_own_run(tm
         checked = result.candidate(name)
         assert checked.status == "ok" and checked.verdict == "pass", format_table(result)
         assert checked.gate_new_graphs == 0  # the run's own compiled model: no second compile
-        assert checked.metrics["check"]["ok"] is True
+        assert checked.metrics.check["ok"] is True
     assert result.candidate(result.recommendation).eligible
 
 

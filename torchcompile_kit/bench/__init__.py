@@ -25,6 +25,7 @@ from .model_spec import (
     parse_model_spec,
     portable_model_spec,
 )
+from .outcome import Metrics
 from .paired import paired_ratio
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .runner import RecipeResult, run_recipe_isolated
@@ -32,6 +33,7 @@ from .runner import RecipeResult, run_recipe_isolated
 __all__ = [
     "PRESETS",
     "RECIPES",
+    "Metrics",
     "ModelSpec",
     "ModelSpecError",
     "Recipe",

@@ -9,11 +9,13 @@ needed and the user's global matplotlib backend is not changed.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._compat import is_package_available
+from .outcome import RecipeResult
+from .results import BenchResults
 
 __all__ = ["charts_available", "write_charts", "write_comparison_chart"]
 
@@ -25,11 +27,11 @@ def _color(group: str | None) -> str:
     return _GROUP_COLORS.get(group, _OTHER_COLOR)
 
 
-def _group_legend(axes: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+def _group_legend(axes: Any, rows: Sequence[RecipeResult]) -> None:
     """A legend naming the group of each bar colour shown (the table's groups)."""
     from matplotlib.patches import Patch
 
-    groups = list(dict.fromkeys(row.get("group") or "other" for row in rows))
+    groups = list(dict.fromkeys(row.group or "other" for row in rows))
     handles = [Patch(color=_color(g), label=g) for g in groups]
     axes.legend(handles=handles, title="group", fontsize=7, title_fontsize=7, loc="best")
 
@@ -48,13 +50,13 @@ def _figure(height_rows: int) -> Any:
     return figure
 
 
-def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: str, path: Path) -> Path | None:
-    ok = [r for r in rows if r["status"] == "ok" and (r.get("metrics") or {}).get(key)]
+def _bar_chart(rows: Sequence[RecipeResult], key: str, title: str, xlabel: str, path: Path) -> Path | None:
+    ok = [r for r in rows if r.status == "ok" and getattr(r.metrics, key)]
     if not ok:
         return None
-    names = [r["name"] for r in ok][::-1]
-    values = [r["metrics"][key] for r in ok][::-1]
-    colors = [_color(r.get("group")) for r in ok][::-1]
+    names = [r.name for r in ok][::-1]
+    values = [getattr(r.metrics, key) for r in ok][::-1]
+    colors = [_color(r.group) for r in ok][::-1]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(names, values, color=colors)
@@ -68,27 +70,27 @@ def _bar_chart(rows: Sequence[Mapping[str, Any]], key: str, title: str, xlabel: 
     return path
 
 
-def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> Path | None:
+def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path | None:
     """× base per recipe with its interval as error bars; rows not to be quoted are hatched."""
-    ok = [r for r in rows if r["status"] == "ok" and (r.get("metrics") or {}).get("speedup")]
+    ok = [r for r in rows if r.status == "ok" and r.metrics.speedup]
     if not ok:
         return None
     ok = ok[::-1]
-    values = [r["metrics"]["speedup"] for r in ok]
-    low = [v - (r["metrics"].get("speedup_low") or v) for v, r in zip(values, ok)]
-    high = [(r["metrics"].get("speedup_high") or v) - v for v, r in zip(values, ok)]
+    metrics = [r.metrics for r in ok]
+    values = [m.speedup for m in metrics]
+    low = [m.speedup - (m.speedup_low or m.speedup) for m in metrics]
+    high = [(m.speedup_high or m.speedup) - m.speedup for m in metrics]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(
-        [r["name"] for r in ok], values, xerr=[low, high], capsize=3,
-        color=[_color(r.get("group")) for r in ok],
-        hatch=["//" if r["metrics"].get("not_quotable") else "" for r in ok],
+        [r.name for r in ok], values, xerr=[low, high], capsize=3,
+        color=[_color(r.group) for r in ok],
+        hatch=["//" if m.not_quotable else "" for m in metrics],
     )
     labels = [
-        f"{v:.2f}" + (f" ({r['metrics']['speedup_low']:.2f}–{r['metrics']['speedup_high']:.2f})"
-                      if r["metrics"].get("speedup_low") is not None else "")
-        + (" not quotable" if r["metrics"].get("not_quotable") else "")
-        for v, r in zip(values, ok)
+        f"{m.speedup:.2f}" + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
+        + (" not quotable" if m.not_quotable else "")
+        for m in metrics
     ]
     axes.bar_label(bars, labels=labels, padding=6, fontsize=7)
     _group_legend(axes, ok[::-1])
@@ -101,11 +103,11 @@ def _ratio_chart(rows: Sequence[Mapping[str, Any]], title: str, path: Path) -> P
     return path
 
 
-def write_charts(document: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a results document.
 
     Args:
-        document: a results document (:mod:`.results`).
+        document: a run's results.
         out_dir: where to write them.
 
     Returns:
@@ -118,24 +120,24 @@ def write_charts(document: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
         return []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings, env = document.get("settings", {}), document.get("environment", {})
+    settings, env, rows = document.settings, document.environment, document.rows
     where = f"{settings.get('model')}, {env.get('device')}, torch {env.get('torch')}"
     written = [
-        _bar_chart(document["rows"], "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
-        _bar_chart(document["rows"], "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
-        _ratio_chart(document["rows"], f"paired ratio to the baseline ({where})", out / "speedup.png"),
+        _bar_chart(rows, "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
+        _bar_chart(rows, "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
+        _ratio_chart(rows, f"paired ratio to the baseline ({where})", out / "speedup.png"),
     ]
     return [path for path in written if path is not None]
 
 
 def write_comparison_chart(
-    first: Mapping[str, Any], second: Mapping[str, Any], path: str | os.PathLike[str], *, labels: Sequence[str] = ("A", "B")
+    first: BenchResults, second: BenchResults, path: str | os.PathLike[str], *, labels: Sequence[str] = ("A", "B")
 ) -> Path | None:
     """Two runs side by side: grouped bars of warm-up seconds and steps/s per recipe.
 
     Args:
-        first: results document A.
-        second: results document B.
+        first: run A's results.
+        second: run B's results.
         path: the PNG to write.
         labels: legend names of A and B.
 
@@ -144,8 +146,8 @@ def write_comparison_chart(
     """
     if not charts_available():
         return None
-    a_rows = {r["name"]: r for r in first["rows"] if r["status"] == "ok"}
-    b_rows = {r["name"]: r for r in second["rows"] if r["status"] == "ok"}
+    a_rows = {r.name: r.metrics for r in first.rows if r.status == "ok"}
+    b_rows = {r.name: r.metrics for r in second.rows if r.status == "ok"}
     names = [n for n in a_rows if n in b_rows]
     if not names:
         return None
@@ -154,7 +156,7 @@ def write_comparison_chart(
         axes = figure.add_subplot(1, 2, column + 1)
         positions = range(len(names))
         for offset, (label, rows) in zip((-0.2, 0.2), zip(labels, (a_rows, b_rows))):
-            values = [rows[n]["metrics"].get(key) or 0 for n in names]
+            values = [getattr(rows[n], key) or 0 for n in names]
             axes.barh([p + offset for p in positions], values, height=0.4, label=label)
         axes.set_yticks(list(positions), names if column == 0 else [""] * len(names))
         axes.invert_yaxis()

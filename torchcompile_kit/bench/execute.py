@@ -26,7 +26,7 @@ from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
 from .model_spec import ModelSpec, load_model_spec, loss_of
-from .outcome import RecipeResult, emit_event
+from .outcome import Metrics, RecipeResult, emit_event
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 
 __all__ = ["execute_request", "missing_requirement"]
@@ -115,7 +115,7 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     function is called as ``function(ctx, reference=..., batch=..., recipe=...)``: ``ctx`` is the
     :class:`RecipeContext` the recipe compiled and trained, ``reference`` a freshly built eager
     model holding the weights saved before the run, ``batch`` the run's first batch (a shape
-    the run compiled) on the device. What it returns (JSON-able) is ``metrics["check"]``; an
+    the run compiled) on the device. What it returns (JSON-able) is ``metrics.check``; an
     exception there becomes ``{"ok": False, "offending": ...}``.
 
     Args:
@@ -157,35 +157,71 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     return result
 
 
-def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
+def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> Metrics:
     preset = PRESETS[request["preset"]]
     steps = request["steps"] or preset.steps
     warmup_steps = request["warmup_steps"] or preset.warmup_steps
     settings.update(steps=steps, warmup_steps=warmup_steps)
     notes: list[str] = []
     cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
-    metrics: dict[str, Any] = {}
     started = time.perf_counter()
     _dynamo.import_compiler()  # in every row, so no timed phase below carries the import
-    metrics["import_compiler_s"] = time.perf_counter() - started
-    loaded = None
-    if recipe.cache_from:
-        # Before the model is built, as a restart script does: the load starts inductor's CPU ISA
-        # probe, which then runs beside the build (load_compile_cache).
-        started = time.perf_counter()
-        loaded = load_compile_cache(cache_path)
-        metrics["cache_load_s"] = time.perf_counter() - started
-        metrics["cache_loaded"] = bool(loaded)
-        if not loaded:
-            notes.append(f"cache not loaded: {loaded.reason}")
-        else:
-            notes.append(loaded.summary())
+    import_s = time.perf_counter() - started
+    # a warm row loads before the model is built, as a restart script does: the load starts
+    # inductor's CPU ISA probe, which then runs beside the build (load_compile_cache)
+    started = time.perf_counter()
+    loaded = load_compile_cache(cache_path) if recipe.cache_from else None
+    load_s = time.perf_counter() - started if recipe.cache_from else None
+    if loaded is not None:
+        notes.append(loaded.summary() if loaded else f"cache not loaded: {loaded.reason}")
     emit_event(event="phase", phase="build")
     started = time.perf_counter()
     spec = _spec(request)
-    metrics["build_s"] = time.perf_counter() - started
+    build_s = time.perf_counter() - started
+    ctx, initial = _set_up(recipe, spec, request, device, notes)
+    stream, prepare = batch_stream(recipe, spec, preset, device)
+    first = next(stream)
+    step = _train_step(recipe, ctx, device, spec)
+    with CompileMonitor() as monitor:
+        metrics = measure_training(
+            step, itertools.chain([first], stream), warmup_steps=warmup_steps, steps=steps, device=device,
+            before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
+            on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
+            min_steady_s=float(request.get("steady_s") or 0.0),
+            max_steps=int(request["plan_steps"]) if request.get("plan_steps") else None,
+            baseline=_paired_baseline(recipe, request, preset, device),
+        )
+    if metrics.paired is not None:  # whether each block's two sides stepped on the same samples
+        metrics.paired.update(
+            baseline=request["pair_with"],
+            same_batches=recipe.data != "buckets" or spec.make_batch is not None,
+        )
+    if request.get("plan_steps"):
+        metrics.plan_tokens_per_step = planned_tokens_per_step(
+            recipe, spec, preset, device, int(request["plan_steps"])
+        )
+    snapshot = monitor.snapshot()
+    metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
+    metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
+    metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
+    if loaded is not None:
+        metrics.cache_load_s, metrics.cache_loaded = load_s, bool(loaded)
+        metrics.cache_stats = loaded.cache_stats() if loaded else None  # FX-graph/AOT cache hits
+    if recipe.save_cache:
+        metrics.cache_saved = bool(save_compile_cache(cache_path))
+    if request.get("check"):  # after the cache is saved: the check compiles nothing into it
+        metrics.check = _check(request, ctx, initial, first, device)
+    metrics.notes = notes
+    return metrics
+
+
+def _set_up(
+    recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any, notes: list[str]
+) -> tuple[RecipeContext, Path]:
+    """The model on the device, its optimizer, the recipe applied (its warnings become notes),
+    and where the weights it started from are saved for the check."""
+    import torch
+
     if (reason := _missing_lengths(recipe, spec)) is not None:
         raise _Skip(reason)
     if "encoder_decoder" in recipe.requires and not (
@@ -194,9 +230,7 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         raise ValueError(f"recipe {recipe.name!r} needs a model with .encoder and .decoder submodules")
     model = spec.model.to(device)
     # the user's optimizer when the spec returns one (module.to() keeps its parameters)
-    optimizer = spec.optimizer
-    if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = spec.optimizer or torch.optim.Adam(model.parameters(), lr=1e-4)
     initial = Path(request["result_path"]).with_name("initial_state.pt")
     if request.get("check"):  # the weights the check's eager reference starts from
         torch.save(model.state_dict(), initial)
@@ -210,44 +244,7 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         apply_recipe(recipe, ctx)
     for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
         notes.append(f"warning: {message[:300]}")
-    stream, prepare = batch_stream(recipe, spec, preset, device)
-    first = next(stream)
-    stream = itertools.chain([first], stream)
-    step = _train_step(recipe, ctx, device, spec)
-    monitor = CompileMonitor()
-    with monitor:
-        metrics.update(
-            measure_training(
-                step, stream, warmup_steps=warmup_steps, steps=steps, device=device,
-                before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
-                on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
-                min_steady_s=float(request.get("steady_s") or 0.0),
-                max_steps=int(request["plan_steps"]) if request.get("plan_steps") else None,
-                baseline=_paired_baseline(recipe, request, preset, device),
-            )
-        )
-    if "paired" in metrics:  # whether each block's two sides stepped on the same samples
-        metrics["paired"].update(
-            baseline=request["pair_with"],
-            same_batches=recipe.data != "buckets" or spec.make_batch is not None,
-        )
-    if request.get("plan_steps"):
-        metrics["plan_tokens_per_step"] = planned_tokens_per_step(
-            recipe, spec, preset, device, int(request["plan_steps"])
-        )
-    snapshot = monitor.snapshot()
-    metrics.update({k: snapshot.get(k) for k in ("graphs", "recompiles", "graph_breaks", "compile_seconds")})
-    metrics["monitor"] = snapshot
-    if loaded:
-        metrics["cache_stats"] = loaded.cache_stats()  # torch's FX-graph/AOTAutograd cache hits
-    if recipe.save_cache:
-        saved = save_compile_cache(cache_path)
-        metrics["cache_saved"] = bool(saved)
-    if request.get("check"):  # after the cache is saved: the check compiles nothing into it
-        metrics["check"] = _check(request, ctx, initial, first, device)
-    if notes:
-        metrics["notes"] = notes
-    return metrics
+    return ctx, initial
 
 
 def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, device: Any):

@@ -1,26 +1,9 @@
 """What one recipe measures, the way the reference post measures it, and the comparisons across recipes.
 
-In the recipe's process (:func:`measure_training`):
-
-- ``warmup_s``: wall time of the first ``warmup_steps`` steps from a true cold start (empty
-  inductor cache, nothing compiled), the post's "warm-up time"; it includes compiling, and for
-  recipes that compile every shape up front (buckets) that pre-compilation too;
-- ``first_step_s``: the first of those steps alone;
-- ``steps_per_s``: 1 / the median time of the steady steps that follow;
-- ``tokens_per_s``: the median over steady steps of real (non-pad) tokens / step time;
-- ``padding``: pad tokens / computed tokens over all steps (from the attention mask);
-- ``peak_memory_mb``: peak CUDA memory allocated, or on CPU the process's peak resident set
-  (each recipe has its own process, so it is the recipe's), read before the paired baseline's
-  eager copy of the model is built;
-- ``paired``: each paired block's seconds, the recipe's and its baseline's (:mod:`.paired`);
-- ``cpu_neighbours``: the share of the machine's CPU time other processes used meanwhile;
-- ``losses``: the loss of every step, for the comparison with eager.
-
-Across recipes (:func:`compare`): ``speedup`` (the median ratio of the paired blocks the row
-stepped beside its baseline, with a 95% interval, :mod:`.paired`; for a row that was not paired,
-steps/s ÷ the baseline recipe's, or eager's when the baseline did not run),
-``warmup_ratio`` (warm-up ÷ the baseline's) and ``loss_max_abs_diff`` (the largest |loss − eager
-loss| over the steps both ran on the same batches).
+In the recipe's process, :func:`measure_training` times the warm-up from a cold start and the
+steady steps (paired with the baseline's eager copy when asked, :mod:`.paired`); across recipes,
+:func:`compare` adds each row's speedup over its baseline, its warm-up ratio and its loss gap. The
+fields are :class:`~.outcome.Metrics`.
 """
 
 from __future__ import annotations
@@ -30,6 +13,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from .outcome import Metrics
 
 __all__ = [
     "METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb", "real_and_computed",
@@ -131,7 +116,7 @@ def measure_training(
     max_steps: int | None = None,
     baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]] | None = None,
     block_steps: int | None = None,
-) -> dict[str, Any]:
+) -> Metrics:
     """Run ``warmup_steps + steps`` training steps and measure them.
 
     With ``min_steady_s``, the steady steps go on until they have taken that many seconds, so
@@ -164,15 +149,8 @@ def measure_training(
         block_steps: steps per side in a paired block (``None``: :func:`.paired.block_steps_for`).
 
     Returns:
-        ``warmup_s``, ``first_step_s``, ``steps_per_s``, ``tokens_per_s``, ``padding``,
-        ``peak_memory_mb`` (before the baseline is built), ``losses``, ``step_times_s`` with
-        ``step_tokens`` (the computed, padded tokens of each timed step), ``cpu_steal``/
-        ``cpu_steal_steady`` (the share of the machine's CPU time the hypervisor took during the
-        run / the steady steps; ``None`` off Linux), ``cpu_neighbours``/
-        ``cpu_neighbours_steady`` (the share other processes used; ``None`` without psutil),
-        ``steady_s`` (seconds of the timed steady steps), ``steps`` (how many were timed) /
-        ``warmup_steps``, and when paired ``paired``: ``block_steps``, ``base_s`` and
-        ``recipe_s`` (each block's step seconds per side, a list per block).
+        The run's :class:`~.outcome.Metrics` (timings, tokens, padding, memory, losses, the
+        machine's shares, and ``paired`` when paired).
     """
     import torch
 
@@ -250,27 +228,25 @@ def measure_training(
             total += _extra_steps(times, min_steady_s, max_steps, other_s=other)
     median = statistics.median(times) if times else None
     cpu_end, machine_end = cpu_times(), cpu_snapshot()
-    metrics = {
-        "warmup_s": warmup_s,
-        "first_step_s": first_step_s,
-        "steps_per_s": 1 / median if median else None,
-        "tokens_per_s": statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
-        "padding": 1 - sums[0] / sums[1] if sums[1] else None,
-        "peak_memory_mb": peak if paired is not None else peak_memory_mb(device),
-        "losses": losses,
-        "step_times_s": times,
-        "step_tokens": computed_tokens,
-        "cpu_steal": steal_share(cpu_start, cpu_end),
-        "cpu_steal_steady": steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,
-        "cpu_neighbours": neighbour_share(machine_start, machine_end),
-        "cpu_neighbours_steady": neighbour_share(machine_warm, machine_end) if times else None,
-        "steady_s": sum(times),
-        "warmup_steps": warmup_steps,
-        "steps": len(times),
-    }
-    if paired is not None:
-        metrics["paired"] = paired
-    return metrics
+    return Metrics(
+        warmup_s=warmup_s,
+        first_step_s=first_step_s,
+        steps_per_s=1 / median if median else None,
+        tokens_per_s=statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
+        padding=1 - sums[0] / sums[1] if sums[1] else None,
+        peak_memory_mb=peak if paired is not None else peak_memory_mb(device),
+        losses=losses,
+        step_times_s=times,
+        step_tokens=computed_tokens,
+        cpu_steal=steal_share(cpu_start, cpu_end),
+        cpu_steal_steady=steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,
+        cpu_neighbours=neighbour_share(machine_start, machine_end),
+        cpu_neighbours_steady=neighbour_share(machine_warm, machine_end) if times else None,
+        steady_s=sum(times),
+        warmup_steps=warmup_steps,
+        steps=len(times),
+        paired=paired,
+    )
 
 
 def _base_step(step: Callable[[dict[str, Any]], Any], batches: Iterator[dict[str, Any]], sync: Callable[[], None]) -> float:
@@ -297,48 +273,44 @@ def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None,
     return max(0, extra)
 
 
-def compare(rows: list[dict[str, Any]], recipes: Mapping[str, Any]) -> None:
-    """Add ``speedup`` (with its interval), ``warmup_ratio``, ``loss_max_abs_diff`` and the
-    quotability marks to each ok row, in place.
+def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
+    """Fill ``speedup`` (with its interval), ``warmup_ratio``, ``loss_max_abs_diff`` and
+    ``not_quotable`` of each ok row's :class:`~.outcome.Metrics`, in place.
 
-    ``speedup`` of a paired row (``metrics["paired"]``, see :mod:`.paired`) is the median of its
-    block ratios to the baseline that stepped beside it, with ``speedup_low``/``speedup_high``
-    (the 95% interval), ``speedup_blocks`` and ``speedup_method``; a row that was not paired
-    divides its steps/s by the baseline row's (``speedup_paired: False``), as before pairing.
-    ``not_quotable`` lists why a row's timings should not be quoted (empty: they can be).
+    ``speedup`` of a paired row (``metrics.paired``, see :mod:`.paired`) is the median of its
+    block ratios to the baseline that stepped beside it, with its 95% interval; a row that was
+    not paired divides its steps/s by the baseline row's (``speedup_paired=False``).
 
     Args:
-        rows: result rows (``RecipeResult.to_dict()``), each with ``name``, ``status``, ``metrics``.
+        rows: the :class:`~.outcome.RecipeResult` rows.
         recipes: name -> recipe (its ``baseline`` and ``loss_reference`` names); rows whose recipe
             is unknown (a custom ``tune`` row) compare with ``"eager"``.
     """
     from .paired import not_quotable, paired_ratio
 
-    by_name = {row["name"]: row for row in rows if row.get("status") == "ok"}
+    by_name = {row.name: row for row in rows if row.status == "ok"}
     for row in by_name.values():
-        recipe = recipes.get(row["name"])
-        metrics = row["metrics"]
+        recipe = recipes.get(row.name)
+        metrics = row.metrics
         # the group's baseline (eager-longest for dynamic shapes), else eager when it did not run
         base = by_name.get(getattr(recipe, "baseline", None) or "eager") or by_name.get("eager")
         ratio = paired_ratio(metrics)
         if ratio is not None:
-            metrics.update(
-                speedup=ratio["ratio"], speedup_low=ratio["low"], speedup_high=ratio["high"],
-                speedup_blocks=ratio["blocks"], speedup_method=ratio["method"],
-                speedup_baseline=ratio["baseline"], speedup_paired=True,
-            )
-        elif base is not None and metrics.get("steps_per_s") and base["metrics"].get("steps_per_s"):
-            metrics["speedup"] = metrics["steps_per_s"] / base["metrics"]["steps_per_s"]
-            metrics["speedup_paired"] = base is row  # a baseline is its own pair
-        metrics["not_quotable"] = not_quotable(metrics)
-        cold = by_name.get(getattr(recipe, "warmup_baseline", None) or "full")
-        if cold is not None and metrics.get("warmup_s") and cold["metrics"].get("warmup_s"):
-            metrics["warmup_ratio"] = metrics["warmup_s"] / cold["metrics"]["warmup_s"]
+            metrics.speedup, metrics.speedup_low, metrics.speedup_high = ratio["ratio"], ratio["low"], ratio["high"]
+            metrics.speedup_blocks, metrics.speedup_method = ratio["blocks"], ratio["method"]
+            metrics.speedup_baseline, metrics.speedup_paired = ratio["baseline"], True
+        elif base is not None and metrics.steps_per_s and base.metrics.steps_per_s:
+            metrics.speedup = metrics.steps_per_s / base.metrics.steps_per_s
+            metrics.speedup_paired = base is row  # a baseline is its own pair
+        metrics.not_quotable = not_quotable(metrics)
+        cold = by_name.get("full")
+        if cold is not None and metrics.warmup_s and cold.metrics.warmup_s:
+            metrics.warmup_ratio = metrics.warmup_s / cold.metrics.warmup_s
         ref_name = getattr(recipe, "loss_reference", "eager") if recipe is not None else "eager"
         ref = by_name.get(ref_name) if ref_name else None
         if ref is not None and ref is not row:
-            pairs = list(zip(metrics.get("losses") or [], ref["metrics"].get("losses") or []))
+            pairs = list(zip(metrics.losses, ref.metrics.losses))
             if pairs:
-                metrics["loss_max_abs_diff"] = max(abs(a - b) for a, b in pairs)
+                metrics.loss_max_abs_diff = max(abs(a - b) for a, b in pairs)
         elif ref is row:
-            metrics["loss_max_abs_diff"] = 0.0
+            metrics.loss_max_abs_diff = 0.0

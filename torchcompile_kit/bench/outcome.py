@@ -11,12 +11,124 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["EVENT_PREFIX", "RecipeResult", "emit_event", "set_event_sink"]
+__all__ = ["EVENT_PREFIX", "Metrics", "RecipeResult", "emit_event", "set_event_sink"]
 
 EVENT_PREFIX = "@@tck-event "
 """Stdout lines of the child that start with this carry one JSON progress event."""
 
 Status = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Metrics:
+    """What one recipe run measured (in its process), and how it compares with the other rows.
+
+    ``None`` is "not measured" (a skipped row, a metric this run could not take). Round-trips
+    through JSON: :meth:`to_dict`, :meth:`from_dict` (keys it does not know are ignored).
+    """
+
+    # the run (:func:`.metrics.measure_training`)
+    warmup_s: float | None = None
+    """Wall time of the first ``warmup_steps`` steps from a cold start, compiling included (for
+    recipes that compile every shape up front, that too): the reference post's warm-up time."""
+    first_step_s: float | None = None
+    """The first of those steps alone."""
+    steps_per_s: float | None = None
+    """1 / the median steady step."""
+    tokens_per_s: float | None = None
+    """Median over steady steps of real (non-pad) tokens / step time."""
+    padding: float | None = None
+    """Pad tokens / computed tokens over all steps (from the attention mask)."""
+    peak_memory_mb: float | None = None
+    """Peak CUDA memory allocated, or the process's peak resident set on CPU (before the paired
+    baseline's copy of the model is built)."""
+    losses: list[float] = field(default_factory=list)
+    """The loss of every step, for the comparison with the loss reference."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Each timed steady step, seconds."""
+    step_tokens: list[int] = field(default_factory=list)
+    """The computed (padded) tokens of each timed steady step."""
+    steady_s: float | None = None
+    """Seconds of the timed steady steps."""
+    warmup_steps: int | None = None
+    """Steps timed as warm-up."""
+    steps: int | None = None
+    """Steady steps timed."""
+    cpu_steal: float | None = None
+    """Share of the machine's CPU time the hypervisor took during the run (``None`` off Linux)."""
+    cpu_steal_steady: float | None = None
+    """The same, during the steady steps."""
+    cpu_neighbours: float | None = None
+    """Share of the machine's CPU time other processes used during the run (``None`` without psutil)."""
+    cpu_neighbours_steady: float | None = None
+    """The same, during the steady steps."""
+    paired: dict[str, Any] | None = None
+    """Paired blocks (:mod:`.paired`): ``block_steps``, ``base_s`` and ``recipe_s`` (each block's
+    step seconds per side), ``baseline``, ``same_batches``; ``None``: not paired."""
+    plan_tokens_per_step: float | None = None
+    """Mean padded tokens per step over the planned run (``tune``)."""
+    # the process around it (:mod:`.execute`)
+    import_compiler_s: float | None = None
+    """Seconds importing dynamo and inductor (the same in every row)."""
+    build_s: float | None = None
+    """Seconds building the model."""
+    graphs: int | None = None
+    """Graphs compiled (``CompileMonitor``)."""
+    recompiles: int | None = None
+    """Recompiles."""
+    graph_breaks: int | None = None
+    """Distinct graph breaks."""
+    compile_seconds: float | None = None
+    """Seconds dynamo and the backend spent compiling."""
+    monitor: dict[str, Any] | None = None
+    """The whole ``CompileMonitor`` snapshot."""
+    cache_load_s: float | None = None
+    """Warm rows: seconds loading the compile cache."""
+    cache_loaded: bool | None = None
+    """Warm rows: the cache loaded."""
+    cache_stats: dict[str, Any] | None = None
+    """Warm rows: torch's FX-graph/AOTAutograd cache hits after the run."""
+    cache_saved: bool | None = None
+    """Cold rows that save: the cache was written."""
+    check: dict[str, Any] | None = None
+    """``tune``'s correctness check of the run (``GateVerdict.to_dict()``)."""
+    stopped: dict[str, Any] | None = None
+    """``tune``: how far a run its budget stopped had got."""
+    notes: list[str] = field(default_factory=list)
+    """What else the run said (cache summary, the library's warnings)."""
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    """``--repeat``: each run's own figures (the row pools them, :func:`.paired.merge_repeats`)."""
+    # across rows (:func:`.metrics.compare`)
+    speedup: float | None = None
+    """The median ratio of the paired blocks to the baseline, or steps/s ÷ the baseline's."""
+    speedup_low: float | None = None
+    """Low end of the 95% interval of ``speedup`` (paired rows)."""
+    speedup_high: float | None = None
+    """High end of it."""
+    speedup_blocks: int | None = None
+    """Paired blocks behind ``speedup``."""
+    speedup_method: str | None = None
+    """How the interval was computed."""
+    speedup_baseline: str | None = None
+    """The recipe that stepped beside this one."""
+    speedup_paired: bool | None = None
+    """``speedup`` is from paired blocks (``False``: rows measured minutes apart)."""
+    warmup_ratio: float | None = None
+    """Warm-up ÷ the cold full compile's."""
+    loss_max_abs_diff: float | None = None
+    """The largest |loss − reference loss| over the steps both ran on the same batches."""
+    not_quotable: list[str] | None = None
+    """Why the row's timings should not be quoted (empty: they can be)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metrics as JSON-ready data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics:
+        """Rebuild from :meth:`to_dict` data (unknown keys are ignored)."""
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,14 +139,16 @@ class RecipeResult:
     """Recipe name (``"full"``)."""
     status: Status
     """``"ok"``, ``"failed"`` (raised, crashed or timed out) or ``"skipped"`` (cannot run here)."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """The measurements (empty unless ``ok``); keys in :mod:`torchcompile_kit.bench.metrics`."""
+    metrics: Metrics = field(default_factory=Metrics)
+    """The measurements (empty unless ``ok``)."""
     error: str | None = None
     """Failed: the exception and the tail of its traceback (or of the child's log)."""
     reason: str | None = None
     """Skipped: why (``"needs CUDA graphs; this machine has no CUDA device"``)."""
     group: str = ""
     """The recipe's group (``static``, ``dynamic``, ``warm-up``, ``distributed``, ``custom``)."""
+    description: str = ""
+    """The recipe's one line (filled in the results document)."""
     wall_s: float | None = None
     """Seconds the whole child process took (start-up and imports included)."""
     settings: dict[str, Any] = field(default_factory=dict)
@@ -48,7 +162,8 @@ class RecipeResult:
     def from_dict(cls, data: Mapping[str, Any]) -> RecipeResult:
         """Rebuild a result from :meth:`to_dict` data (unknown keys are ignored)."""
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        return cls(**{**fields, "metrics": Metrics.from_dict(data.get("metrics"))})
 
 
 _event_sink: Callable[[dict[str, Any]], None] | None = None

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .outcome import Metrics
+
 __all__ = [
     "CONFIDENCE",
     "MIN_BLOCKS",
@@ -169,15 +171,15 @@ def _interval(
     return low, high, "bootstrap"
 
 
-def paired_ratio(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ratio and interval of a row's paired blocks (``metrics["paired"]``), or ``None``.
+def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
+    """The ratio and interval of a row's paired blocks (``metrics.paired``), or ``None``.
 
     Example:
-        >>> paired_ratio({"paired": {"baseline": "eager", "base_s": [[2.0, 2.2]] * 5,
-        ...                          "recipe_s": [[1.0, 1.1]] * 5, "same_batches": True}})["ratio"]
+        >>> paired_ratio(Metrics(paired={"baseline": "eager", "base_s": [[2.0, 2.2]] * 5,
+        ...                              "recipe_s": [[1.0, 1.1]] * 5, "same_batches": True}))["ratio"]
         2.0
     """
-    paired = metrics.get("paired")
+    paired = metrics.paired
     if not isinstance(paired, Mapping) or not paired.get("base_s"):
         return None
     same = bool(paired.get("same_batches", True))
@@ -262,33 +264,32 @@ def neighbour_share(before: CpuSnapshot | None, after: CpuSnapshot | None) -> fl
 # --- marking -------------------------------------------------------------------------------------
 
 
-def not_quotable(metrics: Mapping[str, Any]) -> list[str]:
+def not_quotable(metrics: Metrics) -> list[str]:
     """Why a row's timings should not be quoted; empty when they can be.
 
     Args:
-        metrics: a row's metrics: ``speedup``/``speedup_low``/``speedup_high``/``speedup_blocks``
-            (paired rows), ``cpu_neighbours``/``cpu_neighbours_steady`` and ``cpu_steal``.
+        metrics: a row's metrics: its speedup and interval (paired rows), and the machine's
+            shares (``cpu_neighbours``, ``cpu_neighbours_steady``, ``cpu_steal``).
 
     Returns:
         One short reason per problem.
 
     Example:
-        >>> not_quotable({"cpu_neighbours": 0.31, "cpu_steal": 0.0})
+        >>> not_quotable(Metrics(cpu_neighbours=0.31, cpu_steal=0.0))
         ["other processes used 31% of the machine's CPU during it (limit 10%)"]
     """
     reasons = []
-    shares = [metrics.get(k) for k in ("cpu_neighbours", "cpu_neighbours_steady")]
-    shares = [s for s in shares if isinstance(s, (int, float))]
+    shares = [s for s in (metrics.cpu_neighbours, metrics.cpu_neighbours_steady) if s is not None]
     if shares and max(shares) > NEIGHBOUR_LIMIT:
         reasons.append(
             f"other processes used {max(shares):.0%} of the machine's CPU during it "
             f"(limit {NEIGHBOUR_LIMIT:.0%})"
         )
-    steal = metrics.get("cpu_steal")
-    if isinstance(steal, (int, float)) and steal > STEAL_LIMIT:
+    steal = metrics.cpu_steal
+    if steal is not None and steal > STEAL_LIMIT:
         reasons.append(f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})")
-    ratio, low, high = (metrics.get(k) for k in ("speedup", "speedup_low", "speedup_high"))
-    blocks = metrics.get("speedup_blocks")
+    ratio, low, high = metrics.speedup, metrics.speedup_low, metrics.speedup_high
+    blocks = metrics.speedup_blocks
     if blocks is not None and (low is None or high is None):
         reasons.append(f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more --steps)")
     elif ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
@@ -310,7 +311,7 @@ def merge_repeats(results: Sequence[Any]) -> Any:
 
     Steady steps and paired blocks are pooled (the interval then covers every run's blocks);
     warm-up, tokens/s, memory and the machine's shares are the runs' medians; losses, counts and
-    notes are the first ok run's. ``metrics["repeats"]`` keeps each run's own figures.
+    notes are the first ok run's. ``metrics.repeats`` keeps each run's own figures.
 
     Args:
         results: the :class:`~.outcome.RecipeResult` of each run, in order.
@@ -324,22 +325,21 @@ def merge_repeats(results: Sequence[Any]) -> Any:
     merged = type(ok[0]).from_dict(ok[0].to_dict())
     metrics = merged.metrics
     for key in _MEDIAN_KEYS:
-        values = [r.metrics[key] for r in ok if isinstance(r.metrics.get(key), (int, float))]
-        metrics[key] = statistics.median(values) if values else None
-    times = [t for r in ok for t in r.metrics.get("step_times_s") or []]
-    metrics["step_times_s"] = times
-    metrics["step_tokens"] = [n for r in ok for n in r.metrics.get("step_tokens") or []]
-    metrics["steps"] = len(times)
-    metrics["steady_s"] = sum(times)
-    metrics["steps_per_s"] = 1 / statistics.median(times) if times else None
-    pairs = [r.metrics["paired"] for r in ok if isinstance(r.metrics.get("paired"), Mapping)]
+        values = [getattr(r.metrics, key) for r in ok if getattr(r.metrics, key) is not None]
+        setattr(metrics, key, statistics.median(values) if values else None)
+    times = [t for r in ok for t in r.metrics.step_times_s]
+    metrics.step_times_s = times
+    metrics.step_tokens = [n for r in ok for n in r.metrics.step_tokens]
+    metrics.steps, metrics.steady_s = len(times), sum(times)
+    metrics.steps_per_s = 1 / statistics.median(times) if times else None
+    pairs = [r.metrics.paired for r in ok if r.metrics.paired]
     if pairs:
-        metrics["paired"] = {
+        metrics.paired = {
             **pairs[0],
             "base_s": [s for p in pairs for s in p["base_s"]],
             "recipe_s": [s for p in pairs for s in p["recipe_s"]],
         }
-    metrics["repeats"] = [_repeat_summary(r) for r in results]
+    metrics.repeats = [_repeat_summary(r) for r in results]
     merged.wall_s = sum(r.wall_s or 0.0 for r in results)
     return merged
 
@@ -348,7 +348,7 @@ def _repeat_summary(result: Any) -> dict[str, Any]:
     m = result.metrics
     summary: dict[str, Any] = {"status": result.status}
     for key in ("warmup_s", "steps_per_s", "cpu_neighbours", "cpu_steal"):
-        summary[key] = m.get(key)
+        summary[key] = getattr(m, key)
     ratio = paired_ratio(m)
     if ratio is not None:
         summary.update(speedup=ratio["ratio"], speedup_low=ratio["low"], speedup_high=ratio["high"])

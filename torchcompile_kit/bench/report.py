@@ -6,8 +6,12 @@ side by side (before/after, CPU/GPU). Text for the terminal, Markdown for docs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
+
+from .outcome import Metrics, RecipeResult
+from .results import BenchResults
 
 __all__ = ["format_comparison", "format_results", "render_table", "warm_start_lines"]
 
@@ -80,38 +84,38 @@ def render_table(header: Sequence[str], body: Sequence[Sequence[str]], *, markdo
     return "\n".join(lines)
 
 
-def _derived(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The table's computed cells: the interval as text, and whether the row may be quoted."""
-    low, high = metrics.get("speedup_low"), metrics.get("speedup_high")
-    cells = dict(metrics)
+def _cells(metrics: Metrics) -> dict[str, Any]:
+    """The table's cells: the metrics, the interval as text, and whether the row may be quoted."""
+    low, high = metrics.speedup_low, metrics.speedup_high
+    cells = asdict(metrics)
     cells["speedup_interval"] = f"{low:.2f}–{high:.2f}" if low is not None and high is not None else None
-    if "not_quotable" in metrics:
-        cells["quote"] = "NO" if metrics["not_quotable"] else "yes"
-    if metrics.get("speedup_paired") is False:  # the rows were measured minutes apart
+    if metrics.not_quotable is not None:
+        cells["quote"] = "NO" if metrics.not_quotable else "yes"
+    if metrics.speedup_paired is False:  # the rows were measured minutes apart
         cells["speedup_interval"] = "unpaired"
     return cells
 
 
-def _status_note(row: Mapping[str, Any]) -> str:
-    if row["status"] == "skipped":
-        return f"skipped: {row.get('reason') or ''}"
-    if row["status"] == "failed":
-        first = (row.get("error") or "").strip().splitlines()
+def _status_note(row: RecipeResult) -> str:
+    if row.status == "skipped":
+        return f"skipped: {row.reason or ''}"
+    if row.status == "failed":
+        first = (row.error or "").strip().splitlines()
         return f"FAILED: {first[0] if first else ''}"[:160]
     return ""
 
 
-def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> str:
+def format_results(document: BenchResults, *, markdown: bool = False) -> str:
     """The run's tables, one per group, with the setup line and failures/skips under each.
 
     Args:
-        document: a results document (:mod:`.results`).
+        document: a run's results.
         markdown: Markdown tables (for docs) instead of aligned text.
 
     Returns:
         The text.
     """
-    env, settings = document.get("environment", {}), document.get("settings", {})
+    env, settings = document.environment, document.settings
     out = [
         (f"torchcompile-kit bench — {settings.get('model', '?')}, preset {settings.get('preset')}, "
         f"{settings.get('warmup_steps')} warm-up + {settings.get('steps')} steps, backend "
@@ -121,96 +125,93 @@ def format_results(document: Mapping[str, Any], *, markdown: bool = False) -> st
         _HOW_TO_READ if settings.get("paired", True) else "× base: steps/s ÷ the baseline row's (--no-pair: "
         "rows measured minutes apart, not robust to load from other processes)",
     ]
-    if document.get("complete") is False:
-        done = {row["name"] for row in document["rows"]}
+    if not document.complete:
+        done = {row.name for row in document.rows}
         missing = [name for name in settings.get("recipes", []) if name not in done]
         out.append(f"PARTIAL RUN (interrupted, or still running): {len(done)} of "
                    f"{len(done) + len(missing)} recipes; not run: {', '.join(missing) or '-'}")
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in document["rows"]:
-        groups.setdefault(row.get("group") or "custom", []).append(row)
+    groups: dict[str, list[RecipeResult]] = {}
+    for row in document.rows:
+        groups.setdefault(row.group or "custom", []).append(row)
     header = ["recipe", *(label for label, _, _ in _COLUMNS)]
     for group, rows in groups.items():
         body, notes = [], []
         for row in rows:
-            metrics = row.get("metrics") or {}
-            if row["status"] == "ok":
-                cells = _derived(metrics)
-                body.append([row["name"], *(_cell(cells.get(key), fmt) for _, key, fmt in _COLUMNS)])
-                notes += [f"{row['name']}: {note}" for note in metrics.get("notes", [])]
-                if metrics.get("not_quotable"):
-                    notes.append(
-                        f"{row['name']}: not to be quoted: {'; '.join(metrics['not_quotable'])}; {_ADVICE}"
-                    )
+            metrics = row.metrics
+            if row.status == "ok":
+                cells = _cells(metrics)
+                body.append([row.name, *(_cell(cells.get(key), fmt) for _, key, fmt in _COLUMNS)])
+                notes += [f"{row.name}: {note}" for note in metrics.notes]
+                if metrics.not_quotable:
+                    notes.append(f"{row.name}: not to be quoted: {'; '.join(metrics.not_quotable)}; {_ADVICE}")
             else:
-                body.append([row["name"], *(["–"] * len(_COLUMNS))])
-                notes.append(f"{row['name']}: {_status_note(row)}")
+                body.append([row.name, *(["–"] * len(_COLUMNS))])
+                notes.append(f"{row.name}: {_status_note(row)}")
         out += ["", f"== {group}: {_GROUP_TITLES.get(group, '')}".rstrip(": "), render_table(header, body, markdown=markdown)]
         out += [f"  {note}" for note in notes]
         if group == "warm-up":
-            out += [f"  {line}" for line in warm_start_lines(rows, document["rows"])]
+            out += [f"  {line}" for line in warm_start_lines(rows, document.rows)]
     return "\n".join(out)
 
 
-def warm_start_lines(warm_rows: Sequence[Mapping[str, Any]], all_rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
     """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step.
 
-    A ratio derived from a row that is not quotable (``metrics["not_quotable"]``: measured with
+    A ratio derived from a row that is not quotable (``metrics.not_quotable``: measured with
     other processes on the CPU, or too wide an interval) says so, with the reasons. Both rows import the compiler before anything is timed, and the model build (where a load's
     background ISA probe runs) is shown for both, so the ratio compares compile costs only.
 
     Example:
-        >>> cold = {"name": "full", "status": "ok", "metrics": {"first_step_s": 50.0, "build_s": 1.8}}
-        >>> warm = {"name": "full-warm", "status": "ok",
-        ...         "metrics": {"first_step_s": 4.4, "cache_load_s": 0.1, "build_s": 1.8}}
+        >>> cold = RecipeResult(name="full", status="ok", metrics=Metrics(first_step_s=50.0, build_s=1.8))
+        >>> warm = RecipeResult(name="full-warm", status="ok",
+        ...                     metrics=Metrics(first_step_s=4.4, cache_load_s=0.1, build_s=1.8))
         >>> warm_start_lines([warm], [cold, warm])[0]
         'full-warm: cache load 0.10 s + first step 4.40 s = 4.50 s; cold first step (full) 50.00 s; warm ÷ cold 0.090 (model build 1.80 s warm, 1.80 s cold)'
     """
     from .recipes import RECIPES
 
-    by_name = {row["name"]: row for row in all_rows if row.get("status") == "ok"}
+    by_name = {row.name: row for row in all_rows if row.status == "ok"}
     lines = []
     for row in warm_rows:
-        recipe = RECIPES.get(row["name"])
+        recipe = RECIPES.get(row.name)
         cold = by_name.get(recipe.cache_from) if recipe is not None and recipe.cache_from else None
-        if row.get("status") != "ok" or cold is None:
+        if row.status != "ok" or cold is None:
             continue
-        w, c = row.get("metrics") or {}, cold.get("metrics") or {}
-        if not c.get("first_step_s") or w.get("first_step_s") is None:
+        w, c = row.metrics, cold.metrics
+        if not c.first_step_s or w.first_step_s is None:
             continue
-        warm_total = w["first_step_s"] + (w.get("cache_load_s") or 0.0)
+        warm_total = w.first_step_s + (w.cache_load_s or 0.0)
         build = ""
-        if w.get("build_s") is not None and c.get("build_s") is not None:
-            build = f" (model build {w['build_s']:.2f} s warm, {c['build_s']:.2f} s cold)"
-        unquotable = [f"{r['name']}: {'; '.join(m['not_quotable'])}"
-                      for r, m in ((row, w), (cold, c)) if m.get("not_quotable")]
+        if w.build_s is not None and c.build_s is not None:
+            build = f" (model build {w.build_s:.2f} s warm, {c.build_s:.2f} s cold)"
+        unquotable = [f"{r.name}: {'; '.join(r.metrics.not_quotable)}" for r in (row, cold) if r.metrics.not_quotable]
         caveat = (f" — NOT QUOTABLE, derived from a row measured under load ({' | '.join(unquotable)});"
                   f" re-run on a quiet machine") if unquotable else ""
         lines.append(
-            f"{row['name']}: cache load {w.get('cache_load_s') or 0.0:.2f} s + first step "
-            f"{w['first_step_s']:.2f} s = {warm_total:.2f} s; cold first step ({cold['name']}) "
-            f"{c['first_step_s']:.2f} s; warm ÷ cold {warm_total / c['first_step_s']:.3f}{build}"
+            f"{row.name}: cache load {w.cache_load_s or 0.0:.2f} s + first step "
+            f"{w.first_step_s:.2f} s = {warm_total:.2f} s; cold first step ({cold.name}) "
+            f"{c.first_step_s:.2f} s; warm ÷ cold {warm_total / c.first_step_s:.3f}{build}"
             f"{caveat}"
         )
     return lines
 
 
 def format_comparison(
-    first: Mapping[str, Any], second: Mapping[str, Any], *, labels: Sequence[str] = ("A", "B"), markdown: bool = False
+    first: BenchResults, second: BenchResults, *, labels: Sequence[str] = ("A", "B"), markdown: bool = False
 ) -> str:
     """Two runs side by side: warm-up seconds and steps/s of each recipe, and B ÷ A.
 
     Args:
-        first: results document A.
-        second: results document B.
+        first: run A's results.
+        second: run B's results.
         labels: names of the two columns groups (e.g. directory names).
         markdown: Markdown instead of aligned text.
 
     Returns:
         The table, with one line per run saying what it ran on.
     """
-    a_rows = {row["name"]: row for row in first["rows"]}
-    b_rows = {row["name"]: row for row in second["rows"]}
+    a_rows = {row.name: row.metrics for row in first.rows}
+    b_rows = {row.name: row.metrics for row in second.rows}
     names = list(a_rows) + [n for n in b_rows if n not in a_rows]
     a, b = labels
     header = ["recipe", f"warm-up s {a}", f"warm-up s {b}", f"{b} ÷ {a}", f"steps/s {a}", f"steps/s {b}", f"{b} ÷ {a}"]
@@ -218,13 +219,13 @@ def format_comparison(
     for name in names:
         cells = [name]
         for key, fmt in (("warmup_s", "{:.1f}"), ("steps_per_s", "{:.2f}")):
-            va = (a_rows.get(name, {}).get("metrics") or {}).get(key)
-            vb = (b_rows.get(name, {}).get("metrics") or {}).get(key)
+            va = getattr(a_rows.get(name), key, None)
+            vb = getattr(b_rows.get(name), key, None)
             cells += [_cell(va, fmt), _cell(vb, fmt), _cell(vb / va if va and vb else None, "{:.2f}")]
         body.append(cells)
     lines = []
     for label, doc in ((a, first), (b, second)):
-        env, settings = doc.get("environment", {}), doc.get("settings", {})
+        env, settings = doc.environment, doc.settings
         lines.append(
             f"{label}: {settings.get('model')}, preset {settings.get('preset')}, {env.get('device')}, "
             f"torch {env.get('torch')}, {env.get('date', '')[:10]}, commit {env.get('git_commit')}"

@@ -1,19 +1,9 @@
-"""``results.json``: what a bench run writes, and how ``report`` reads it back.
+"""``results.json``: what a bench run writes (:class:`BenchResults`), and how ``report`` reads it.
 
-Schema ``torchcompile-kit/bench-results/1``::
-
-    {
-      "schema": "torchcompile-kit/bench-results/1",
-      "environment": {date, git_commit, python, platform, cpu_count, torch_threads, device,
-                      torch, transformers, peft, accelerate},
-      "settings": {preset, steps, warmup_steps, backend, model, recipes, command},
-      "started": ISO time, "finished": ISO time,
-      "rows": [ {name, group, description, status, metrics, error, reason, wall_s, settings}, ... ]
-    }
-
-``metrics`` of an ``ok`` row hold every measurement of :mod:`.metrics` (losses and step times
-included) plus the comparisons (``speedup``, ``warmup_ratio``, ``loss_max_abs_diff``); a failed
-row keeps its error, a skipped row its reason.
+Schema ``torchcompile-kit/bench-results/1``: the environment (date, commit, versions, machine),
+the settings the run was asked for, start and end, and one :class:`~.outcome.RecipeResult` per
+recipe, whose :class:`~.outcome.Metrics` hold every measurement (losses and step times
+included) and the comparisons across rows. A failed row keeps its error, a skipped row its reason.
 """
 
 from __future__ import annotations
@@ -24,6 +14,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +23,9 @@ from .metrics import compare
 from .recipes import RECIPES
 from .runner import RecipeResult
 
-__all__ = ["RESULTS_FILE", "SCHEMA", "ResultsFileError", "build_results", "load_results", "write_results"]
+__all__ = [
+    "RESULTS_FILE", "SCHEMA", "BenchResults", "ResultsFileError", "build_results", "load_results", "write_results",
+]
 
 SCHEMA = "torchcompile-kit/bench-results/1"
 RESULTS_FILE = "results.json"
@@ -40,6 +33,44 @@ RESULTS_FILE = "results.json"
 
 class ResultsFileError(ValueError):
     """A results file is missing, is not JSON, or is not a bench results file."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchResults:
+    """A bench run: where and how it ran, and its rows. Round-trips through JSON."""
+
+    rows: list[RecipeResult]
+    """One result per recipe, in run order."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    """Date, git commit, Python, platform, CPU count, torch threads, device, package versions."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """What the run was asked for: preset, steps, warm-up steps, backend, model, recipes, command."""
+    started: str = ""
+    """When it started (ISO 8601, UTC)."""
+    finished: str = ""
+    """When this document was written."""
+    complete: bool = True
+    """Every recipe of ``settings["recipes"]`` has run (``bench`` rewrites the file after each row)."""
+    schema: str = SCHEMA
+    """The file format."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (the file's content)."""
+        return {
+            "schema": self.schema, "environment": self.environment, "settings": self.settings,
+            "started": self.started, "finished": self.finished, "complete": self.complete,
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchResults:
+        """Rebuild from :meth:`to_dict` data."""
+        return cls(
+            rows=[RecipeResult.from_dict(row) for row in data["rows"]],
+            environment=dict(data.get("environment") or {}), settings=dict(data.get("settings") or {}),
+            started=data.get("started", ""), finished=data.get("finished", ""),
+            complete=data.get("complete", True), schema=data.get("schema", SCHEMA),
+        )
 
 
 def now() -> str:
@@ -78,7 +109,7 @@ def environment() -> dict[str, Any]:
 def build_results(
     results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
     complete: bool = True,
-) -> dict[str, Any]:
+) -> BenchResults:
     """The results document of a run: environment, settings and one row per recipe.
 
     Args:
@@ -89,27 +120,20 @@ def build_results(
             after each row with ``False`` (``report`` renders it, saying what is missing).
 
     Returns:
-        The document (JSON-ready), with the cross-recipe comparisons filled in.
+        The document, with the cross-recipe comparisons filled in (on copies of ``results``).
     """
-    rows = []
-    for result in results:
-        row = result.to_dict()
-        recipe = RECIPES.get(result.name)
-        row["description"] = recipe.description if recipe else ""
-        rows.append(row)
+    rows = [RecipeResult.from_dict(result.to_dict()) for result in results]
+    for row in rows:
+        recipe = RECIPES.get(row.name)
+        row.description = recipe.description if recipe else ""
     compare(rows, RECIPES)
-    return {
-        "schema": SCHEMA,
-        "environment": environment(),
-        "settings": dict(settings),
-        "started": started,
-        "finished": now(),
-        "complete": complete,
-        "rows": rows,
-    }
+    return BenchResults(
+        rows=rows, environment=environment(), settings=dict(settings), started=started,
+        finished=now(), complete=complete,
+    )
 
 
-def write_results(out_dir: str | os.PathLike[str], document: Mapping[str, Any]) -> Path:
+def write_results(out_dir: str | os.PathLike[str], document: BenchResults) -> Path:
     """Write ``document`` to ``out_dir/results.json`` atomically and return the path.
 
     The file is replaced whole (written beside it, then renamed), so a run interrupted while
@@ -118,12 +142,12 @@ def write_results(out_dir: str | os.PathLike[str], document: Mapping[str, Any]) 
     path = Path(out_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    partial.write_text(json.dumps(document.to_dict(), indent=2, default=str) + "\n")
     os.replace(partial, path)
     return path
 
 
-def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_results(path: str | os.PathLike[str]) -> BenchResults:
     """Read a results document from a run directory or a ``results.json`` path, and check it.
 
     Args:
@@ -158,4 +182,4 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     for index, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not {"name", "status", "metrics"} <= set(row):
             raise ResultsFileError(f"{str(file)!r}: rows[{index}] lacks name/status/metrics")
-    return data
+    return BenchResults.from_dict(data)

@@ -5,7 +5,7 @@ The interface ``bench`` and ``tune`` build on (kept stable)::
     result = run_recipe_isolated("full", spec=None, preset="tiny", steps=None,
                                  out_dir="bench-out", backend=None, timeout_s=None)
     result.status      # "ok" | "failed" | "skipped"
-    result.metrics     # dict (see metrics.py: warmup_s, steps_per_s, tokens_per_s, ...)
+    result.metrics     # Metrics (outcome.py: warmup_s, steps_per_s, tokens_per_s, ...)
     result.error       # traceback tail when failed; result.reason when skipped
 
 Each call starts ``python -m torchcompile_kit.bench.execute REQUEST.json`` with an empty
@@ -79,12 +79,12 @@ def run_recipe_isolated(
             ``steps``).
         check: ``"module:function"`` called in the recipe's process after the measurement, on
             the recipe's own compiled model (no second compile), to check it against eager
-            (``tune``'s correctness gate); its JSON-able answer is ``metrics["check"]``. See
+            (``tune``'s correctness gate); its JSON-able answer is ``metrics.check``. See
             :func:`torchcompile_kit.bench.execute.execute_request` for what it is given.
         pair_with: an eager baseline recipe (``"eager"``, ``"eager-longest"``) whose eager copy
             of the model steps beside the recipe's, in alternating blocks after the warm-up, so
             the ratio between them holds when the machine's load changes
-            (:mod:`torchcompile_kit.bench.paired`; ``metrics["paired"]``). ``None``, or the
+            (:mod:`torchcompile_kit.bench.paired`; ``metrics.paired``). ``None``, or the
             recipe itself: not paired. The copy costs the memory of a second model.
 
     Returns:
@@ -95,7 +95,7 @@ def run_recipe_isolated(
 
     Example:
         >>> r = run_recipe_isolated("eager", out_dir="/tmp/b", steps=2)  # doctest: +SKIP
-        >>> r.status, r.metrics["steps_per_s"]  # doctest: +SKIP
+        >>> r.status, r.metrics.steps_per_s  # doctest: +SKIP
     """
     from .recipes import RECIPES, check_preset, check_recipe_names
 

@@ -41,7 +41,7 @@ def budget_shortfall(results: list[CandidateResult], budget: Budget) -> str | No
 
     Args:
         results: the candidates, in run order (``started_s`` set on those that started, and
-            ``metrics["stopped"]`` on a run the budget stopped).
+            ``metrics.stopped`` on a run the budget stopped).
         budget: the run's budget.
 
     Returns:
@@ -58,7 +58,7 @@ def budget_shortfall(results: list[CandidateResult], budget: Budget) -> str | No
         return None
     eager = next((r for r in results if r.name == "eager"), None)
     if eager is not None and eager.status != "ok":
-        stopped = eager.metrics.get("stopped")
+        stopped = eager.metrics.stopped
         if not stopped:
             return None
         need = float(stopped["after_s"])
@@ -73,7 +73,7 @@ def budget_shortfall(results: list[CandidateResult], budget: Budget) -> str | No
         return None
     first = by_budget[0]
     after_compile = _after_compile_s(eager)
-    stopped = first.metrics.get("stopped")
+    stopped = first.metrics.stopped
     if stopped and first.started_s is not None:
         ran = float(stopped["after_s"])
         steady_at = stopped.get("steady_after_s")
@@ -107,7 +107,7 @@ def _after_compile_s(eager: CandidateResult | None) -> float:
     """The timed steady steps a run takes after its compile, as eager's took (0 without eager)."""
     if eager is None:
         return 0.0
-    return float(eager.metrics.get("steady_s") or sum(eager.metrics.get("step_times_s") or []))
+    return float(eager.metrics.steady_s or sum(eager.metrics.step_times_s))
 
 
 def _phase(stopped: dict) -> str:

@@ -122,7 +122,7 @@ def check_in_run(
         recipe: the name of the bench recipe the run applied.
 
     Returns:
-        :meth:`GateVerdict.to_dict`, stored as the run's ``metrics["check"]``.
+        :meth:`GateVerdict.to_dict`, stored as the run's ``metrics.check``.
 
     Example:
         >>> run_recipe_isolated("full", spec=..., out_dir="runs", check=CHECK_HOOK)  # doctest: +SKIP

@@ -22,24 +22,16 @@ __all__ = ["cost_of", "rank_candidates"]
 def cost_of(result: CandidateResult) -> Cost:
     """The cost model of a measured candidate, from the bench runner's metrics."""
     metrics = result.metrics
-    warmup_steps = int(metrics.get("warmup_steps") or 0)
     # a warm restart loads its cache before the first step: part of what the restart costs
-    warmup_s = float(metrics["warmup_s"]) + float(metrics.get("cache_load_s") or 0.0)
     return cost_from_metrics(
-        warmup_s=warmup_s,
-        warmup_steps=warmup_steps,
-        step_s=1.0 / float(metrics["steps_per_s"]),
-        step_times_s=metrics.get("step_times_s") or (),
-        recompiles=_measured_recompiles(metrics),
-        step_tokens=metrics.get("step_tokens") or (),
-        plan_tokens=metrics.get("plan_tokens_per_step"),
+        warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
+        warmup_steps=metrics.warmup_steps or 0,
+        step_s=1.0 / float(metrics.steps_per_s),
+        step_times_s=metrics.step_times_s,
+        recompiles=metrics.recompiles,
+        step_tokens=metrics.step_tokens,
+        plan_tokens=metrics.plan_tokens_per_step,
     )
-
-
-def _measured_recompiles(metrics: dict) -> int | None:
-    """Recompiles the monitor counted in the candidate's run, or ``None`` where none was kept."""
-    value = metrics.get("recompiles")
-    return int(value) if isinstance(value, (int, float)) else None
 
 
 def _costs(results: list[CandidateResult], steps_planned: int) -> None:

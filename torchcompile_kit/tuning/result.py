@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..bench import Metrics
+
 __all__ = ["CandidateResult", "TuneResult"]
 
 Status = Literal["ok", "failed", "skipped", "pruned"]
@@ -63,8 +65,8 @@ class CandidateResult:
     """Seconds into ``tune`` when its run started (``None``: it never started)."""
     wall_s: float | None = None
     """Seconds its process took (start-up, build, compile, measurement, check)."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """The bench runner's raw metrics (losses, step times, padding, memory ...)."""
+    metrics: Metrics = field(default_factory=Metrics)
+    """What the bench runner measured in the candidate's run (losses, step times, padding ...)."""
     speedup_low: float | None = None
     """Low end of the 95% interval of ``speedup`` (paired runs; ``None``: no interval)."""
     speedup_high: float | None = None
@@ -79,6 +81,13 @@ class CandidateResult:
     indistinguishable_from: list[str] = field(default_factory=list)
     """Candidates whose predicted-total intervals overlap this one's: the measurement cannot
     tell them apart for the planned run."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CandidateResult:
+        """Rebuild from :meth:`TuneResult.to_dict` data (``"inf"`` back to ``inf``)."""
+        known = set(cls.__dataclass_fields__)
+        fields = {k: _finite(v) for k, v in data.items() if k in known}
+        return cls(**{**fields, "metrics": Metrics.from_dict(data.get("metrics"))})
 
     @property
     def eligible(self) -> bool:
@@ -121,11 +130,28 @@ class TuneResult:
         """JSON-ready data (``inf`` becomes the string ``"inf"``)."""
         return _jsonable(asdict(self))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TuneResult:
+        """Rebuild from :meth:`to_dict` data (what ``tune.json`` holds)."""
+        known = set(cls.__dataclass_fields__)
+        fields = {k: v for k, v in data.items() if k in known}
+        fields["candidates"] = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
+        return cls(**fields)
+
+    @classmethod
+    def read_json(cls, path: str | Path) -> TuneResult:
+        """Read what :meth:`write_json` wrote."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
     def write_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` to ``path`` and return it."""
         path = Path(path)
         path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
         return path
+
+
+def _finite(value: Any) -> Any:
+    return math.inf if value == "inf" else value
 
 
 def _jsonable(value: Any) -> Any:

@@ -82,7 +82,7 @@ def measure_candidate(
 
     Returns:
         The candidate's result (``ok``, ``failed``, ``skipped`` or ``pruned``, with the reason;
-        ``metrics["stopped"]`` says how far a run the budget stopped had got).
+        ``metrics.stopped`` says how far a run the budget stopped had got).
     """
     result = CandidateResult(
         name=candidate.name,
@@ -113,9 +113,7 @@ def measure_candidate(
     timeout, bound = budget.left(), None
     best = _best_so_far(done, plan.steps_planned, plan.warm_start)
     if candidate.compile != "none" and best is not None and eager is not None:
-        measured = float(eager.metrics.get("warmup_s") or 0.0) + sum(
-            eager.metrics.get("step_times_s") or []
-        )
+        measured = (eager.metrics.warmup_s or 0.0) + sum(eager.metrics.step_times_s)
         startup = max(0.0, eager.wall_s - measured)  # process start, imports, model build
         bound = startup + best[1] + floor
         timeout = min(timeout, bound)
@@ -139,7 +137,7 @@ def measure_candidate(
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
         pair_with="eager" if plan.paired and candidate.name != "eager" else None,
     )
-    result.status, result.wall_s, result.metrics = run.status, run.wall_s, dict(run.metrics)
+    result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
     if run.status == "failed" and "timed out" in (run.error or ""):
         if bound is not None and timeout == bound:
@@ -151,10 +149,9 @@ def measure_candidate(
         else:
             result.status = "skipped"
             result.reason = f"budget: stopped after {timeout:.0f} s when the budget ran out"
-            result.metrics["stopped"] = progress.stopped(timeout)
-    for key in ("graphs", "recompiles", "graph_breaks"):
-        value = result.metrics.get(key)
-        setattr(result, key, int(value) if isinstance(value, (int, float)) else None)
+            result.metrics.stopped = progress.stopped(timeout)
+    result.graphs, result.recompiles = result.metrics.graphs, result.metrics.recompiles
+    result.graph_breaks = result.metrics.graph_breaks
     emit(
         {
             "event": "candidate",
@@ -187,8 +184,8 @@ class _Progress:
 
 
 def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
-    """The verdict of the check the candidate's own run made (``metrics["check"]``)."""
-    check = result.metrics.get("check")
+    """The verdict of the check the candidate's own run made (``metrics.check``)."""
+    check = result.metrics.check
     if not isinstance(check, dict) or "ok" not in check:
         result.reason = "not checked: its run reported no correctness check"
         return
@@ -241,7 +238,7 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
         ``status``, and when ok ``predicted_s``, ``measured_s`` (warm-up, cache load and every
         steady step) and ``ratio`` (predicted / measured).
     """
-    warmup = int(chosen.metrics.get("warmup_steps") or 1)
+    warmup = chosen.metrics.warmup_steps or 1
     run = run_recipe_isolated(
         candidate.name,
         spec=plan.spec,
@@ -254,10 +251,8 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
     )
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}
-    times = run.metrics.get("step_times_s") or []
-    measured = (
-        float(run.metrics["warmup_s"]) + float(run.metrics.get("cache_load_s") or 0.0) + sum(times)
-    )
+    times = run.metrics.step_times_s
+    measured = float(run.metrics.warmup_s) + (run.metrics.cache_load_s or 0.0) + sum(times)
     return {
         "status": "ok",
         "recipe": chosen.name,
@@ -266,7 +261,7 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
         "measured_s": measured,
         "ratio": chosen.predicted_total_s / measured if measured else None,
         "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
-        "cpu_steal": run.metrics.get("cpu_steal"),
+        "cpu_steal": run.metrics.cpu_steal,
         **run_steadiness(times),
     }
 
