@@ -66,15 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the recipes and exit")
     bench.add_argument("--all", action="store_true", help="run every recipe, opt-in ones included")
     bench.add_argument("--ddp", action="store_true", help="also run DDP with 2 processes (gloo on CPU)")
-    bench.add_argument("--preset", default=None, metavar="{tiny,full-size}",
+    bench.add_argument("--preset", default=None, choices=("tiny", "full-size"),
                        help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size (the post's sizes; default on CUDA)")
-    bench.add_argument("--steps", type=int, default=None, help="steady steps to time per recipe (default: the preset's)")
-    bench.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
+    bench.add_argument("--steps", type=_POSITIVE_INT, default=None, help="steady steps to time per recipe (default: the preset's)")
+    bench.add_argument("--warmup-steps", type=_POSITIVE_INT, default=None, help="steps timed as warm-up (default: the preset's)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="where results.json, charts and logs go (default: %(default)s)")
     bench.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
                        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md")
     bench.add_argument("--timeout", type=float, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
-    bench.add_argument("--repeat", type=int, default=1, metavar="N",
+    bench.add_argument("--repeat", type=_POSITIVE_INT, default=1, metavar="N",
                        help="run every row N times, in rounds, and pool their paired blocks (a narrower interval; "
                        "load in one round is outvoted); warm-up s is the median (default: %(default)s)")
     bench.add_argument("--no-pair", action="store_true",
@@ -101,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default="tune-results", metavar="DIR", help="tune.json, tune.png, recommended.py, logs (default: %(default)s)")
     tune.add_argument("--candidates", nargs="+", default=None, metavar="NAME", help="candidates to consider (default: all)")
     tune.add_argument("--preset", default="tiny", choices=("tiny", "full-size"), help="captioner sizes and default step counts")
-    tune.add_argument("--steps", type=int, default=None, help="steady steps timed per candidate (default: the preset's)")
-    tune.add_argument("--warmup-steps", type=int, default=None, help="steps timed as warm-up (default: the preset's)")
+    tune.add_argument("--steps", type=_POSITIVE_INT, default=None, help="steady steps timed per candidate (default: the preset's)")
+    tune.add_argument("--warmup-steps", type=_POSITIVE_INT, default=None, help="steps timed as warm-up (default: the preset's)")
     tune.add_argument("--steady-seconds", type=_SECONDS, default=None, metavar="S",
                       help="time each candidate's steady steps for at least S seconds (default: 30)")
     tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
@@ -132,9 +132,9 @@ def _check_out_dir(out: str) -> str | None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from .bench.config import MeasureConfig
     from .bench.recipes import (
         UnknownRecipeError,
-        check_preset,
         check_recipe_names,
         default_recipe_names,
         with_dependencies,
@@ -143,16 +143,15 @@ def _bench(args: argparse.Namespace) -> int:
     if args.list:
         print(_recipe_list())
         return 0
-    for flag in ("steps", "warmup_steps", "repeat"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            return _error(f"--{flag.replace('_', '-')} must be a positive int, got {value!r}")
     import torch
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    preset = args.preset or ("full-size" if device_type == "cuda" else "tiny")
+    config = MeasureConfig(
+        preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
+        backend=args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
+        steps=args.steps, warmup_steps=args.warmup_steps, paired=not args.no_pair,
+    )
     try:
-        check_preset(preset)
         names = check_recipe_names(args.recipes)
     except UnknownRecipeError as err:
         return _error(str(err))
@@ -173,10 +172,10 @@ def _bench(args: argparse.Namespace) -> int:
             return _error(str(err))
     if added:
         print(f"also running {added} (the warm recipes load the cache it saves)", file=sys.stderr)
-    return _run_bench(args, planned, preset)
+    return _run_bench(args, planned, config)
 
 
-def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
+def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
     from .bench.charts import charts_available, write_charts
     from .bench.paired import merge_repeats
     from .bench.progress import BenchProgress
@@ -185,16 +184,13 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
     from .bench.runner import run_recipe_isolated
 
     started = now()
-    backend = args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
     settings = {
-        "preset": preset,
-        "steps": args.steps or _preset_value(preset, "steps"),
-        "warmup_steps": args.warmup_steps or _preset_value(preset, "warmup_steps"),
-        "backend": backend,
-        "model": args.model or f"captioner:{preset}",
+        **config.to_dict(),
+        "steps": config.steps_or_preset(),
+        "warmup_steps": config.warmup_steps_or_preset(),
+        "model": args.model or f"captioner:{config.preset}",
         "recipes": names,
         "repeat": args.repeat,
-        "paired": not args.no_pair,
         "command": "torchcompile-kit " + shlex.join(args.argv),
     }
     runs: dict[str, list] = {name: [] for name in names}
@@ -214,9 +210,8 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
                 label = name if args.repeat == 1 else f"{name} ({round_ + 1}/{args.repeat})"
                 on_event = progress.start(label)
                 result = run_recipe_isolated(
-                    name, spec=args.model, preset=preset, steps=args.steps, warmup_steps=args.warmup_steps,
-                    out_dir=args.out, backend=backend, timeout_s=args.timeout, on_event=on_event,
-                    pair_with=None if args.no_pair else RECIPES[name].baseline,
+                    name, spec=args.model, config=config, out_dir=args.out, timeout_s=args.timeout,
+                    on_event=on_event, pair_with=RECIPES[name].baseline if config.paired else None,
                 )
                 runs[name].append(result)
                 progress.finish(label, _summary(result))
@@ -232,12 +227,6 @@ def _run_bench(args: argparse.Namespace, names: list[str], preset: str) -> int:
         elif not charts_available():
             print("charts: not written (matplotlib is not installed: pip install -e '.[bench]')")
     return 0
-
-
-def _preset_value(preset: str, key: str) -> int:
-    from .bench.captioner import PRESETS
-
-    return getattr(PRESETS[preset], key)
 
 
 def _summary(result) -> str:
@@ -315,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
+    from .bench.config import MeasureConfig
     from .tuning import STEADY_S, format_table, tune, verification_line
 
     problem = _check_out_dir(args.out)
@@ -326,11 +316,13 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"[tune] {event['event']} {event['name']}: {event['status']}{reason}", file=sys.stderr, flush=True)
 
     try:
+        measure = MeasureConfig(
+            preset=args.preset, backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps,
+            steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds, paired=not args.no_pair,
+        )
         result = tune(args.model, steps_planned=args.steps_planned, budget_s=60 * args.budget, out_dir=args.out,
-                      backend=args.backend, preset=args.preset, candidates=args.candidates, warm_start=args.warm_start,
-                      steps=args.steps, warmup_steps=args.warmup_steps,
-                      steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds,
-                      verify=args.verify, paired=not args.no_pair, on_event=show)
+                      candidates=args.candidates, warm_start=args.warm_start, verify=args.verify,
+                      measure=measure, on_event=show)
     except ValueError as err:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 
+from torchcompile_kit.bench.config import MeasureConfig
 from torchcompile_kit.bench.results import load_results
 from torchcompile_kit.bench.runner import INPROCESS_ENV, run_recipe_isolated
 from torchcompile_kit.cli import main
@@ -105,8 +106,8 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
     events = []
     result = run_recipe_isolated(
-        "mark-dynamic", spec="tests.bench.user_models:tiny_lm", steps=2, warmup_steps=1,
-        out_dir=tmp_path, backend="eager", on_event=events.append,
+        "mark-dynamic", spec="tests.bench.user_models:tiny_lm",
+        config=MeasureConfig(steps=2, warmup_steps=1, backend="eager"), out_dir=tmp_path, on_event=events.append,
     )
     assert result.status == "ok", result.error
     assert result.metrics.graphs == 1 and result.metrics.recompiles == 0
@@ -135,10 +136,10 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     """Inductor for real: the cold recipe saves the library's cache, the warm one loads it."""
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
     spec = "tests.bench.user_models:tiny_lm"
-    cold = run_recipe_isolated("full", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
+    cold = run_recipe_isolated("full", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path)
     assert cold.status == "ok", cold.error
     assert cold.metrics.cache_saved is True
-    warm = run_recipe_isolated("full-warm", spec=spec, steps=2, warmup_steps=1, out_dir=tmp_path)
+    warm = run_recipe_isolated("full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path)
     assert warm.status == "ok", warm.error
     assert warm.metrics.cache_loaded is True
     assert warm.metrics.monitor["cache_hits"] >= 1

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchcompile_kit.bench import Metrics, RecipeResult
+from torchcompile_kit.bench import MeasureConfig, Metrics, RecipeResult
 from torchcompile_kit.tuning import budget as budget_module
 from torchcompile_kit.tuning import runs as runs_module
 from torchcompile_kit.tuning import tune
@@ -63,13 +63,7 @@ def runner(monkeypatch):
 
 
 def run_tune(budget_s):
-    return tune(
-        SPEC,
-        steps_planned=10**6,  # long enough that no compiled candidate is pruned as unable to win
-        budget_s=budget_s,
-        backend="eager",
-        candidates=["nested", "mark-dynamic", "full", "regional", "eager"],  # tune decides the order
-    )
+    return tune(SPEC, steps_planned=10**6, budget_s=budget_s, candidates=["nested", "mark-dynamic", "full", "regional", "eager"], measure=MeasureConfig(backend="eager"))
 
 
 def test_a_small_budget_goes_to_the_cheapest_compile_first_and_it_is_checked(runner):

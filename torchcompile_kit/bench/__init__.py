@@ -17,6 +17,7 @@ Only the command line and ``tune`` import this package; nothing below it does.
 
 from .batches import batch_stream, spec_buckets
 from .captioner import PRESETS, build_captioner, caption_length_mix
+from .config import MeasureConfig
 from .model_spec import (
     ModelSpec,
     ModelSpecError,
@@ -33,6 +34,7 @@ from .runner import RecipeResult, run_recipe_isolated
 __all__ = [
     "PRESETS",
     "RECIPES",
+    "MeasureConfig",
     "Metrics",
     "ModelSpec",
     "ModelSpecError",

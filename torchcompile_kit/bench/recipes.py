@@ -18,15 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .captioner import PRESETS
-
 __all__ = [
     "RECIPES",
     "Recipe",
     "RecipeContext",
     "UnknownRecipeError",
     "apply_recipe",
-    "check_preset",
     "check_recipe_names",
     "default_recipe_names",
     "setup_source",
@@ -36,7 +33,7 @@ DataScheme = Literal["max", "longest", "multiple_of_32", "buckets"]
 
 
 class UnknownRecipeError(ValueError):
-    """A recipe or preset name the bench does not know."""
+    """A recipe name the bench does not know."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -292,18 +289,6 @@ def check_recipe_names(names: Iterable[str]) -> list[str]:
             "(torchcompile-kit bench --list describes them)"
         )
     return names
-
-
-def check_preset(preset: str) -> str:
-    """``preset`` if it names a captioner preset, else :class:`UnknownRecipeError`.
-
-    Example:
-        >>> check_preset("tiny")
-        'tiny'
-    """
-    if preset not in PRESETS:
-        raise UnknownRecipeError(f"unknown preset {preset!r}; choose from {list(PRESETS)!r}")
-    return preset
 
 
 def with_dependencies(names: Iterable[str]) -> list[str]:

@@ -2,8 +2,8 @@
 
 The interface ``bench`` and ``tune`` build on (kept stable)::
 
-    result = run_recipe_isolated("full", spec=None, preset="tiny", steps=None,
-                                 out_dir="bench-out", backend=None, timeout_s=None)
+    result = run_recipe_isolated("full", spec=None, config=MeasureConfig(preset="tiny"),
+                                 out_dir="bench-out", timeout_s=None)
     result.status      # "ok" | "failed" | "skipped"
     result.metrics     # Metrics (outcome.py: warmup_s, steps_per_s, tokens_per_s, ...)
     result.error       # traceback tail when failed; result.reason when skipped
@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .config import MeasureConfig
 from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
 
 __all__ = ["EVENT_PREFIX", "INPROCESS_ENV", "RecipeResult", "emit_event", "run_recipe_isolated"]
@@ -42,16 +43,12 @@ def run_recipe_isolated(
     recipe: str,
     *,
     spec: str | None = None,
-    preset: str = "tiny",
-    steps: int | None = None,
+    config: MeasureConfig = MeasureConfig(),
     out_dir: str | os.PathLike[str],
-    backend: str | None = None,
     timeout_s: float | None = None,
-    warmup_steps: int | None = None,
     compile_overrides: Mapping[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     plan_steps: int | None = None,
-    steady_s: float | None = None,
     check: str | None = None,
     pair_with: str | None = None,
 ) -> RecipeResult:
@@ -59,24 +56,18 @@ def run_recipe_isolated(
 
     Args:
         recipe: a name from :data:`torchcompile_kit.bench.recipes.RECIPES`.
-        spec: ``None`` for the post's captioner at ``preset``, or a ``"module:function"`` model
-            spec (see :mod:`torchcompile_kit.bench.model_spec`), loaded again in the child.
-        preset: ``"tiny"`` or ``"full-size"`` (sizes of the captioner, default step counts).
-        steps: steady steps to time after warm-up (``None``: the preset's).
+        spec: ``None`` for the post's captioner at the config's preset, or a
+            ``"module:function"`` model spec (see :mod:`torchcompile_kit.bench.model_spec`),
+            loaded again in the child.
+        config: preset, backend, steps, warm-up steps and the steady seconds to time.
         out_dir: the run's directory (``caches/``, ``logs/`` and ``_work/`` go under it).
-        backend: ``torch.compile`` backend for every compile of the recipe (``None``:
-            ``$TORCHCOMPILE_KIT_BENCH_BACKEND`` or ``"inductor"``); ``"eager"`` makes tests cheap.
         timeout_s: kill the child after this many seconds (a ``failed`` result); ``None``: never.
-        warmup_steps: steps timed as warm-up from the cold start (``None``: the preset's).
         compile_overrides: JSON-able ``torch.compile`` keyword arguments merged over the
             recipe's own (``{"mode": "max-autotune"}``); what ``tune`` varies.
         on_event: called with each progress event of the child (``{"event": "step", ...}``).
         plan_steps: also report ``plan_tokens_per_step``, the mean padded tokens per step of a
             run of this many steps of the recipe's batches (what ``tune`` scales step time to).
-            It also caps the steady steps ``steady_s`` adds.
-        steady_s: time steady steps for at least this many seconds (more than ``steps`` when
-            they are fast), so the mean covers a stretch of the machine's time (``None``: just
-            ``steps``).
+            It also caps the steady steps ``config.steady_s`` adds.
         check: ``"module:function"`` called in the recipe's process after the measurement, on
             the recipe's own compiled model (no second compile), to check it against eager
             (``tune``'s correctness gate); its JSON-able answer is ``metrics.check``. See
@@ -91,16 +82,15 @@ def run_recipe_isolated(
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
 
     Raises:
-        ValueError: ``recipe`` or ``preset`` is unknown (checked before starting anything).
+        ValueError: ``recipe`` is unknown (checked before starting anything).
 
     Example:
-        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b", steps=2)  # doctest: +SKIP
+        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b", config=MeasureConfig(steps=2))  # doctest: +SKIP
         >>> r.status, r.metrics.steps_per_s  # doctest: +SKIP
     """
-    from .recipes import RECIPES, check_preset, check_recipe_names
+    from .recipes import RECIPES, check_recipe_names
 
     check_recipe_names([recipe] + ([pair_with] if pair_with else []))
-    check_preset(preset)
     if pair_with and RECIPES[pair_with].baseline != pair_with:
         raise ValueError(
             f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); pass one of "
@@ -115,13 +105,13 @@ def run_recipe_isolated(
     request = {
         "recipe": recipe,
         "spec": spec,
-        "preset": preset,
-        "steps": steps,
-        "warmup_steps": warmup_steps,
-        "backend": backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
+        "preset": config.preset,
+        "steps": config.steps,
+        "warmup_steps": config.warmup_steps,
+        "backend": config.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
         "compile_overrides": dict(compile_overrides or {}),
         "plan_steps": plan_steps,
-        "steady_s": steady_s,
+        "steady_s": config.steady_s,
         "check": check,
         "pair_with": pair_with,
         "cache_dir": str((out / "caches").resolve()),

@@ -10,12 +10,14 @@ monitor; :mod:`.regions`
 tags what dynamo compiled with the region (a ``compile_regional`` block group) whose call ran.
 """
 
-from .equivalence import EquivalenceReport, EquivalenceStep, TensorDiff, check_compile_equivalence
+from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
 from .explain import explain_graph_breaks
-from .first_call import FirstCallVerifier, check_in_place_update, check_verify_arg
+from .first_call import FirstCallVerifier, check_verify_arg
+from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor
 from .recompiles import allow_first_compile, no_recompiles
 from .regions import current_region, mark_region
+from .tensor_diff import TensorDiff
 from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
 
 __all__ = [

@@ -24,39 +24,12 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .tensor_diff import TensorDiff, compare_trees, leaves, max_abs_difference
 
 __all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_equivalence"]
 
-# (rtol, atol) per dtype: compiled kernels reorder reductions, so these are looser than
-# torch.testing's defaults; measured inductor/eager gaps on the tiny test models are ~3e-7 (fp32).
-_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (5e-2, 1e-2),
-}
 _PERTURB_SCALE = 0.1  # adapter weights get N(0, 0.1^2) noise: far from identity, still stable
 _SGD_LR = 1e-2
-
-
-@dataclass(kw_only=True, slots=True)
-class TensorDiff:
-    """How one tensor differs between the eager and the compiled run."""
-
-    name: str
-    """``output.logits``, ``loss``, ``grad.<param>``, ``param_after_step.<param>`` or
-    ``output_after_step.<key>``."""
-    max_abs: float
-    """Largest absolute elementwise difference (``inf`` when missing on one side)."""
-    max_rel: float
-    """``max_abs`` divided by the largest magnitude of the eager tensor."""
-    ratio: float
-    """Largest ``|compiled - eager| / (atol + rtol * |eager|)``; at most 1 is within tolerance."""
-    ok: bool
-    note: str = ""
-    """Why the tensors could not be compared elementwise (missing, shape, an exception), if so."""
-    step: str = ""
-    """The step of a sequence (``"2:mixed batch"``) that produced it; ``""`` for a single batch."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -245,9 +218,9 @@ def check_compile_equivalence(
         return report
 
     eager_out = _run_eval(eager, example_inputs, seed)
-    report.diffs += _compare_tree("output", eager_out, _run_eval(compiled, example_inputs, seed), tolerance)
+    report.diffs += compare_trees("output", eager_out, _run_eval(compiled, example_inputs, seed), tolerance)
     if perturbed:
-        effect = _max_abs_tree(_run_eval(copy.deepcopy(model), example_inputs, seed), eager_out)
+        effect = max_abs_difference(_run_eval(copy.deepcopy(model), example_inputs, seed), eager_out)
         if effect == 0:
             report.notes.append(
                 "the perturbed adapters do not change the outputs: this check cannot tell whether "
@@ -322,7 +295,7 @@ def _compare_steps(
                     results.append(("raised", f"{type(error).__name__}: {error}"))
         (eager_kind, eager_value), (compiled_kind, compiled_value) = results
         if eager_kind == compiled_kind == "ok":
-            step_diffs = _compare_tree(label, eager_value, compiled_value, tolerance)
+            step_diffs = compare_trees(label, eager_value, compiled_value, tolerance)
         elif eager_kind == compiled_kind and eager_value.split(":")[0] == compiled_value.split(":")[0]:
             step_diffs = []  # both raised alike: the step is equivalent (and says so in neither)
         else:
@@ -355,13 +328,13 @@ def _loss(output: Any) -> torch.Tensor:
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return loss
-    leaves = [t for _, t in _leaves(output) if t.is_floating_point() and t.requires_grad]
-    if not leaves:
+    tensors = [t for _, t in leaves(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
         raise ValueError(
             "check_grads=True needs a differentiable output: the model returned no 'loss' and no "
             "floating-point tensor that requires grad. Pass check_grads=False, or labels."
         )
-    return sum(t.float().square().mean() for t in leaves)
+    return sum(t.float().square().mean() for t in tensors)
 
 
 def _compare_training(
@@ -376,20 +349,20 @@ def _compare_training(
             loss = _loss(_call(model, example_inputs))
         loss.backward()
         losses.append(loss.detach())
-    diffs = _compare_tree("loss", losses[0], losses[1], tolerance)
+    diffs = compare_trees("loss", losses[0], losses[1], tolerance)
     eager_params = dict(eager.named_parameters())
     compiled_params = dict(compiled.named_parameters())
     for name, param in eager_params.items():
         if param.requires_grad:
-            diffs += _compare_tree(f"grad.{name}", param.grad, compiled_params[name].grad, tolerance)
+            diffs += compare_trees(f"grad.{name}", param.grad, compiled_params[name].grad, tolerance)
     for model in (eager, compiled):
         trainable = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
         torch.optim.SGD(trainable, lr=_SGD_LR).step()
     for name, param in eager_params.items():
         if param.requires_grad:
-            diffs += _compare_tree(f"param_after_step.{name}", param, compiled_params[name], tolerance)
+            diffs += compare_trees(f"param_after_step.{name}", param, compiled_params[name], tolerance)
     after = [_run_eval(model, example_inputs, seed) for model in (eager, compiled)]
-    return diffs + _compare_tree("output_after_step", after[0], after[1], tolerance)
+    return diffs + compare_trees("output_after_step", after[0], after[1], tolerance)
 
 
 def _perturb_adapters(model: nn.Module, seed: int) -> list[str]:
@@ -402,67 +375,3 @@ def _perturb_adapters(model: nn.Module, seed: int) -> list[str]:
                 param.add_((noise * _PERTURB_SCALE).to(param.device, param.dtype))
                 names.append(name)
     return names
-
-
-# --- comparing ---------------------------------------------------------------------------------
-
-
-def _leaves(tree: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    if isinstance(tree, torch.Tensor):
-        return [(prefix, tree)]
-    join = (lambda key: f"{prefix}.{key}") if prefix else str
-    if isinstance(tree, Mapping):
-        return [leaf for key, value in tree.items() for leaf in _leaves(value, join(key))]
-    if isinstance(tree, (tuple, list)):
-        return [leaf for i, value in enumerate(tree) for leaf in _leaves(value, join(i))]
-    return []  # caches and other objects are not compared
-
-
-def _compare_tree(prefix: str, eager: Any, compiled: Any, tolerance: tuple) -> list[TensorDiff]:
-    if eager is None or compiled is None:
-        if eager is None and compiled is None:
-            return []
-        side = "compiled" if compiled is None else "eager"
-        return [TensorDiff(name=prefix, max_abs=math.inf, max_rel=math.inf, ratio=math.inf,
-                           ok=False, note=f"missing in the {side} run")]
-    left, right = dict(_leaves(eager)), dict(_leaves(compiled))
-    diffs = []
-    for key in sorted(left.keys() | right.keys()):
-        name = f"{prefix}.{key}" if key else prefix
-        if key not in left or key not in right:
-            side = "compiled" if key not in right else "eager"
-            diffs.append(TensorDiff(name=name, max_abs=math.inf, max_rel=math.inf, ratio=math.inf,
-                                    ok=False, note=f"missing in the {side} run"))
-        else:
-            diffs.append(_compare(name, left[key], right[key], tolerance))
-    return diffs
-
-
-def _compare(name: str, eager: torch.Tensor, compiled: torch.Tensor, tolerance: tuple) -> TensorDiff:
-    if eager.shape != compiled.shape:
-        note = f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}"
-        return TensorDiff(name=name, max_abs=math.inf, max_rel=math.inf, ratio=math.inf, ok=False, note=note)
-    default_rtol, default_atol = _TOLERANCES.get(eager.dtype, (0.0, 0.0))  # integers: exact
-    rtol = default_rtol if tolerance[0] is None else tolerance[0]
-    atol = default_atol if tolerance[1] is None else tolerance[1]
-    a, b = eager.detach().double().cpu(), compiled.detach().double().cpu()
-    diff = (a - b).abs()
-    diff[a.isnan() & b.isnan()] = 0.0
-    diff = diff.nan_to_num(nan=math.inf)
-    if diff.numel() == 0:
-        return TensorDiff(name=name, max_abs=0.0, max_rel=0.0, ratio=0.0, ok=True)
-    max_abs = diff.max().item()
-    scale = a.abs().nan_to_num(nan=0.0, posinf=0.0).max().item()
-    bound = atol + rtol * a.abs().nan_to_num(nan=0.0)
-    ratio = torch.where(diff == 0, 0.0, diff / bound).max().item()  # x/0 is inf: exact dtypes
-    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-    return TensorDiff(name=name, max_abs=max_abs, max_rel=max_rel, ratio=ratio, ok=ratio <= 1.0)
-
-
-def _max_abs_tree(first: Any, second: Any) -> float:
-    right = dict(_leaves(second))
-    return max(
-        ((t.detach().double() - right[k].detach().double()).abs().max().item()
-         for k, t in _leaves(first) if k in right and t.shape == right[k].shape and t.numel()),
-        default=0.0,
-    )

@@ -49,11 +49,12 @@ import torch
 from torch import nn
 
 from ..errors import CompiledMismatchError
-from .equivalence import TensorDiff, _backend_name, _compare_tree, _leaves, _loss
+from .equivalence import _backend_name, _loss
 from .monitor import record_first_call_check
+from .tensor_diff import TensorDiff, compare_trees, leaves
 from .trace_records import FirstCallCheck
 
-__all__ = ["FirstCallVerifier", "check_in_place_update", "check_verify_arg"]
+__all__ = ["FirstCallVerifier", "check_verify_arg", "copy_into", "distributed_initialized", "make_record", "mismatch_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ class FirstCallVerifier:
         key = (self.model.training, self.state(args, kwargs))
         if key in self.checked:
             return False
-        if _distributed():
+        if distributed_initialized():
             self.checked.add(key)
             self._record(key, "skipped", note="torch.distributed is initialized: the check is "
                          "per rank and could make ranks diverge, so it does not run")
@@ -204,7 +205,7 @@ class FirstCallVerifier:
         with _fork_rng(self.model), torch.no_grad():
             torch.manual_seed(torch.initial_seed() + 1)
             again = _detached(run_eager())
-        return any(d.max_abs > 0 for d in _compare_tree("output", reference, again, (0.0, 0.0)))
+        return any(d.max_abs > 0 for d in compare_trees("output", reference, again, (0.0, 0.0)))
 
     def _finish(self, output: Any) -> Any:
         pending, self._pending = self._pending, None
@@ -223,7 +224,7 @@ class FirstCallVerifier:
                 self._warned_skip = True
                 warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=4)
             return output
-        diffs = _compare_tree("output", pending.eager_output, _detached(output), (None, None))
+        diffs = compare_trees("output", pending.eager_output, _detached(output), (None, None))
         compared = ["outputs"]
         note = pending.note
         if pending.eager_grads is not None:
@@ -240,7 +241,7 @@ class FirstCallVerifier:
             if compiled_grads is not None:
                 compared.append("gradients")
                 for (name, _), eager, compiled in zip(pending.params, pending.eager_grads, compiled_grads):
-                    diffs += _compare_tree(f"grad.{name}", eager, compiled, (None, None))
+                    diffs += compare_trees(f"grad.{name}", eager, compiled, (None, None))
         seconds = pending.check_seconds + time.perf_counter() - start
         skipped = pending.grads_wanted and "gradients" not in compared and note.startswith(
             _GRADS_FAILED)
@@ -273,14 +274,14 @@ class FirstCallVerifier:
         status = "failed" if failures else "partial" if partial else "passed"
         record = self._record(key, status, diffs=diffs, compared=compared, **extra)
         if failures:
-            raise CompiledMismatchError(_mismatch_message(record, failures), record=record)
+            raise CompiledMismatchError(mismatch_message(record, failures), record=record)
         if partial:
             warnings.warn(f"{self.recipe}: first-call check [{record.state}] compared the outputs "
                           f"only: {record.note}", stacklevel=5)
         self.checked.add(key)
 
     def _record(self, key: Hashable, status: str, *, diffs: list[TensorDiff] = (), **extra: Any) -> FirstCallCheck:
-        record = _make_record(self.recipe, self.backend, status, _describe_state(key), diffs, **extra)
+        record = make_record(self.recipe, self.backend, status, _describe_state(key), diffs, **extra)
         self.records.append(record)
         record_first_call_check(record)
         logger.info("%s", record.message())
@@ -305,80 +306,10 @@ class _Pending:
         self.rng_state: torch.Tensor | None = None
 
 
-def check_in_place_update(
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    run_eager: Callable[[], Any],
-    run_compiled: Callable[[], Any],
-    recipe: str,
-    backend: Any,
-    updates: frozenset[str] = frozenset(),
-) -> FirstCallCheck:
-    """Run an in-place update eagerly and compiled from the same start; keep the compiled result.
-
-    ``tensors`` are what the update changes in place (parameters, optimizer state). They are
-    copied, ``run_eager`` runs, its results are copied, the start is restored and
-    ``run_compiled`` runs on the real tensors, which then hold the compiled result. On a mismatch
-    the start is restored again (the wrong update is not applied) before the error. ``updates``
-    names the tensors compared as the change they received (``after - before``: parameters,
-    whose update is small next to their value) rather than as their value. Costs two copies of
-    ``tensors`` while it runs.
-
-    Returns:
-        The record (also given to the running monitors).
-
-    Raises:
-        CompiledMismatchError: a tensor differs beyond the tolerance of its dtype.
-
-    Example:
-        >>> check_in_place_update({"w": w}, run_eager=eager_step, run_compiled=compiled_step,
-        ...                       recipe="compile_optimizer", backend="inductor")  # doctest: +SKIP
-    """
-    backend_name = _backend_name(backend)
-    if _distributed():
-        run_compiled()
-        record = _make_record(recipe, backend_name, "skipped", "first compiled step", [],
-                              note="torch.distributed is initialized: the check is per rank and "
-                              "could make ranks diverge, so it does not run")
-        record_first_call_check(record)
-        return record
-    start = time.perf_counter()
-    with torch.no_grad():
-        before = {name: t.detach().clone() for name, t in tensors.items()}
-        run_eager()
-        eager = {name: t.detach().clone() for name, t in tensors.items()}
-        _copy_into(tensors, before)
-    check_seconds = time.perf_counter() - start
-    started = time.perf_counter()
-    run_compiled()
-    compiled_seconds = time.perf_counter() - started
-    start = time.perf_counter()
-    diffs: list[TensorDiff] = []
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            if name in updates:
-                diffs += _compare_tree(f"update.{name}", eager[name] - before[name],
-                                       tensor.detach() - before[name], (None, None))
-            else:
-                diffs += _compare_tree(name, eager[name], tensor.detach(), (None, None))
-        failures = [d for d in diffs if not d.ok]
-        if failures:
-            _copy_into(tensors, before)
-    check_seconds += time.perf_counter() - start
-    record = _make_record(recipe, backend_name, "failed" if failures else "passed",
-                          "first compiled step", diffs, compared=["updates", "state"],
-                          check_seconds=check_seconds, compiled_seconds=compiled_seconds)
-    record_first_call_check(record)
-    logger.info("%s", record.message())
-    if failures:
-        raise CompiledMismatchError(_mismatch_message(record, failures, restored=True), record=record)
-    return record
-
-
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _distributed() -> bool:
+def distributed_initialized() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
@@ -416,7 +347,7 @@ def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
 
 
 def _detached(tree: Any) -> Any:
-    return {name: t.detach() for name, t in _leaves(tree)}
+    return {name: t.detach() for name, t in leaves(tree)}
 
 
 def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
@@ -427,7 +358,7 @@ def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
                 buffer.copy_(old)
 
 
-def _copy_into(tensors: Mapping[str, torch.Tensor], values: Mapping[str, torch.Tensor]) -> None:
+def copy_into(tensors: Mapping[str, torch.Tensor], values: Mapping[str, torch.Tensor]) -> None:
     for name, tensor in tensors.items():
         tensor.detach().copy_(values[name])
 
@@ -441,7 +372,7 @@ def _describe_state(key: Hashable) -> str:
     return f"{'train' if training else 'eval'} mode, {state!r}"
 
 
-def _make_record(recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any) -> FirstCallCheck:
+def make_record(recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any) -> FirstCallCheck:
     worst = max(diffs, key=lambda d: d.ratio, default=None)
     return FirstCallCheck(
         recipe=recipe, status=status, state=state, torch_version=torch.__version__, backend=backend,
@@ -451,7 +382,7 @@ def _make_record(recipe: str, backend: str, status: str, state: str, diffs: Any,
     )
 
 
-def _mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False) -> str:
+def mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False) -> str:
     worst = max(failures, key=lambda d: d.ratio)
     largest = max(failures, key=lambda d: d.max_abs)
     shown = ", ".join(d.name for d in failures[:5]) + (", ..." if len(failures) > 5 else "")

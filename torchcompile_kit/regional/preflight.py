@@ -9,12 +9,9 @@ budget of ``recompile_limit`` (8) entries. A block that reads a distinct ``self.
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 import logging
-import re
-import textwrap
 import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -24,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .attribute_reads import DECIDES, attribute_uses
 from .plan import BlockGroup
 
 __all__ = [
@@ -103,55 +101,6 @@ def _value_key(value: Any, owner: nn.Module | None = None) -> tuple[str, Hashabl
     return None  # other objects (configs) are guarded on the attributes read, by value
 
 
-_PASSED_ON = "passed"
-_DECIDES = "decides"
-
-
-def _uses(source: str, attribute: str) -> set[str]:
-    """How ``self.<attribute>`` is used in ``source``: handed on as an argument, or used itself."""
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return {_DECIDES}  # cannot tell: assume the worst
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    uses = set()
-    for node in ast.walk(tree):
-        if not (
-            isinstance(node, ast.Attribute)
-            and node.attr == attribute
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and isinstance(node.ctx, ast.Load)
-        ):
-            continue
-        parent = parents.get(node)
-        passed = isinstance(parent, ast.keyword) or (
-            isinstance(parent, ast.Call) and node in parent.args
-        )
-        uses.add(_PASSED_ON if passed else _DECIDES)
-    return uses
-
-
-@functools.cache
-def _read_uses(cls: type, attribute: str) -> frozenset[str]:
-    """How the methods of ``cls`` (other than ``__init__``) use ``self.<attribute>``; empty if unread."""
-    pattern = re.compile(rf"\bself\.{re.escape(attribute)}\b")
-    uses: set[str] = set()
-    for klass in cls.__mro__:
-        if klass in (nn.Module, object):
-            break
-        for name, member in vars(klass).items():
-            if name in ("__init__", "extra_repr") or not inspect.isfunction(member):
-                continue
-            try:
-                source = inspect.getsource(member)
-            except (OSError, TypeError):
-                return frozenset({_DECIDES})  # cannot tell: assume it is read and used
-            if pattern.search(source):
-                uses |= _uses(source, attribute)
-    return frozenset(uses)
-
-
 def _instance_state(block: nn.Module) -> dict[str, tuple[type, str, tuple[str, Hashable]]]:
     state = {}
     for rel, sub in block.named_modules():
@@ -209,7 +158,7 @@ def find_instance_variants(
             entries = [state[path] for state in states]
             keys = [entry[2] for entry in entries]
             owner, attr, (kind, _) = entries[0]
-            uses = _read_uses(owner, attr) if len(set(keys)) > 1 else frozenset()
+            uses = attribute_uses(owner, attr) if len(set(keys)) > 1 else frozenset()
             if not uses:
                 continue
             cache_only = attr in _CACHE_ONLY_ATTRS and owner.__module__.startswith("transformers.")
@@ -217,7 +166,7 @@ def find_instance_variants(
                 continue
             # with the cache kept, it indexes the cache's per-layer state: a graph per value,
             # however the code reads it (GPT-2 in its own code, Llama handing it to cache.update)
-            certain = _DECIDES in uses or cache_only
+            certain = DECIDES in uses or cache_only
             if certain:
                 deciding.append(path)
             shown = tuple(k[1] if k[0] == "constant" else "<object>" for k in keys)

@@ -10,6 +10,7 @@ correctness check of a compiled candidate in its own process, on the model the r
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bench import Recipe, missing_requirement, run_recipe_isolated
+from ..bench import MeasureConfig, Recipe, missing_requirement, run_recipe_isolated
 from .arithmetic import predicted_total
 from .budget import Budget
 from .gate import CHECK_HOOK
@@ -38,27 +39,16 @@ class RunPlan:
 
     spec: str | None
     """The ``--model`` spec (``None``: the captioner)."""
-    preset: str
-    """The captioner preset and default step counts."""
-    backend: str
-    """The ``torch.compile`` backend."""
+    measure: MeasureConfig
+    """How each run is measured (backend, preset, steps, steady seconds, paired)."""
     device_type: str
     """``"cpu"`` or ``"cuda"``: decides which recipes can run here."""
-    steps: int | None
-    """Steady steps to time (``None``: the preset's)."""
-    warmup_steps: int | None
-    """Warm-up steps (``None``: the preset's)."""
-    steady_s: float
-    """Time steady steps for at least this many seconds (at most ``steps_planned``)."""
     steps_planned: int
     """The planned run (for pruning, and the cap of the steady steps)."""
     warm_start: bool
     """Warm restarts count for the planned run."""
     runs: Path
     """The runner's ``out_dir``."""
-    paired: bool = True
-    """Each candidate's steps alternate with an eager copy's in its own process, so it is
-    ranked on its ratio to eager measured at the same moments (:mod:`torchcompile_kit.bench.paired`)."""
 
 
 def measure_candidate(
@@ -123,19 +113,15 @@ def measure_candidate(
     run = run_recipe_isolated(
         candidate.name,
         spec=plan.spec,
-        preset=plan.preset,
-        steps=plan.steps,
+        config=plan.measure,
         out_dir=plan.runs,
-        backend=plan.backend,
         timeout_s=None if timeout > _NO_LIMIT_S else timeout,
-        warmup_steps=plan.warmup_steps,
         compile_overrides=OVERRIDES if candidate.compile != "none" else None,
         plan_steps=plan.steps_planned,
-        steady_s=plan.steady_s,
         check=CHECK_HOOK if candidate.compile != "none" else None,
         on_event=progress,
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
-        pair_with="eager" if plan.paired and candidate.name != "eager" else None,
+        pair_with="eager" if plan.measure.paired and candidate.name != "eager" else None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
@@ -201,7 +187,7 @@ def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -
         return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
     # found here, not in a process started to find it: a start-up saved from the budget
     missing = missing_requirement(
-        candidate, device_type=plan.device_type, spec=plan.spec, backend=plan.backend
+        candidate, device_type=plan.device_type, spec=plan.spec, backend=plan.measure.backend
     )
     if missing is not None:
         return missing
@@ -242,11 +228,10 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
     run = run_recipe_isolated(
         candidate.name,
         spec=plan.spec,
-        preset=plan.preset,
+        config=dataclasses.replace(
+            plan.measure, steps=max(1, plan.steps_planned - warmup), warmup_steps=warmup, steady_s=0.0
+        ),
         out_dir=runs,
-        backend=plan.backend,
-        steps=max(1, plan.steps_planned - warmup),
-        warmup_steps=warmup,
         compile_overrides=OVERRIDES if candidate.compile != "none" else None,
     )
     if run.status != "ok":

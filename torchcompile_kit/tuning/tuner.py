@@ -21,6 +21,7 @@ restarts load the cache their cold run saved). Within the budget:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import tempfile
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from .._compat import package_version
 from ..bench import (
     PRESETS,
     RECIPES,
+    MeasureConfig,
     ModelSpec,
     ModelSpecError,
     load_model_spec,
@@ -50,7 +52,7 @@ from .snippet import make_snippet
 __all__ = ["tune"]
 
 STEADY_S = 30.0
-"""Default seconds of steady steps timed per candidate (see ``tune(steady_s=)``)."""
+"""Seconds of steady steps ``tune`` times per candidate unless its ``measure`` says otherwise."""
 
 
 def tune(
@@ -59,15 +61,10 @@ def tune(
     steps_planned: int,
     budget_s: float | None = None,
     out_dir: str | Path | None = None,
-    backend: str | None = None,
-    preset: str = "tiny",
     candidates: Sequence[str] | None = None,
     warm_start: bool = False,
-    steps: int | None = None,
-    warmup_steps: int | None = None,
-    steady_s: float = STEADY_S,
     verify: bool = False,
-    paired: bool = True,
+    measure: MeasureConfig | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
@@ -83,24 +80,18 @@ def tune(
             Candidates that do not fit are skipped with the reason.
         out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the runs' logs go;
             ``None``: a temporary directory, removed when ``tune`` returns.
-        backend: ``torch.compile`` backend for every candidate (``None``: ``inductor``).
-        preset: the captioner preset (``tiny``/``full-size``) and default step counts.
         candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         warm_start: rank the warm restarts (a compile cache saved by an earlier run) for the
             planned run; otherwise they are shown as what a restart would cost.
-        steps: steady steps each candidate is timed over (``None``: the preset's).
-        warmup_steps: steps timed as warm-up from the cold start (``None``: the preset's).
-        steady_s: time each candidate's steady steps for at least this many seconds (more than
-            ``steps`` when they are fast, never more than ``steps_planned``): a shared machine's
-            speed drifts within a minute, and a few steps' burst is not the run's mean. ``0``:
-            just ``steps``.
         verify: afterwards run the recommendation for ``steps_planned`` steps in a fresh process
             and record predicted vs measured total (``TuneResult.verification``); outside the
             budget.
-        paired: in each candidate's process, an eager copy of the model steps beside it in
-            alternating blocks, and candidates are ranked on those paired ratios to eager (with a
-            95% interval), which hold when the machine's load changes between runs; ``False``:
-            on step times measured alone, at different moments (half the memory).
+        measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``:
+            backend, captioner preset, steps, warm-up steps, ``steady_s``, ``paired``). ``None``:
+            inductor, the tiny preset's step counts, and steady steps timed for at least
+            :data:`STEADY_S` seconds (never more than ``steps_planned``), paired with an eager
+            copy of the model stepping beside each candidate in alternating blocks, so the
+            ranking holds when the machine's load changes between runs.
         on_event: progress callback, ``{"event": "candidate", "name": ..., "status": ...}``,
             and ``{"event": "check", "name": ..., "status": "pass" | "fail"}`` after a compiled
             candidate's run.
@@ -117,8 +108,7 @@ def tune(
         ('regional', 'regional: 1.4x eager per step, pays back its 41 s compile after ~300 ...')
     """
     check_positive_int("steps_planned", steps_planned)
-    if not steady_s >= 0:
-        raise ValueError(f"steady_s must be >= 0 seconds, got {steady_s!r}")
+    measure = MeasureConfig(steady_s=STEADY_S) if measure is None else measure
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     names = list(CANDIDATES) if candidates is None else list(candidates)
@@ -132,21 +122,12 @@ def tune(
     out = Path(out_dir) if scratch is None else Path(scratch.name)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        backend = backend or "inductor"
+        measure = dataclasses.replace(measure, backend=measure.backend or "inductor")
         device = _device()
         emit = on_event or (lambda event: None)
         plan = RunPlan(
-            spec=spec,
-            preset=preset,
-            backend=backend,
-            device_type=device.type,
-            steps=steps,
-            warmup_steps=warmup_steps,
-            steady_s=steady_s,
-            steps_planned=steps_planned,
-            warm_start=warm_start,
-            runs=out / "runs",
-            paired=paired,
+            spec=spec, measure=measure, device_type=device.type, steps_planned=steps_planned,
+            warm_start=warm_start, runs=out / "runs",
         )
         results: list[CandidateResult] = []
         for name in (n for n in CANDIDATES if n in names):
@@ -159,11 +140,8 @@ def tune(
             snippet=_snippet(recommended, plan, loaded),
             steps_planned=steps_planned,
             candidates=ranked,
-            settings=_settings(
-                spec, preset, backend, budget_s, steps, warmup_steps, steady_s, warm_start, device
-            )
-            | {"paired": paired},
-            notes=_notes(loaded, preset, results),
+            settings=_settings(plan, budget_s, device),
+            notes=_notes(loaded, measure.preset, results),
         )
         if verify and recommended is not None:
             result.verification = verify_run(
@@ -240,38 +218,24 @@ def _snippet(
         RECIPES[chosen.name],
         spec=spec,
         sys_path=sys_path,
-        backend=plan.backend,
+        backend=plan.measure.backend,
         fullgraph=chosen.graph_breaks == 0,
         steps_planned=plan.steps_planned,
-        batch_size=PRESETS[plan.preset].batch_size,
+        batch_size=PRESETS[plan.measure.preset].batch_size,
         transformers_model=_is_transformers(loaded),
         spec_optimizer=loaded is not None and loaded.optimizer is not None,
     )
 
 
-def _settings(
-    spec: str | None,
-    preset: str,
-    backend: str,
-    budget_s: float | None,
-    steps: int | None,
-    warmup_steps: int | None,
-    steady_s: float,
-    warm_start: bool,
-    device: Any,
-) -> dict[str, Any]:
+def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, Any]:
     versions = {
         name: str(package_version(name) or "-") for name in ("torch", "transformers", "peft")
     }
     return {
-        "model": spec or f"captioner:{preset}",
-        "preset": preset,
-        "backend": backend,
+        "model": plan.spec or f"captioner:{plan.measure.preset}",
+        **plan.measure.to_dict(),
         "budget_s": budget_s,
-        "steps": steps,
-        "warmup_steps": warmup_steps,
-        "steady_s": steady_s,
-        "warm_start": warm_start,
+        "warm_start": plan.warm_start,
         "device": str(device),
         "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

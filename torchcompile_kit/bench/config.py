@@ -1,0 +1,66 @@
+"""How each run is measured: the one settings object ``bench`` (every row) and ``tune`` (every
+candidate) hand to the runner, recorded with their results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .captioner import PRESETS
+
+__all__ = ["MeasureConfig"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class MeasureConfig:
+    """The measurement settings of one ``bench`` or ``tune`` run (checked when built).
+
+    Example:
+        >>> MeasureConfig(preset="tiny", steps=50).steps_or_preset()
+        50
+        >>> MeasureConfig(steps=0)
+        Traceback (most recent call last):
+        ValueError: MeasureConfig(steps=0): must be a positive number of steps, or None for the preset's
+    """
+
+    preset: str = "tiny"
+    """The captioner's sizes (``"tiny"`` or ``"full-size"``) and default step counts; with a
+    ``--model`` spec only the step counts."""
+    backend: str | None = None
+    """``torch.compile`` backend of every compile (``None``: ``$TORCHCOMPILE_KIT_BENCH_BACKEND``
+    or ``"inductor"``); ``"eager"``/``"aot_eager"`` make tests cheap."""
+    steps: int | None = None
+    """Steady steps to time after the warm-up (``None``: the preset's)."""
+    warmup_steps: int | None = None
+    """Steps timed as warm-up from the cold start (``None``: the preset's)."""
+    steady_s: float = 0.0
+    """Time steady steps for at least this many seconds (more than ``steps`` when they are
+    fast), so the mean covers a stretch of the machine's time; ``0``: just ``steps``."""
+    paired: bool = True
+    """An eager copy of the model steps beside each compiled run in alternating blocks, so its
+    ratio to eager holds when the machine's load changes (:mod:`.paired`)."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"MeasureConfig(preset={self.preset!r}): choose from {list(PRESETS)!r}")
+        for name in ("steps", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(
+                    f"MeasureConfig({name}={value!r}): must be a positive number of steps, or None "
+                    "for the preset's"
+                )
+        if not self.steady_s >= 0:
+            raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
+
+    def steps_or_preset(self) -> int:
+        """``steps``, or the preset's."""
+        return self.steps or PRESETS[self.preset].steps
+
+    def warmup_steps_or_preset(self) -> int:
+        """``warmup_steps``, or the preset's."""
+        return self.warmup_steps or PRESETS[self.preset].warmup_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (recorded in ``results.json`` and ``tune.json``)."""
+        return asdict(self)
