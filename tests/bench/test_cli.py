@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,13 @@ def test_every_recipe_is_described(name):
     recipe = RECIPES[name]
     assert recipe.description and recipe.group in {"static", "dynamic", "warm-up", "distributed"}
     assert recipe.cache_from is None or RECIPES[recipe.cache_from].save_cache
+
+
+def test_report_reads_every_archived_run_in_the_docs(capsys):
+    """docs/results holds the runs docs/benchmarks.md quotes: report must keep reading them."""
+    archive = Path(__file__).parents[2] / "docs" / "results"
+    runs = sorted(path.parent for path in archive.glob("*/results.json"))
+    assert runs
+    for run in runs:
+        assert main(["report", str(run), "--no-charts"]) == 0
+        assert "== static" in capsys.readouterr().out
