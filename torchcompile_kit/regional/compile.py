@@ -151,11 +151,8 @@ def compile_regional(
             cache_disabled=not keep_kv_cache,
             requires_grad=requires_grad_variants(model, instances),
         )
-        group.predicted_graphs = preflight.graphs
-        group.predicted_eval_graphs = preflight.eval_graphs
-        group.may_vary = list(preflight.may_vary)
+        group.preflight = preflight
         group.block_class = type(instances[0])  # for the measured report (plan.report)
-        group.preflight_warning = preflight.warning
         if preflight.recompile_limit is not None:
             group.compile_kwargs["recompile_limit"] = preflight.recompile_limit
     # one code object, one limit: sized for all its groups

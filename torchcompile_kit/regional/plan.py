@@ -14,7 +14,9 @@ __all__ = [
     "BlockGroup",
     "GroupReport",
     "PlanReport",
+    "Preflight",
     "RegionalPlan",
+    "SharedBudget",
     "get_regional_plan",
 ]
 
@@ -35,37 +37,93 @@ class BlockGroup:
     selector the user passed."""
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``module.compile()`` for this group."""
-    predicted_graphs: int = 1
-    """Graphs the guard preflight predicts in training from reading the code and the parameters
-    (one per block structure, per value of state the code uses and per ``requires_grad``
-    pattern: frozen and trainable blocks); set by ``compile_regional``. A prediction: the
-    measured count is the verdict."""
-    predicted_eval_graphs: int = 1
-    """Graphs it predicts on top of those for a ``torch.no_grad()`` evaluation (grad mode is
-    guarded); counted in the report when dynamo recompiled for grad mode."""
-    may_vary: list[str] = field(default_factory=list)
-    """Attributes that differ between blocks and are handed on to other functions: each *may*
-    add graphs (e.g. ``self_attn.sliding_window`` on models with alternating attention)."""
     block_class: type | None = None
     """The blocks' class, set by ``compile_regional``."""
     region: str | None = None
     """The group's compiled region (``diagnostics.mark_region``), set by ``compile_regional``:
     the measured report credits the group with every frame dynamo compiled while one of its
     blocks' compiled calls ran (:meth:`RegionalPlan.report`)."""
-    preflight_warning: str | None = None
-    """The warning the preflight gave for this group, if any; the measured report confirms it
-    or withdraws it."""
-    shared_code: str | None = None
-    """The code object dynamo compiles for these blocks (``forward_with_checkpointing (file:line)``
-    for every transformers block class)."""
-    shares_budget_with: list[str] = field(default_factory=list)
-    """Other groups' classes whose blocks run the same code object: one dynamo cache, one
-    recompile limit for all of them."""
-    recompile_budget: int | None = None
-    """The recompile limit in force for that code object (sized for all groups sharing it)."""
-    budget_needed: int | None = None
-    """Graphs the groups sharing the code object may need together (their predictions for
-    training and for a no_grad evaluation)."""
+    preflight: Preflight | None = None
+    """What the guard preflight predicts for the group, set by ``compile_regional``."""
+    budget: SharedBudget | None = None
+    """The recompile budget the group shares with the groups that run its code object."""
+
+    # what the plan reports, read from those two records
+    @property
+    def predicted_graphs(self) -> int:
+        """Graphs predicted in training (:attr:`Preflight.graphs`; 1 before the preflight ran)."""
+        return self.preflight.graphs if self.preflight else 1
+
+    @property
+    def predicted_eval_graphs(self) -> int:
+        """Graphs predicted on top of those for a ``torch.no_grad()`` evaluation."""
+        return self.preflight.eval_graphs if self.preflight else 1
+
+    @property
+    def may_vary(self) -> list[str]:
+        """Attributes that differ between blocks and are handed on: each *may* add graphs."""
+        return list(self.preflight.may_vary) if self.preflight else []
+
+    @property
+    def preflight_warning(self) -> str | None:
+        """The warning the preflight gave; the measured report confirms or withdraws it."""
+        return self.preflight.warning if self.preflight else None
+
+    @property
+    def shared_code(self) -> str | None:
+        """The code object dynamo compiles for these blocks (:attr:`SharedBudget.code`)."""
+        return self.budget.code if self.budget else None
+
+    @property
+    def shares_budget_with(self) -> list[str]:
+        """Other groups' classes whose blocks run the same code object."""
+        return list(self.budget.shared_with) if self.budget else []
+
+    @property
+    def recompile_budget(self) -> int | None:
+        """The recompile limit in force for that code object."""
+        return self.budget.limit if self.budget else None
+
+    @property
+    def budget_needed(self) -> int | None:
+        """Graphs the groups sharing the code object may need together."""
+        return self.budget.needed if self.budget else None
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Preflight:
+    """What the guard preflight predicts for one block group (a prediction: the measured count is
+    the verdict, :meth:`RegionalPlan.report`)."""
+
+    graphs: int
+    """Graphs the group needs in training (grad on), from reading its code and its parameters:
+    one per structure, per value of state the code decides on and per ``requires_grad`` pattern
+    (frozen and trainable blocks)."""
+    eval_graphs: int = 1
+    """Graphs it needs on top of those in a ``torch.no_grad()`` evaluation (grad mode is guarded;
+    the parameters' ``requires_grad`` patterns still are)."""
+    may_vary: tuple[str, ...] = ()
+    """Attributes that differ and are handed on to other functions: each may add graphs (e.g.
+    ``self_attn.sliding_window`` on models with alternating attention)."""
+    recompile_limit: int | None = None
+    """A per-group ``recompile_limit`` to pass to ``torch.compile``, when one is needed."""
+    warning: str | None = None
+    """The warning the preflight gave (``None`` if it gave none)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class SharedBudget:
+    """One dynamo cache for several block classes: they run the same code object (every
+    transformers block class runs ``forward_with_checkpointing``), so they share its limit."""
+
+    code: str
+    """The code object (``forward_with_checkpointing (file:line)``)."""
+    shared_with: tuple[str, ...]
+    """The other groups' classes that run it (empty: this group alone)."""
+    limit: int
+    """The recompile limit in force for it, sized for every group that runs it."""
+    needed: int
+    """Graphs those groups may need together (training and a no_grad evaluation)."""
 
 
 @dataclass(kw_only=True, slots=True)

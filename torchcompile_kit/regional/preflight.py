@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import _dynamo
 from .attribute_reads import DECIDES, attribute_uses
-from .plan import BlockGroup
+from .plan import BlockGroup, Preflight, SharedBudget
 
 __all__ = [
     "GuardFinding",
@@ -59,25 +59,6 @@ class GuardFinding:
     value is a graph. ``False`` when it is only handed on as an argument (``f(x=self.window)``):
     whether the callee specializes on it cannot be read here, so the blocks *may* recompile and
     the measured count (``CompileMonitor``) decides."""
-
-
-@dataclass(kw_only=True, frozen=True, slots=True)
-class Preflight:
-    """What the preflight predicts for one block group."""
-
-    graphs: int
-    """Graphs the group needs in training (grad on) by reading its code and its parameters: one
-    per structure, certain variant and ``requires_grad`` pattern."""
-    eval_graphs: int = 1
-    """Graphs it needs on top of those in a ``torch.no_grad()`` evaluation (grad mode is guarded;
-    the parameters' ``requires_grad`` patterns still are)."""
-    may_vary: tuple[str, ...] = ()
-    """Attributes that differ and are handed on to other functions: each may add graphs."""
-    recompile_limit: int | None = None
-    """A per-group ``recompile_limit`` to pass to ``torch.compile``, when one is needed."""
-    warning: str | None = None
-    """The warning the preflight gave (``None`` if it gave none): the measured report confirms
-    it or withdraws it (``RegionalPlan.report``)."""
 
 
 def _value_key(value: Any, owner: nn.Module | None = None) -> tuple[str, Hashable] | None:
@@ -346,8 +327,7 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
     under ``no_grad``) is summed; where the sum exceeds the limit, each of those groups' compile
     calls gets ``recompile_limit=`` the sum (torch >= 2.13; older torch gets a warning), never
     the process. Each group records the classes it shares with and the budget
-    (:attr:`BlockGroup.shared_code`, :attr:`BlockGroup.recompile_budget`), which
-    :meth:`RegionalPlan.summary` states.
+    (:attr:`BlockGroup.budget`), which :meth:`RegionalPlan.summary` states.
 
     Args:
         groups: the plan's groups after the preflight (``predicted_graphs``, ``block_class`` and
@@ -382,13 +362,10 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
                 for group in sharing:
                     group.compile_kwargs["recompile_limit"] = needed
         names = [group.class_name for group in sharing]
+        where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
         for group in sharing:
-            group.recompile_budget = budget
-            group.budget_needed = needed
-            group.shared_code = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
-            group.shares_budget_with = [n for n in names if n != group.class_name] if len(
-                sharing
-            ) > 1 else []
+            others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
+            group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
         if len(sharing) > 1:
             logger.info(
                 "%s share one code object (%s) and one recompile limit: %d for up to %d graphs",
