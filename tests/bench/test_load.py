@@ -109,8 +109,8 @@ def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(quiet, tmp
         assert "other processes used" in m.not_quotable[0]
     full, warm = loaded["full"], loaded["full-warm"]
     # the same compiled code twice: intervals that overlap each other ...
-    assert full["speedup_low"] <= warm["speedup_high"] and warm["speedup_low"] <= full["speedup_high"], (full, warm)
+    assert full.speedup_low <= warm.speedup_high and warm.speedup_low <= full.speedup_high, (full, warm)
     # ... and that hold the ratio measured without the test's load, within 10%
     for name in ("full", "full-warm"):
-        low, high = loaded[name]["speedup_low"], loaded[name]["speedup_high"]
-        assert 0.9 * low <= quiet[name]["speedup"] <= 1.1 * high, (name, loaded[name], quiet[name])
+        low, high = loaded[name].speedup_low, loaded[name].speedup_high
+        assert 0.9 * low <= quiet[name].speedup <= 1.1 * high, (name, loaded[name], quiet[name])

@@ -2,12 +2,15 @@
 
 Modules, one concept each:
 
-- :mod:`.captioner`: the post's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``seed``;
-- :mod:`.recipes`: the recipe table (the post's rows), built on the library's public helpers;
+- :mod:`.captioner`: the post's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``full-size``;
+- :mod:`.recipes`: the recipe table (the post's rows): each row's setup as data, written as the
+  Python the bench runs and ``tune`` prints;
+- :mod:`.config`: ``MeasureConfig``, how every row (and ``tune`` candidate) is measured;
 - :mod:`.model_spec`: ``--model module:function``, the user's model;
 - :mod:`.batches`: each recipe's batches (padding schemes, buckets);
 - :mod:`.runner`: one recipe in its own fresh process (``run_recipe_isolated``);
 - :mod:`.execute`: what that process runs; :mod:`.metrics`: what it measures;
+  :mod:`.outcome`: ``Metrics`` and ``RecipeResult``, the typed row;
 - :mod:`.paired`: each row's ratio to the baseline that stepped beside it, with its interval,
   and who else used the CPU meanwhile (what marks a row not to be quoted);
 - :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output.
@@ -29,6 +32,7 @@ from .model_spec import (
 from .outcome import Metrics
 from .paired import paired_ratio
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
+from .report import render_table
 from .runner import RecipeResult, run_recipe_isolated
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "paired_ratio",
     "parse_model_spec",
     "portable_model_spec",
+    "render_table",
     "run_recipe_isolated",
     "caption_length_mix",
     "spec_buckets",

@@ -2,8 +2,8 @@
 
 The topic's API. Modules: :mod:`.monitor` (``CompileMonitor``), :mod:`.explain`
 (``explain_graph_breaks``), :mod:`.recompiles` (``no_recompiles``), :mod:`.equivalence`
-(``check_compile_equivalence``) and :mod:`.first_call` (the first-call check the fragile recipes
-run, ``verify=``). :mod:`.trace_records` (the record's data classes and the readers
+(``check_compile_equivalence``, comparing with :mod:`.tensor_diff`), :mod:`.first_call` and
+:mod:`.in_place_check` (the checks the fragile recipes run at their first compiled call, ``verify=``). :mod:`.trace_records` (the record's data classes and the readers
 of torch's texts), :mod:`.recorder` (the trace handler), :mod:`.selection` (which frames belong
 to a model, optimizer or function) and :mod:`.monitor_text` (its summary table) serve the
 monitor; :mod:`.regions`

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from ..bench import render_table
 from ..shapes import estimate_padding, plan_buckets
 from .result import CandidateResult, TuneResult
 
@@ -77,7 +78,7 @@ def format_table(result: TuneResult) -> str:
     Example:
         >>> print(format_table(result))  # doctest: +SKIP
     """
-    header = (
+    header = [
         "#",
         "candidate",
         "status",
@@ -92,8 +93,8 @@ def format_table(result: TuneResult) -> str:
         "recomp",
         "breaks",
         "note",
-    )
-    rows = [header]
+    ]
+    rows = []
     for rank, c in enumerate(result.candidates, 1):
         mark = "*" if c.name == result.recommendation else ""
         note = c.offending if c.verdict == "fail" else (c.reason or "")
@@ -102,7 +103,7 @@ def format_table(result: TuneResult) -> str:
         if c.indistinguishable_from:
             note = f"≈ {', '.join(c.indistinguishable_from)}" + (f"; {note}" if note else "")
         rows.append(
-            (
+            [
                 f"{rank}{mark}",
                 c.name,
                 c.status,
@@ -117,15 +118,9 @@ def format_table(result: TuneResult) -> str:
                 _num(c.recompiles, "d"),
                 _num(c.graph_breaks, "d"),
                 note[:90],
-            )
+            ]
         )
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
-    lines = []
-    for row in rows:
-        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
-        lines.append("  ".join([*cells, str(row[-1])]).rstrip())
-    lines.insert(1, "-" * min(160, len(lines[0])))
-    return "\n".join(lines)
+    return render_table(header, rows)
 
 
 def recommendation_reason(
