@@ -142,7 +142,19 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
     assert "warm ÷ cold 0.012" in line and "NOT QUOTABLE" in line and "89% of the CPU" in line
     cold.metrics.not_quotable = []
     (line,) = warm_start_lines([warm], [cold, warm])
-    assert "NOT QUOTABLE" not in line
+    assert "NOT QUOTABLE" not in line and "whole restart" not in line  # builds not measured
+
+
+def test_the_whole_restart_counts_import_load_build_and_first_step():
+    from torchcompile_kit.bench.report import warm_start_lines
+
+    cold = RecipeResult(name="regional", status="ok", metrics=Metrics(
+        import_compiler_s=2.0, build_s=1.0, first_step_s=17.0))
+    warm = RecipeResult(name="regional-warm", status="ok", metrics=Metrics(
+        import_compiler_s=2.0, cache_load_s=0.5, build_s=1.5, first_step_s=1.0))
+    (line,) = warm_start_lines([warm], [cold, warm])
+    assert "warm ÷ cold 0.088" in line  # (0.5 + 1.0) / 17
+    assert "whole restart 5.00 s ÷ 20.00 s = 0.250" in line
 
 
 def test_the_charts_name_the_group_of_each_colour(tmp_path):

@@ -155,7 +155,9 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
 
 
 def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
-    """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step.
+    """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step,
+    and the whole restart, compiler import + cache load + model build + first step, ÷ the cold
+    row's import + build + first step (when both rows measured them).
 
     A ratio derived from a row that is not quotable (``metrics.not_quotable``: measured with
     other processes on the CPU, or too wide an interval) says so, with the reasons. Both rows import the compiler before anything is timed, and the model build (where a load's
@@ -166,7 +168,7 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
         >>> warm = RecipeResult(name="full-warm", status="ok",
         ...                     metrics=Metrics(first_step_s=4.4, cache_load_s=0.1, build_s=1.8))
         >>> warm_start_lines([warm], [cold, warm])[0]
-        'full-warm: cache load 0.10 s + first step 4.40 s = 4.50 s; cold first step (full) 50.00 s; warm ÷ cold 0.090 (model build 1.80 s warm, 1.80 s cold)'
+        'full-warm: cache load 0.10 s + first step 4.40 s = 4.50 s; cold first step (full) 50.00 s; warm ÷ cold 0.090 (model build 1.80 s warm, 1.80 s cold; whole restart 6.30 s ÷ 51.80 s = 0.122)'
     """
     from .recipes import RECIPES
 
@@ -183,7 +185,10 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
         warm_total = w.first_step_s + (w.cache_load_s or 0.0)
         build = ""
         if w.build_s is not None and c.build_s is not None:
-            build = f" (model build {w.build_s:.2f} s warm, {c.build_s:.2f} s cold)"
+            warm_all = (w.import_compiler_s or 0.0) + warm_total + w.build_s
+            cold_all = (c.import_compiler_s or 0.0) + c.first_step_s + c.build_s
+            build = (f" (model build {w.build_s:.2f} s warm, {c.build_s:.2f} s cold; whole restart "
+                     f"{warm_all:.2f} s ÷ {cold_all:.2f} s = {warm_all / cold_all:.3f})")
         unquotable = [f"{r.name}: {'; '.join(r.metrics.not_quotable)}" for r in (row, cold) if r.metrics.not_quotable]
         caveat = (f" — NOT QUOTABLE, derived from a row measured under load ({' | '.join(unquotable)});"
                   f" re-run on a quiet machine") if unquotable else ""
