@@ -78,6 +78,23 @@ def test_every_public_name_has_its_reason_in_the_architecture_page():
     assert listed == set(torchcompile_kit.__all__) - {"__version__"}
 
 
+def test_every_error_a_topic_exports_is_a_torchcompilekiterror():
+    """One base error: ``except TorchCompileKitError`` catches every refusal of the library."""
+    import importlib
+
+    from torchcompile_kit.errors import TorchCompileKitError
+
+    found = []
+    for topic in (*torchcompile_kit._TOPICS, "bench", "bench.recipes", "bench.results"):
+        module = importlib.import_module(f"torchcompile_kit.{topic}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
+                found.append(obj)
+                assert issubclass(obj, TorchCompileKitError), f"torchcompile_kit.{topic}.{name}"
+    assert len(found) >= 12
+
+
 def test_errors_inherit_builtins():
     from torchcompile_kit import errors
 

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..errors import TorchCompileKitError
+
 __all__ = [
     "RECIPES",
     "Recipe",
@@ -32,7 +34,7 @@ __all__ = [
 DataScheme = Literal["max", "longest", "multiple_of_32", "buckets"]
 
 
-class UnknownRecipeError(ValueError):
+class UnknownRecipeError(TorchCompileKitError, ValueError):
     """A recipe name the bench does not know."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._compat import package_version
+from ..errors import TorchCompileKitError
 from .metrics import compare
 from .recipes import RECIPES
 from .runner import RecipeResult
@@ -31,7 +32,7 @@ SCHEMA = "torchcompile-kit/bench-results/1"
 RESULTS_FILE = "results.json"
 
 
-class ResultsFileError(ValueError):
+class ResultsFileError(TorchCompileKitError, ValueError):
     """A results file is missing, is not JSON, or is not a bench results file."""
 
 
