@@ -220,13 +220,8 @@ class RegionalPlan:
                 )
                 continue
             # what dynamo compiled while the group's blocks ran: their entry frames, the code
-            # resumed after breaks, callees compiled as frames of their own; a plan recorded
-            # before regions existed falls back to the frames' owner class
-            record = (
-                monitor.record_for_region(group.region)
-                if group.region is not None
-                else monitor.record_for(group.block_class)
-            )
+            # resumed after breaks, callees compiled as frames of their own
+            record = monitor.record_for_region(group.region)
             _name_entry_frames(monitor, group)
             groups.append(_group_report(group, record, monitor))
         return PlanReport(groups=groups, notes=notes)
@@ -237,7 +232,7 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
     whose ``forward`` holds no op of its own), so the monitor's summary reads
     ``BertLayer.forward (via forward_with_checkpointing)``."""
     code = getattr(getattr(group.block_class, "forward", None), "__code__", None)
-    if code is None or group.region is None:
+    if code is None:
         return
     for frame in monitor.frames:
         if (
