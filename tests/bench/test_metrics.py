@@ -145,6 +145,19 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
     assert "NOT QUOTABLE" not in line and "whole restart" not in line  # builds not measured
 
 
+def test_the_restart_path_is_named_from_the_counts():
+    from torchcompile_kit.bench.report import restart_path
+
+    stats = {"fxgraph_cache_hit": 4, "fxgraph_cache_miss": 0, "autograd_cache_hit": 2, "autograd_cache_miss": 0}
+    retraced = Metrics(cache_loaded=True, monitor={"frames": 2}, cache_stats=stats)
+    assert restart_path(retraced).startswith("re-traced, graphs from the cache (dynamo traced 2 frames;")
+    missed = Metrics(cache_loaded=True, monitor={"frames": 1}, cache_stats={**stats, "fxgraph_cache_miss": 1})
+    assert "1 graph(s) compiled again" in restart_path(missed)
+    assert restart_path(Metrics(cache_loaded=True, monitor={"frames": 0}, cache_stats=stats)).startswith(
+        "not re-traced, graphs from the cache (no frame traced;")
+    assert restart_path(Metrics(cache_loaded=False, monitor={"frames": 2})) is None  # not loaded
+
+
 def test_the_whole_restart_counts_import_load_build_and_first_step():
     from torchcompile_kit.bench.report import warm_start_lines
 

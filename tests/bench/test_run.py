@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from torchcompile_kit.bench.config import MeasureConfig
+from torchcompile_kit.bench.report import restart_path
 from torchcompile_kit.bench.results import load_results
 from torchcompile_kit.bench.runner import INPROCESS_ENV, run_recipe_isolated
 from torchcompile_kit.cli import main
@@ -143,6 +144,9 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     assert warm.status == "ok", warm.error
     assert warm.metrics.cache_loaded is True
     assert warm.metrics.monitor["cache_hits"] >= 1
+    # what a restart does today on every torch of the window: dynamo traces again, the compiled
+    # graphs come from the artifact (a precompiled path would trace no frame)
+    assert restart_path(warm.metrics).startswith("re-traced, graphs from the cache"), warm.metrics
 
 
 def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,

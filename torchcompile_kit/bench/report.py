@@ -13,7 +13,7 @@ from typing import Any
 from .outcome import Metrics, RecipeResult
 from .results import BenchResults
 
-__all__ = ["format_comparison", "format_results", "render_table", "warm_start_lines"]
+__all__ = ["format_comparison", "format_results", "render_table", "restart_path", "warm_start_lines"]
 
 # (column label, metric key, format)
 _COLUMNS: list[tuple[str, str, str]] = [
@@ -154,6 +154,35 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
     return "\n".join(out)
 
 
+def restart_path(metrics: Metrics) -> str | None:
+    """Which path a warm row's restart took, from what its run counted (``None``: not a warm row).
+
+    Dynamo's frames traced in the row (``CompileMonitor``) say whether the Python was traced
+    again; torch's FX-graph and AOTAutograd cache counters after the load say whether the
+    compiled graphs came from the artifact.
+
+    Example:
+        >>> restart_path(Metrics(cache_loaded=True, monitor={"frames": 1},
+        ...              cache_stats={"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 0,
+        ...                           "autograd_cache_hit": 1, "autograd_cache_miss": 0}))
+        're-traced, graphs from the cache (dynamo traced 1 frame; FX-graph cache 2 hits / 0 misses, AOTAutograd 1 / 0)'
+    """
+    if not metrics.cache_loaded or metrics.monitor is None:
+        return None
+    frames = int(metrics.monitor.get("frames") or 0)
+    stats = metrics.cache_stats or {}
+    hits = stats.get("fxgraph_cache_hit", 0) + stats.get("autograd_cache_hit", 0)
+    misses = stats.get("fxgraph_cache_miss", 0) + stats.get("autograd_cache_miss", 0)
+    traced = f"dynamo traced {frames} frame{'s' * (frames != 1)}" if frames else "no frame traced"
+    graphs = ("graphs from the cache" if hits and not misses
+              else f"{misses} graph(s) compiled again" if misses else "no cached graph used")
+    return (
+        f"{'re-traced' if frames else 'not re-traced'}, {graphs} ({traced}; FX-graph cache "
+        f"{stats.get('fxgraph_cache_hit', 0)} hits / {stats.get('fxgraph_cache_miss', 0)} misses, "
+        f"AOTAutograd {stats.get('autograd_cache_hit', 0)} / {stats.get('autograd_cache_miss', 0)})"
+    )
+
+
 def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
     """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step,
     and the whole restart, compiler import + cache load + model build + first step, ÷ the cold
@@ -192,11 +221,12 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
         unquotable = [f"{r.name}: {'; '.join(r.metrics.not_quotable)}" for r in (row, cold) if r.metrics.not_quotable]
         caveat = (f" — NOT QUOTABLE, derived from a row measured under load ({' | '.join(unquotable)});"
                   f" re-run on a quiet machine") if unquotable else ""
+        path = restart_path(w)
         lines.append(
             f"{row.name}: cache load {w.cache_load_s or 0.0:.2f} s + first step "
             f"{w.first_step_s:.2f} s = {warm_total:.2f} s; cold first step ({cold.name}) "
             f"{c.first_step_s:.2f} s; warm ÷ cold {warm_total / c.first_step_s:.3f}{build}"
-            f"{caveat}"
+            + (f"; path: {path}" if path else "") + caveat
         )
     return lines
 
