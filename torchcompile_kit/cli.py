@@ -11,7 +11,7 @@ Nothing in the package imports this module.
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -148,9 +148,9 @@ def _bench(args: argparse.Namespace) -> int:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     config = MeasureConfig(
         preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
-        backend=args.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor",
-        steps=args.steps, warmup_steps=args.warmup_steps, paired=not args.no_pair,
+        backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps, paired=not args.no_pair,
     )
+    config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
     try:
         names = check_recipe_names(args.recipes)
     except UnknownRecipeError as err:

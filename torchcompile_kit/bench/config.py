@@ -3,6 +3,7 @@ candidate) hand to the runner, recorded with their results."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,6 +53,10 @@ class MeasureConfig:
                 )
         if not self.steady_s >= 0:
             raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
+
+    def backend_or_default(self) -> str:
+        """``backend``, else ``$TORCHCOMPILE_KIT_BENCH_BACKEND``, else ``"inductor"``."""
+        return self.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
 
     def steps_or_preset(self) -> int:
         """``steps``, or the preset's."""

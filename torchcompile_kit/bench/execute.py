@@ -159,8 +159,7 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
 
 def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[str, Any]) -> Metrics:
     preset = PRESETS[request["preset"]]
-    steps = request["steps"] or preset.steps
-    warmup_steps = request["warmup_steps"] or preset.warmup_steps
+    steps, warmup_steps = request["steps"], request["warmup_steps"]  # the config's, resolved
     settings.update(steps=steps, warmup_steps=warmup_steps)
     notes: list[str] = []
     cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
