@@ -1,13 +1,7 @@
 """torchcompile_kit: make ``torch.compile`` pay off in real training loops.
 
-Importing the package is cheap: it imports neither torch nor transformers, peft or accelerate,
-and changes no dynamo/inductor setting. Each public name is loaded from its topic folder
-(``regional``, ``shapes``, ``optim``, ``diagnostics``, ``adapters``, ...) the first time it is
-used (PEP 562); ``docs/architecture.md`` describes the layout.
-
-Example:
-    >>> import torchcompile_kit as tck
-    >>> model = tck.compile_regional(model)  # doctest: +SKIP
+Importing it is cheap (no torch, transformers, peft or accelerate) and changes no setting; each
+public name is loaded from its topic folder on first use (PEP 562; docs/architecture.md).
 """
 
 from __future__ import annotations

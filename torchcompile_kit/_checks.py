@@ -1,8 +1,5 @@
-"""Argument checks shared by every topic: one wording for "must be one of" and "positive int".
-
-Each check returns the value it accepted and raises the error class the caller names (every
-error of this package is also a ``ValueError``/``TypeError``), with the argument, the offending
-value (``!r``) and what would be accepted.
+"""Argument checks shared by every topic: one wording for "must be one of" and "positive int",
+raising the caller's error class with the argument, the value and what would be accepted.
 """
 
 from __future__ import annotations

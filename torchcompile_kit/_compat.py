@@ -1,8 +1,5 @@
-"""Version helpers and feature probes for torch and the optional libraries.
-
-Probing for a feature (probes of private names live in ``_dynamo``) is preferred over comparing versions; the single
-version helper, :func:`package_version`, exists for rules that are documented by version (peft's
-torch.compile support changed in 0.15).
+"""Version helpers for torch and the optional libraries (probes of private names live in
+``_dynamo``); versions are compared only for rules documented by version.
 """
 
 from __future__ import annotations
@@ -45,17 +42,7 @@ def package_version(name: str) -> Version | None:
 
 
 def version_at_least(name: str, minimum: str, *, installed: str | Version | None = None) -> bool:
-    """Whether ``name`` is installed at ``minimum`` or later.
-
-    Args:
-        name: distribution name (``"torch"``, ``"peft"``).
-        minimum: the first good release, e.g. ``"0.15"``.
-        installed: evaluate against this declared version instead of the installed one (used to
-            apply version-dependent rules to a version that is not installed).
-
-    Returns:
-        ``False`` when the package is not installed.
-    """
+    """Whether ``name`` is installed (or, with ``installed``, declared) at ``minimum`` or later."""
     if installed is None:
         current = package_version(name)
     else:

@@ -17,15 +17,8 @@ UNDO_ATTR = "_torchcompile_kit_undo"
 
 
 def register_undo(target: Any, undo: Callable[[], None]) -> None:
-    """Run ``undo`` when :func:`~torchcompile_kit.uncompile` is called on ``target``.
-
-    For helpers that install something next to an in-place compile (hooks, wrapped methods).
-    Undos run in reverse order of registration.
-
-    Example:
-        >>> handle = model.register_forward_pre_hook(hook)  # doctest: +SKIP
-        >>> register_undo(model, handle.remove)  # doctest: +SKIP
-    """
+    """Run ``undo`` (reverse order of registration) when :func:`~torchcompile_kit.uncompile` is called
+    on ``target``: for helpers that install hooks or wrapped methods next to an in-place compile."""
     target.__dict__.setdefault(UNDO_ATTR, []).append(undo)
 
 

@@ -1,10 +1,5 @@
 """Command line: ``torchcompile-kit bench | report | tune`` (also ``python -m torchcompile_kit``).
 
-- ``bench [RECIPE ...]``: the reference post's experiment on this machine, recipe by recipe, each in its
-  own process with an empty inductor cache; a table, ``results.json`` and PNG charts in ``--out``.
-- ``report DIR [DIR2]``: the table and charts again from saved results; two runs side by side.
-- ``tune --model M:F --steps-planned N``: the fastest correct recipe for your run (``torchcompile_kit.tuning``).
-
 Nothing in the package imports this module.
 """
 
@@ -282,17 +277,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``torchcompile-kit``; returns the exit status (2 for a usage error).
-
-    Args:
-        argv: the arguments (default: ``sys.argv[1:]``).
-
-    Returns:
-        0 on success (also when a recipe failed: it is a row of the table), 2 on bad arguments.
-
-    Example:
-        >>> main(["bench", "--list"])  # doctest: +SKIP
-    """
+    """Entry point of ``torchcompile-kit``: 0 on success (a failed recipe is a row of the table),
+    2 on bad arguments."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv

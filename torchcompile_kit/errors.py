@@ -1,8 +1,5 @@
-"""Exceptions raised by torchcompile_kit.
-
-Every error is a :class:`TorchCompileKitError` and also the built-in exception users would
-expect (``ValueError`` for bad input, ``RuntimeError`` for a failure while running), so
-``except ValueError`` keeps working in code that does not know this library.
+"""Exceptions raised by torchcompile_kit: each a :class:`TorchCompileKitError` and the built-in
+users expect (``ValueError`` for bad input, ``RuntimeError`` while running).
 """
 
 from __future__ import annotations

@@ -171,16 +171,20 @@ def test_settings_and_handlers_unchanged_after_exit():
     assert state() == before
 
 
-def test_trace_missing_falls_back_to_metrics_with_a_note(monkeypatch):
-    monkeypatch.setattr(_dynamo, "trace_logger", lambda: None)
-    step = torch.compile(_summed, backend="eager", dynamic=False)
-    with CompileMonitor() as mon:
-        step(torch.ones(2))
-        step(torch.ones(3))
-    assert [f.function for f in mon.frames] == ["_summed", "_summed"]
-    assert len(mon.recompiles) == 1
-    assert mon.notes and "unavailable" in mon.notes[0]
-    assert mon.as_dict()["source"].startswith("compilation metrics")
+def test_a_logging_config_that_silences_the_trace_is_lowered_while_recording_then_restored():
+    trace = logging.getLogger("torch.__trace")
+    before = trace.level
+    trace.setLevel(logging.WARNING)  # what a user's logging.config.dictConfig can do
+    try:
+        step = torch.compile(_summed, backend="eager", dynamic=False)
+        with CompileMonitor() as mon:
+            step(torch.ones(2))
+            step(torch.ones(3))
+        assert [f.function for f in mon.frames] == ["_summed", "_summed"]
+        assert len(mon.recompiles) == 1 and mon.notes == []
+        assert trace.level == logging.WARNING
+    finally:
+        trace.setLevel(before)
 
 
 def test_regional_gpt2_is_one_graph_per_block_class_attributed_to_gpt2block():
@@ -331,3 +335,14 @@ def test_a_recompile_names_every_earlier_graphs_failed_guard():
     # 2 earlier graphs; torch 2.10 reuses the first graph for it: 1)
     assert len(last.reasons) == len(mon.frames) - 1, (last.reasons, mon.frames)
     assert all(r.strip().split("\n")[0].split("#")[0].strip() in last.guard for r in last.reasons)
+
+
+def test_logging_disable_is_said_in_the_notes_not_silently_an_empty_record():
+    logging.disable(logging.CRITICAL)
+    try:
+        with CompileMonitor() as mon:
+            torch.compile(_summed, backend="eager")(torch.ones(2))
+    finally:
+        logging.disable(logging.NOTSET)
+    # torch >= 2.13 keeps its trace on under logging.disable(); where it does not, a note says so
+    assert len(mon.frames) == 1 or "logging.disable()" in mon.notes[0]

@@ -67,20 +67,10 @@ PER_CALL_KWARGS = ("recompile_limit", "isolate_recompiles")
 def check_per_call_kwargs(
     compile_kwargs: dict[str, Any], *, caller: str, compile_fn: Callable[..., Any] | None = None
 ) -> None:
-    """Refuse, by name, a per-call keyword this torch's ``torch.compile`` does not take.
-
-    Without it torch raises ``TypeError: compile() got an unexpected keyword argument`` from deep
-    inside the first ``module.compile`` call, after part of the model was compiled.
-
-    Args:
-        compile_kwargs: what the user passed on to ``torch.compile``.
-        caller: the helper's name, for the message (``"compile_regional"``).
-        compile_fn: stands in for ``torch.compile`` (tests switch the probe with it).
-
-    Raises:
-        UnsupportedTorchError: ``recompile_limit=`` or ``isolate_recompiles=`` on a torch
-            without it.
-    """
+    """Raise ``UnsupportedTorchError`` for a per-call keyword (``recompile_limit=``,
+    ``isolate_recompiles=``) this torch's ``torch.compile`` does not take, before anything is
+    compiled (torch would raise ``TypeError`` after part of the model was). ``compile_fn`` stands in
+    for ``torch.compile`` in tests."""
     params = inspect.signature(compile_fn or torch.compile).parameters
     for name in PER_CALL_KWARGS:
         if name in compile_kwargs and name not in params:

@@ -1,10 +1,6 @@
 """Which path each version-dependent entry of this folder takes on the running torch (printed by
-every CI run).
-
-Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``); the table
-in docs/architecture.md ("Version honesty") is these lines from the CI runs of the window. Only
-entries whose path differs inside the window are listed: a probe that takes one path on every
-supported torch is deleted with its fallback (docs/architecture.md, "Raising a floor").
+every CI run; docs/architecture.md, "Version honesty"). Only entries whose path differs inside the
+window are listed (docs/architecture.md, "Raising a floor").
 """
 
 from __future__ import annotations

@@ -1,20 +1,20 @@
-"""The structured trace and compile metrics CompileMonitor reads.
+"""The structured trace CompileMonitor reads.
 
 Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "compilation_metrics_since",
-    "graph_break_counts",
+    "LIMIT_WARNING_LOGGER_NAME",
+    "TRACE_LOGGER_NAME",
+    "close_trace_logger",
     "interned_string",
     "limit_warning_logger",
-    "trace_logger",
+    "open_trace_logger",
 ]
 
 
@@ -32,14 +32,25 @@ __all__ = [
 TRACE_LOGGER_NAME = "torch.__trace"
 
 
-def trace_logger() -> logging.Logger | None:
-    """torch's structured-trace logger, or ``None`` if it would not pass records on.
+def open_trace_logger() -> tuple[logging.Logger, int | None]:
+    """torch's structured-trace logger, made to pass DEBUG records on; and the level to restore.
 
-    ``None`` when the logger was set above DEBUG (logging configuration can do that); the monitor
-    then falls back to :func:`compilation_metrics_since` and says so in its summary.
+    torch keeps it at DEBUG ("This log is ALWAYS at debug level", torch/_logging/_internal.py);
+    only a logging configuration of the user's raises it. Then it is lowered to DEBUG, and the
+    level it had is returned for :func:`close_trace_logger` (``None``: left as it was).
     """
     log = logging.getLogger(TRACE_LOGGER_NAME)
-    return log if log.isEnabledFor(logging.DEBUG) else None
+    if log.isEnabledFor(logging.DEBUG):
+        return log, None
+    previous = log.level
+    log.setLevel(logging.DEBUG)
+    return log, previous
+
+
+def close_trace_logger(log: logging.Logger, previous: int | None) -> None:
+    """Give the trace logger back the level :func:`open_trace_logger` found (if it changed it)."""
+    if previous is not None:
+        log.setLevel(previous)
 
 
 LIMIT_WARNING_LOGGER_NAME = "torch._dynamo.convert_frame"
@@ -71,36 +82,3 @@ def interned_string(index: int) -> str | None:
         if number == index:
             return text
     return None
-
-
-def compilation_metrics_since(start_time_us: int) -> list[dict[str, Any]]:
-    """torch's per-frame compilation metrics that started at or after ``start_time_us``.
-
-    The weaker source, used where the trace is missing: ``torch._dynamo.utils.
-    get_compilation_metrics()`` keeps only the last 64 frames (a capped deque) and has no
-    graph-break locations. Same fields as the trace's ``compilation_metrics`` records.
-    Can go with the trace section above.
-    """
-    import dataclasses
-
-    try:
-        from torch._dynamo.utils import get_compilation_metrics
-    except ImportError:
-        return []
-    rows = []
-    for metric in get_compilation_metrics():
-        row = dataclasses.asdict(metric)
-        if (row.get("start_time_us") or 0) >= start_time_us:
-            rows.append(row)
-    return rows
-
-
-def graph_break_counts() -> dict[str, int]:
-    """``torch._dynamo.utils.counters["graph_break"]``: reason -> count, without locations.
-
-    The fallback for graph breaks where the trace is missing. Process-wide, not cleared by
-    ``torch._dynamo.reset()``. Can go with the trace section above.
-    """
-    from torch._dynamo.utils import counters
-
-    return {str(reason): int(n) for reason, n in counters["graph_break"].items()}

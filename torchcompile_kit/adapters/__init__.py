@@ -1,10 +1,6 @@
 """PEFT under torch.compile: refuse what breaks, compile in place, guard what changes at run time.
 
-The topic's API. Modules: :mod:`.schema` (facts, rules, findings), :mod:`.rule_table` (the table,
-data only), :mod:`.evaluation` (which rules are in force, enforcing them), :mod:`.facts`
-(describing a PEFT model), :mod:`.compile` (``check_peft_compile_safety``, ``compile_peft``),
-:mod:`.guard` (the runtime checks), :mod:`.record` (what they decided, as data) and
-:mod:`.cost` (what the hook guards cost). peft is imported only when a PEFT model is described.
+The topic's API; peft is imported only when a PEFT model is described.
 """
 
 from .compile import check_peft_compile_safety, compile_peft

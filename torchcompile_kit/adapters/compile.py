@@ -1,10 +1,7 @@
 """Compile PEFT models safely: refuse known-bad configurations, compile in place, guard at runtime.
 
-The rules (ids, triggers, version ranges, evidence) are the data module :mod:`.rule_table`;
-:mod:`.facts` describes a model for them, :mod:`.evaluation` enforces the result
-(``on_violation="error" | "warn" | "ignore"``, as peft's ``check_compiled``), this module compiles,
-and :mod:`.guard` checks the operations that are only safe in some contexts. peft is imported
-lazily.
+The rules are data (:mod:`.rule_table`), :mod:`.evaluation` enforces them, :mod:`.guard` checks
+what is only safe in some contexts; peft is imported lazily.
 """
 
 from __future__ import annotations
@@ -35,12 +32,11 @@ def check_peft_compile_safety(
     options: dict[str, Any] | None = None,
     on_violation: OnViolation = "error",
 ) -> list[SafetyFinding]:
-    """Apply the PEFT x ``torch.compile`` rule table to ``model`` before it is compiled.
+    """Apply the PEFT x ``torch.compile`` rule table (docs/peft.md) to ``model`` before it is compiled.
 
-    Refusals cover what is known to break or silently miscompute (PEFT applied to a
-    ``torch.compile`` wrapper, inductor ``freezing`` while training, ``fullgraph`` with DoRA or
-    with LoKr/LoHa training, adapter dropout with checkpointing on CUDA);
-    warnings cover graph breaks and untested combinations. See ``docs/peft.md`` for the table.
+    Refusals cover what breaks or silently miscomputes (PEFT on a ``torch.compile`` wrapper, inductor
+    ``freezing`` while training, ``fullgraph`` with DoRA or LoKr/LoHa training, adapter dropout with
+    checkpointing on CUDA); warnings cover graph breaks and untested combinations.
 
     Args:
         model: the uncompiled ``PeftModel``.
@@ -52,16 +48,14 @@ def check_peft_compile_safety(
             refusals into warnings; ``"ignore"`` only returns the findings.
 
     Returns:
-        Every finding (refusals and warnings), in rule-table order; empty when nothing fired.
+        Every finding, in rule-table order; empty when nothing fired.
 
     Raises:
-        UnsafeAdapterConfigError: a refusal fired and ``on_violation="error"``; the message lists
-            every refusal, not just the first.
+        UnsafeAdapterConfigError: a refusal fired with ``on_violation="error"`` (all are listed).
         ValueError: unknown ``on_violation``.
 
     Example:
-        >>> model = get_peft_model(base, LoraConfig(use_dora=True))  # doctest: +SKIP
-        >>> check_peft_compile_safety(model, fullgraph=True)  # doctest: +SKIP
+        >>> check_peft_compile_safety(dora_model, fullgraph=True)  # doctest: +SKIP
         Traceback (most recent call last):
         UnsafeAdapterConfigError: refusing to compile PeftModelForCausalLM: 1 rule violated ...
     """
@@ -99,50 +93,31 @@ def compile_peft(
 ) -> nn.Module:
     """Check a PEFT model, compile it in place, and guard the risky runtime operations.
 
-    Compiling in place (regionally by default) keeps ``state_dict()`` keys free of
-    ``_orig_mod.``, so ``save_pretrained``, ``load_adapter`` and ``set_adapter`` keep working and
-    checkpoints reload both ways. No call runs a stale graph: the compiled regions guard on
-    module hooks (PEFT adds pre-hooks for each ``adapter_names=`` call), and adapter state
-    (``set_adapter``, ``disable_adapter()``, merging, adapters added or deleted later) is guarded
-    by dynamo; each is checked against eager, interleaved (``docs/peft.md``, "PEFT at run
-    time"). After compiling, the model:
-
-    - re-checks the rules when adapters were added or deleted since the last call;
-    - refuses ``adapter_names=`` in a forward when compiled with ``fullgraph=True``;
-    - warns, once, with the count and the fix when it has run in more adapter states (active
-      adapters, disabled, merged, ``adapter_names``) than dynamo's ``recompile_limit``, past
-      which dynamo silently runs eagerly;
-    - with ``regional=False``, warns that ``generate()`` does not use the compiled graph;
-    - with ``generate="eager"`` (the default), runs ``generate()``'s blocks eagerly and says so
-      once (rule ``generate-eager``).
-
-    What was decided, at compile time and at each later call, is kept as data:
-    :func:`get_peft_compile_record` (rule ids, verdicts, messages, evidence, adapter states).
+    Compiling in place (regionally by default) keeps ``state_dict()`` keys free of ``_orig_mod.``,
+    so ``save_pretrained``, ``load_adapter`` and ``set_adapter`` keep working. The compiled regions
+    guard on module hooks (PEFT's ``adapter_names=`` pre-hooks) and dynamo guards adapter state, so
+    no call runs a stale graph. After compiling, the model re-checks the rules when adapters are
+    added or deleted, refuses ``adapter_names=`` under ``fullgraph=True``, warns once when it has run
+    in more adapter states than ``recompile_limit``, and runs ``generate()`` as ``generate=`` says.
+    What was decided is kept as data (:func:`get_peft_compile_record`); docs/peft.md ("PEFT at run
+    time") has each case checked against eager.
 
     Args:
         model: the uncompiled ``PeftModel``, with every adapter you will switch between loaded.
         regional: compile each repeated block (``compile_regional``); ``False`` compiles the whole
             ``PeftModel`` in place with ``model.compile(**compile_kwargs)``.
         on_violation: see :func:`check_peft_compile_safety`; applies to the runtime guards too.
-        hotswap_target_rank: prepare LoRA adapters for compiled hotswapping before compiling
-            (``peft.utils.hotswap.prepare_model_for_compiled_hotswap`` with this target rank, the
-            largest rank you will swap in), so ``hotswap_adapter`` never recompiles.
-        generate: ``"eager"`` runs ``generate()`` with the compiled blocks skipped: a KV-cache
-            decode compiles about 4 graphs per layer (one per ``layer_idx`` for prefill, decode,
-            and each once more when the sequence length turns dynamic), which would exhaust
-            ``recompile_limit``. ``"compiled"`` raises the blocks' limit (for this compile only)
-            by 4 per block so generation runs compiled, at that many compiles. Regional only.
-        hook_guards: guard module hooks in the compiled regions (the fix for ``adapter_names=``
-            reusing a graph traced without PEFT's hooks). ``False`` is dynamo's default and is
+        hotswap_target_rank: prepare LoRA adapters for compiled hotswapping (peft's
+            ``prepare_model_for_compiled_hotswap``, the largest rank you will swap in), so
+            ``hotswap_adapter`` never recompiles.
+        generate: ``"eager"`` (default) runs ``generate()`` with the compiled blocks skipped (a
+            KV-cache decode compiles about 4 graphs per layer); ``"compiled"`` raises the blocks'
+            limit by 4 per block for this compile so generation runs compiled. Regional only.
+        hook_guards: guard module hooks in the compiled regions. ``False`` is dynamo's default and
             unsafe with ``adapter_names=``; it exists to measure what the guards cost.
-        verify: compare the first forward in each adapter state (active adapters, disabled,
-            merged, ``adapter_names=``, grad mode, train/eval: each a new graph) with an eager
-            run of the same call, outputs and, with grad on, the trainable (adapter) gradients,
-            and raise ``CompiledMismatchError`` (recipe, torch version, largest difference)
-            before the call returns if they differ. ``None`` (default) and ``True`` check;
-            ``False`` does not. The cost is a few percent of that state's compile
-            (``docs/peft.md``); ``generate()`` is not checked. A running
-            :class:`~torchcompile_kit.CompileMonitor` records each check.
+        verify: compare the first forward in each adapter state with eager (outputs and adapter
+            gradients) and raise ``CompiledMismatchError`` if they differ. ``None`` (default) and
+            ``True`` check; ``False`` does not.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
             ``dynamic``, ``options``).
 
@@ -151,12 +126,9 @@ def compile_peft(
 
     Raises:
         UnsafeAdapterConfigError: see :func:`check_peft_compile_safety`.
-        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad
-            ``on_violation`` or ``generate``; ``NoRepeatedBlocksError`` when ``regional=True``
-            finds no blocks.
+        ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``on_violation`` or
+            ``generate``; ``NoRepeatedBlocksError`` when ``regional=True`` finds no blocks.
         TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
-        CompiledMismatchError: (at a later forward, not here) the first call in an adapter
-            state differed from eager, with ``verify`` on.
 
     Example:
         >>> model = compile_peft(get_peft_model(base, LoraConfig(r=8)))  # doctest: +SKIP

@@ -30,14 +30,7 @@ __all__ = [
 
 
 def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = None) -> bool:
-    """Whether ``rule`` applies to the given (default: installed) torch.
-
-    Args:
-        rule: a row of :data:`RULES`.
-        torch_version: evaluate against this declared torch version instead of the installed one.
-
-    Returns:
-        ``True`` when the rule should be checked.
+    """Whether ``rule`` applies to ``torch_version`` (default: the installed torch).
 
     Example:
         >>> rule = rule_by_id("cuda-dropout-checkpointing")
@@ -54,14 +47,8 @@ def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = No
 def evaluate_rules(
     facts: AdapterFacts, *, torch_version: str | Version | None = None
 ) -> list[SafetyFinding]:
-    """Apply every static rule in force to ``facts``; no warning or error is emitted here.
-
-    Args:
-        facts: the model and compile plan (``torchcompile_kit.adapters.describe_peft_model``).
-        torch_version: evaluate against this declared torch version instead of the installed one.
-
-    Returns:
-        One :class:`SafetyFinding` per rule that fired, in table order.
+    """One :class:`SafetyFinding` per rule in force (for ``torch_version``, default installed) that
+    fires on ``facts``, in table order; nothing is emitted here.
 
     Example:
         >>> facts = AdapterFacts(model_class="PeftModel", peft_types={"default": "LOKR"},

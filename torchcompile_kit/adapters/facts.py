@@ -22,18 +22,8 @@ def describe_peft_model(
     backend: Any = "inductor",
     options: dict[str, Any] | None = None,
 ) -> AdapterFacts:
-    """Describe ``model`` and the planned compile for the rule table, without changing anything.
-
-    Args:
-        model: a ``PeftModel`` (or a ``torch.compile`` wrapper of one, reported as compiled).
-        fullgraph: the planned ``torch.compile(fullgraph=...)``.
-        training: whether the compiled model will train; ``None`` reads ``model.training``.
-        backend: the planned backend; only ``"inductor"`` matters to the freezing rules.
-        options: the planned inductor ``options``; ``freezing`` is read from here, else from
-            ``torch._inductor.config.freezing``.
-
-    Returns:
-        The :class:`~torchcompile_kit.adapters.schema.AdapterFacts`.
+    """Describe ``model`` and the planned compile (``fullgraph``, ``training``, ``backend``,
+    inductor ``options``) for the rule table, without changing anything.
 
     Example:
         >>> describe_peft_model(get_peft_model(base, LoraConfig())).peft_types  # doctest: +SKIP

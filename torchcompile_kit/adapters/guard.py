@@ -1,21 +1,9 @@
 """Runtime checks on a compiled PEFT model: no stale graph, and the operations only safe in some contexts.
 
-What changes a PEFT model between calls, and what keeps each change from running a stale graph:
-
-- **hooks added per call** (``adapter_names=``: PEFT registers a forward pre-hook on every LoRA
-  layer for the call and removes it after): dynamo does not guard hook dicts by default, so every
-  compiled region is wrapped to compile with hook guards on (``_dynamo.with_module_hook_guards``);
-- **attributes read in forward** (``set_adapter``, ``disable_adapter()``, merge/unmerge, adapters
-  added, deleted or weighted after compiling): dynamo guards module attributes and dict keys since
-  torch 2.5 (inlined ``nn.Module``), so these recompile once per state;
-- **``requires_grad`` flips** (``set_adapter``/``disable_adapter`` freeze and unfreeze adapter
-  weights): part of each parameter's tensor guard;
-- **weights changed in place** (hotswap, a training step, merging): graph inputs, read afresh
-  (except under inductor ``freezing``, refused with training).
-
-``tests/adapters/test_runtime.py`` runs each of them interleaved with plain forwards, a training
-step and ``generate()`` against eager. What this guard decides is recorded in the model's
-:class:`~.record.PeftCompileRecord`.
+Per-call hooks (``adapter_names=``) are guarded by compiling every region with hook guards on;
+adapter attributes, ``requires_grad`` flips and in-place weight changes are guarded by dynamo
+itself (docs/peft.md, "PEFT at run time", checks each against eager). What this decides is
+recorded in the model's :class:`~.record.PeftCompileRecord`.
 """
 
 from __future__ import annotations

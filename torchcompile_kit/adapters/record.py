@@ -1,9 +1,5 @@
-"""What ``compile_peft`` and its runtime guard decided, as data (no warning text to parse).
-
-:class:`PeftCompileRecord` is kept on the compiled model (:func:`get_peft_compile_record`): how it
-was compiled, every rule that fired (at compile time and at each later call) with what was done
-about it, and the adapter states it has run in. Its measured side comes from a
-:class:`~torchcompile_kit.CompileMonitor`, as for a regional plan (:meth:`PeftCompileRecord.report`).
+"""What ``compile_peft`` and its runtime guard decided, as data (:class:`PeftCompileRecord`, kept on
+the model: :func:`get_peft_compile_record`), with its measured side from a ``CompileMonitor``.
 """
 
 from __future__ import annotations
@@ -102,20 +98,10 @@ class PeftCompileRecord:
         return data
 
     def report(self, model: nn.Module, monitor: CompileMonitor) -> Any:
-        """The measured side: what the compiled blocks did under ``monitor``.
-
-        Args:
-            model: the model this record belongs to.
-            monitor: a :class:`~torchcompile_kit.CompileMonitor` that recorded while it ran.
-
-        Returns:
-            The regional plan's report (graphs, recompiles with their guard, breaks and
-            recompile-limit hits per block group), or the monitor's own snapshot for a
-            whole-model compile.
+        """The measured side: the regional plan's report of what the compiled blocks did under
+        ``monitor`` (or the monitor's snapshot for a whole-model compile).
 
         Example:
-            >>> with CompileMonitor() as mon:  # doctest: +SKIP
-            ...     model(**batch)
             >>> print(get_peft_compile_record(model).report(model, mon))  # doctest: +SKIP
             OPTDecoderLayer (2 blocks): 1 graph(s) (predicted 1), 0 recompiles, ...  ok
         """

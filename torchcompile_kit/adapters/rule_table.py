@@ -1,12 +1,8 @@
 """The PEFT x torch.compile rule table: which adapter configurations to refuse, warn about or allow.
 
-Data only: each :class:`~.schema.AdapterRule` names its trigger, the PEFT/torch versions where it
-applies, its evidence (a section of ``docs/peft.md``, which names the test in this repository that
-backs it, or an upstream issue, doc or test) and a message that says what to do instead.
-:mod:`.evaluation` applies the table. Evidence never cites this repository's ``tests/``: an
-installed copy has none.
-
-Where the evidence comes from: ``docs/peft.md`` (measured on CPU with torch 2.13 and peft 0.21.2).
+Data only (:mod:`.evaluation` applies it): each :class:`~.schema.AdapterRule` names its trigger, the
+versions where it applies, its evidence (a section of ``docs/peft.md``, or an upstream issue, doc
+or test; never this repository's ``tests/``, which an installed copy lacks) and what to do instead.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The benchmark command's machinery: ``torchcompile-kit bench`` runs the reference post's experiment.
 
-Modules, one concept each:
-
-- :mod:`.captioner`: the post's model (ViT + GPT-2 captioner) and caption data, ``tiny``/``full-size``;
-- :mod:`.recipes`: the recipe table (the post's rows): each row's setup as data, written as the
-  Python the bench runs and ``tune`` prints;
-- :mod:`.config`: ``MeasureConfig``, how every row (and ``tune`` candidate) is measured;
-- :mod:`.model_spec`: ``--model module:function``, the user's model;
-- :mod:`.batches`: each recipe's batches (padding schemes, buckets);
-- :mod:`.runner`: one recipe in its own fresh process (``run_recipe_isolated``);
-- :mod:`.execute`: what that process runs; :mod:`.metrics`: what it measures;
-  :mod:`.outcome`: ``Metrics`` and ``RecipeResult``, the typed row;
-- :mod:`.paired`: each row's ratio to the baseline that stepped beside it, with its interval,
-  and who else used the CPU meanwhile (what marks a row not to be quoted);
-- :mod:`.results`, :mod:`.report`, :mod:`.charts`, :mod:`.progress`: output.
-
-Only the command line and ``tune`` import this package; nothing below it does.
+One concept per module (the captioner, the recipe table, ``MeasureConfig``, the ``--model`` spec,
+batches, the isolated runner and what its process runs and measures, the typed rows, paired
+ratios, results, report, charts, progress). Only the command line and ``tune`` import it.
 """
 
 from .batches import batch_stream, spec_buckets

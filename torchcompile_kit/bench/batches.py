@@ -1,17 +1,7 @@
-"""The batches a recipe trains on: the captioner's samples padded the recipe's way, or the
-``--model`` spec's ``make_batch(step)``.
-
-Every recipe of a run sees the same samples in the same order (the bucket recipe excepted: its
-sampler groups samples by length), so losses can be compared step by step with eager. Padding
-schemes (the post's and the library's):
-
-- ``max``: every caption padded to the max length (the post's static-shape experiments);
-- ``longest``: to the batch's longest caption, rounded up to a multiple of 8 (the post rounds to 8
-  so SDPA's alignment guard does not recompile);
-- ``multiple_of_32``: to a multiple of 32, at most ``max_length / 32`` static graphs;
-- ``buckets``: :func:`plan_buckets` over the dataset's lengths, :class:`BucketBatchSampler`
-  (every batch from one bucket) and :class:`PadToBucketCollator`; every bucket shape is compiled
-  up front with :func:`warmup_shapes` (inside the warm-up timing).
+"""The batches a recipe trains on: the captioner's samples padded the recipe's way (``max``,
+``longest``, ``multiple_of_32``, ``buckets``; docs/benchmarks.md "Recipes"), or the ``--model``
+spec's ``make_batch(step)``. Every recipe sees the same samples in the same order, the bucket
+recipe excepted (its sampler groups samples by length).
 """
 
 from __future__ import annotations
@@ -44,18 +34,8 @@ def seq_keys(batch: dict[str, Any]) -> list[str]:
 def batch_stream(
     recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any
 ) -> tuple[Iterator[dict[str, Any]], Prepare | None]:
-    """An endless iterator of batches for ``recipe``, and what to run before the first step.
-
-    Args:
-        recipe: the recipe (its ``data`` scheme).
-        spec: the model spec; ``spec.make_batch`` is ``None`` for the built-in captioner.
-        preset: the captioner's sizes (batch size, max length, buckets).
-        device: unused here (steps move batches); kept for symmetry with user specs.
-
-    Returns:
-        ``(batches, prepare)``: ``prepare(forward_backward)`` compiles every shape up front
-        (buckets), or is ``None``.
-    """
+    """``(batches, prepare)`` for ``recipe``: an endless batch iterator, and what compiles every
+    shape up front before the first step (buckets), or ``None``."""
     from torchcompile_kit import (
         BucketBatchSampler,
         PadToBucketCollator,
@@ -120,10 +100,8 @@ def _spec_collator(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset) -> 
 
 
 def spec_buckets(lengths: list[int], preset: CaptionerPreset) -> list[int]:
-    """The buckets the ``buckets`` recipe pads a ``--model`` spec's batches to: planned from the
-    spec's lengths, at most the preset's ``max_buckets``. The spec's own ``make_batch`` decides
-    which samples share a batch (no bucket sampler groups them), so each batch is padded up to
-    the smallest bucket that fits its longest sample.
+    """The buckets the ``buckets`` recipe pads a ``--model`` spec's batches to (planned from its
+    lengths, at most the preset's ``max_buckets``; each batch padded to the smallest that fits).
 
     Example:
         >>> from torchcompile_kit.bench import PRESETS
@@ -138,28 +116,10 @@ def spec_buckets(lengths: list[int], preset: CaptionerPreset) -> list[int]:
 def planned_tokens_per_step(
     recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any, steps: int, *, samples: int = 2048
 ) -> float | None:
-    """Mean computed (padded) tokens per step over a run of ``steps`` steps of ``recipe``'s batches.
-
-    What a long run computes per step, which a few timed steps of a heavy-tailed length mix do
-    not show: ``tune`` scales its measured step time to it. A ``--model`` spec's
-    ``make_batch(step)`` is called at ``samples`` steps spread evenly over the run; the
-    captioner's stream (its pool cycles every 64 batches) is read from the start, at most
-    ``samples`` batches.
-
-    Args:
-        recipe: the recipe (its padding scheme).
-        spec: the model spec.
-        preset: the captioner's sizes.
-        device: passed to :func:`batch_stream`.
-        steps: the planned run's steps.
-        samples: at most this many batches are built.
-
-    Returns:
-        The mean, or ``None`` when the batches carry no token tensor.
-
-    Example:
-        >>> planned_tokens_per_step(RECIPES["eager-longest"], spec, PRESETS["tiny"], "cpu", 20000)  # doctest: +SKIP
-        1412.5
+    """Mean padded tokens per step over a run of ``steps`` steps of ``recipe``'s batches (``None``
+    without a token tensor): what a long run computes per step, to which ``tune`` scales its timed
+    steps. A spec's ``make_batch(step)`` is called at ``samples`` steps spread over the run; the
+    captioner's stream is read from the start.
     """
     from .metrics import real_and_computed
 
@@ -179,20 +139,8 @@ def planned_tokens_per_step(
 
 
 def repad(batch: dict[str, Any], collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
-    """Re-pad a ``--model`` batch the way ``collate`` (a :class:`PadToBucketCollator`) pads.
-
-    Each row's real length is the sum of its attention mask (right padding assumed) or, without
-    a mask, the full width; the row's sequence tensors are cut to it and the rows collated again,
-    so the batch is padded to the bucket of its longest row. Other tensors pass through per row.
-
-    Args:
-        batch: what ``make_batch(step)`` returned.
-        collate: the collator.
-
-    Returns:
-        The re-padded batch, with ``batch``'s keys (``batch`` itself when it has no sequence
-        tensor).
-    """
+    """Re-pad a ``--model`` batch as ``collate`` (a :class:`PadToBucketCollator`) pads: each row cut
+    to its attention mask's length (right padding assumed) and the rows collated again."""
     keys = seq_keys(batch)
     if not keys:
         return batch

@@ -1,15 +1,11 @@
 """The reference post's toy model and data: an image captioner (ViT encoder + GPT-2 decoder) on
 captions of variable length, built from configs with random weights and data made in code.
 
-The reference post, Chaim Rand's "Maximizing AI/ML Model Performance with PyTorch Compilation"
-(Towards Data Science, 2025, https://towardsdatascience.com/maximizing-ai-ml-model-performance-with-pytorch-compilation/), trains a
-``VisionEncoderDecoderModel`` (default ``ViTConfig`` + default ``GPT2Config``, vocab 1024,
-``use_cache=False``, the unused pooler removed) on random 224×224 images and random captions whose
-lengths follow a mix: 90% in [5,31], 9% in [33,63], 1% in [65,255]; batch 64; Adam. The
-``full-size`` preset keeps those sizes; ``tiny`` scales the architecture down so that a whole bench run fits in
-minutes on a 2-core CPU. Dropout is set to 0 in both, so eager and compiled runs take the same
-steps and their losses can be compared (the post keeps the default 0.1; dropout does not change the
-graph's shape or cost much).
+The post (Chaim Rand, "Maximizing AI/ML Model Performance with PyTorch Compilation", Towards Data
+Science, 2025, https://towardsdatascience.com/maximizing-ai-ml-model-performance-with-pytorch-compilation/)
+trains default ``ViTConfig`` + ``GPT2Config`` (vocab 1024) on captions whose lengths are 90% in
+[5,31], 9% in [33,63], 1% in [65,255], batch 64, Adam. ``full-size`` keeps those sizes; ``tiny``
+fits a bench run in minutes on a 2-core CPU. Dropout is 0 in both, so eager and compiled losses compare.
 """
 
 from __future__ import annotations
@@ -77,15 +73,7 @@ PRESETS: dict[str, CaptionerPreset] = {
 
 
 def caption_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[int]:
-    """``n`` caption lengths from the post's mix: 90% U[5,31], 9% U[33,63], 1% U[65,max-1].
-
-    Args:
-        n: how many lengths.
-        seed: seed of the ``random.Random`` that draws them.
-        max_length: the longest caption plus one (the post: 256, so long captions are [65,255]).
-
-    Returns:
-        The lengths, in draw order.
+    """``n`` caption lengths from the post's mix: 90% U[5,31], 9% U[33,63], 1% U[65,max_length-1].
 
     Example:
         >>> len(caption_length_mix(10))
@@ -101,19 +89,8 @@ def caption_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[
 
 
 def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
-    """The post's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, random weights, train mode.
-
-    Args:
-        preset: the sizes.
-        seed: ``torch.manual_seed`` before the weights are drawn, so every recipe starts from
-            the same weights.
-
-    Returns:
-        The model (``use_cache=False``, pooler removed, dropout 0).
-
-    Example:
-        >>> model = build_captioner(PRESETS["tiny"])  # doctest: +SKIP
-    """
+    """The post's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, in train mode, with weights
+    drawn from ``seed`` (every recipe starts from the same weights), ``use_cache=False``, dropout 0."""
     import torch
     from transformers import (
         GPT2Config,
@@ -157,24 +134,9 @@ def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
 
 
 def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` samples like the post's ``FakeDataset``: a random image and a random caption.
-
-    Each sample holds ``pixel_values`` (3×S×S), ``decoder_input_ids`` (START + caption),
-    ``decoder_attention_mask`` (ones) and ``labels`` (caption + END), all of one length drawn from
-    :func:`caption_length_mix`, so any collator (``PadToBucketCollator`` pads ids and mask with 0 and
-    ``labels`` with -100) gives the post's batches.
-
-    Args:
-        preset: the sizes.
-        n: number of samples.
-        seed: seed of the lengths, tokens and images.
-
-    Returns:
-        The samples, in order.
-
-    Example:
-        >>> samples = caption_samples(PRESETS["tiny"], 16)  # doctest: +SKIP
-    """
+    """``n`` samples like the post's ``FakeDataset``: ``pixel_values``, ``decoder_input_ids`` (START +
+    caption), ``decoder_attention_mask`` and ``labels`` (caption + END), of one length drawn from
+    :func:`caption_length_mix`, so any collator gives the post's batches."""
     import torch
 
     lengths = caption_length_mix(n, seed=seed, max_length=preset.max_length)

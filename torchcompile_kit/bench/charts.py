@@ -1,9 +1,5 @@
-"""PNG charts of a bench run: warm-up seconds, steps/s, and the paired ratio to the baseline with
-its 95% interval as error bars, per recipe (headless matplotlib).
-
-matplotlib is an optional extra (``pip install -e ".[bench]"``); without it no chart is written
-and the caller says so. The ``Agg`` backend is selected on a private figure, so no display is
-needed and the user's global matplotlib backend is not changed.
+"""PNG charts of a bench run (warm-up seconds, steps/s, the paired ratio with its interval), with
+matplotlib's ``Agg`` backend on private figures; without matplotlib no chart is written.
 """
 
 from __future__ import annotations
@@ -104,18 +100,8 @@ def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path |
 
 
 def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a results document.
-
-    Args:
-        document: a run's results.
-        out_dir: where to write them.
-
-    Returns:
-        The files written (empty without matplotlib or without ok rows).
-
-    Example:
-        >>> write_charts(load_results("bench-results"), "bench-results")  # doctest: +SKIP
-    """
+    """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a run into ``out_dir``;
+    returns the files (none without matplotlib or ok rows)."""
     if not charts_available():
         return []
     out = Path(out_dir)
@@ -133,17 +119,8 @@ def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> lis
 def write_comparison_chart(
     first: BenchResults, second: BenchResults, path: str | os.PathLike[str], *, labels: Sequence[str] = ("A", "B")
 ) -> Path | None:
-    """Two runs side by side: grouped bars of warm-up seconds and steps/s per recipe.
-
-    Args:
-        first: run A's results.
-        second: run B's results.
-        path: the PNG to write.
-        labels: legend names of A and B.
-
-    Returns:
-        ``path``, or ``None`` without matplotlib or without a recipe both ran.
-    """
+    """Two runs side by side as grouped bars (warm-up seconds, steps/s) in a PNG at ``path``; ``None``
+    without matplotlib or a recipe both ran."""
     if not charts_available():
         return None
     a_rows = {r.name: r.metrics for r in first.rows if r.status == "ok"}

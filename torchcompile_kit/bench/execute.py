@@ -1,9 +1,5 @@
-"""Inside a recipe's process: build the model and batches, apply the recipe, measure, report.
-
-:func:`execute_request` is what ``python -m torchcompile_kit.bench.execute REQUEST.json`` runs
-(:mod:`.runner` starts it in a fresh process). It turns every outcome into a
-:class:`~.runner.RecipeResult`: ``skipped`` when a requirement is missing here (with the reason),
-``failed`` with the exception when the recipe raises, ``ok`` with the metrics otherwise.
+"""Inside a recipe's process: build the model and batches, apply the recipe, measure, report
+(:func:`execute_request`, run as ``python -m torchcompile_kit.bench.execute REQUEST.json``).
 """
 
 from __future__ import annotations
@@ -35,17 +31,7 @@ __all__ = ["execute_request", "missing_requirement"]
 def missing_requirement(
     recipe: Recipe, *, device_type: str, spec: str | None, backend: str = "inductor"
 ) -> str | None:
-    """Why ``recipe`` cannot run here, or ``None`` when it can.
-
-    Args:
-        recipe: the recipe.
-        device_type: ``"cpu"`` or ``"cuda"``.
-        spec: the ``--model`` spec (``None``: the captioner).
-        backend: the compile backend of the run.
-
-    Returns:
-        A sentence for the skipped row, or ``None``.
-    """
+    """Why ``recipe`` cannot run here (a sentence for the skipped row), or ``None`` when it can."""
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
     if "nested" in recipe.requires:
@@ -108,22 +94,13 @@ def _distributed(recipe: Recipe, device: Any) -> Iterator[None]:
 
 
 def execute_request(request: dict[str, Any]) -> RecipeResult:
-    """Run the recipe a runner request names, in this process, and return its result.
+    """Run the recipe a runner request names, in this process, and return its :class:`RecipeResult`
+    (the recipe's exceptions become ``failed`` results).
 
-    With ``request["check"]`` (``"module:function"``), the model's weights are saved before the
-    recipe compiles it, and after the measurement (and after the compile cache is saved) the
-    function is called as ``function(ctx, reference=..., batch=..., recipe=...)``: ``ctx`` is the
-    :class:`RecipeContext` the recipe compiled and trained, ``reference`` a freshly built eager
-    model holding the weights saved before the run, ``batch`` the run's first batch (a shape
-    the run compiled) on the device. What it returns (JSON-able) is ``metrics.check``; an
-    exception there becomes ``{"ok": False, "offending": ...}``.
-
-    Args:
-        request: the JSON the runner wrote (recipe, spec, preset, steps, warmup_steps, backend,
-            compile_overrides, check, cache_dir, result_path).
-
-    Returns:
-        The :class:`RecipeResult`; exceptions of the recipe become ``failed`` results.
+    With ``request["check"]`` (``"module:function"``) the weights are saved before the compile, and
+    after the measurement the function is called as ``function(ctx, reference=, batch=, recipe=)``
+    (``reference``: an eager model with those weights; ``batch``: the run's first batch); its
+    JSON-able return is ``metrics.check``, an exception ``{"ok": False, "offending": ...}``.
     """
     recipe = RECIPES[request["recipe"]]
     preset = PRESETS[request["preset"]]

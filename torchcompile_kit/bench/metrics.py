@@ -1,9 +1,5 @@
-"""What one recipe measures, the way the reference post measures it, and the comparisons across recipes.
-
-In the recipe's process, :func:`measure_training` times the warm-up from a cold start and the
-steady steps (paired with the baseline's eager copy when asked, :mod:`.paired`); across recipes,
-:func:`compare` adds each row's speedup over its baseline, its warm-up ratio and its loss gap. The
-fields are :class:`~.outcome.Metrics`.
+"""What one recipe measures (:func:`measure_training`, the way the reference post measures it) and
+the comparisons across recipes (:func:`compare`); the fields are :class:`~.outcome.Metrics`.
 """
 
 from __future__ import annotations
@@ -39,17 +35,8 @@ _MASK_KEYS = ("decoder_attention_mask", "attention_mask")
 
 
 def real_and_computed(batch: Mapping[str, Any]) -> tuple[int, int]:
-    """(real tokens, computed tokens) of a batch, from its attention mask.
-
-    The decoder's mask when there is one (the captioner's captions), else ``attention_mask``;
-    without a mask every position of ``input_ids``/``decoder_input_ids`` counts as real.
-
-    Args:
-        batch: a collated batch.
-
-    Returns:
-        ``(real, computed)``; ``(0, 0)`` when the batch has no token tensor.
-    """
+    """``(real, computed)`` tokens of a batch from the decoder's or the attention mask (every
+    position real without one; ``(0, 0)`` without a token tensor)."""
     for key in _MASK_KEYS:
         mask = batch.get(key)
         if mask is not None and hasattr(mask, "numel"):
@@ -117,40 +104,14 @@ def measure_training(
     baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]] | None = None,
     block_steps: int | None = None,
 ) -> Metrics:
-    """Run ``warmup_steps + steps`` training steps and measure them.
+    """Run ``warmup_steps + steps`` training steps (``step(batch) -> loss``) and measure them.
 
-    With ``min_steady_s``, the steady steps go on until they have taken that many seconds, so
-    their mean is a stretch of the machine's time and not one burst: a shared machine's speed
-    drifts by a third within a minute with no CPU steal to show it (a captioner's 30 steps said
-    15 ms where its 20,000 steps averaged 24 ms).
-
-    With ``baseline``, the steady steps are *paired* (:mod:`.paired`): after the warm-up the
-    baseline (an eager copy of the model, built then, so it shares neither the warm-up nor its
-    peak memory) is warmed up on the same first batches, then the two step in alternating
-    blocks of ``block_steps`` steps each on the same batch indices (the order swapped every
-    block), so load from other processes that comes and goes hits both sides alike.
-
-    Args:
-        step: one training step, ``step(batch) -> loss`` (a tensor or float); it moves the batch
-            to the device itself.
-        batches: yields at least ``warmup_steps + steps`` batches.
-        warmup_steps: steps timed together as warm-up (compilation happens here).
-        steps: steady steps timed one by one afterwards.
-        device: the training device (synchronized around timings when it is CUDA).
-        before_first_step: called inside the warm-up timing before the first step (e.g.
-            compiling every bucket shape up front).
-        on_step: progress callback ``(step_index, total, phase)``; ``total`` grows when the
-            steady steps are extended to ``min_steady_s``.
-        min_steady_s: time at least this many seconds of steady steps (``steps`` or more); when
-            paired, the seconds of both sides count.
-        max_steps: never time more steady steps than this (``None``: no cap), e.g. the planned
-            run's length.
-        baseline: builds the paired baseline, ``() -> (step, batches)``; ``None``: not paired.
-        block_steps: steps per side in a paired block (``None``: :func:`.paired.block_steps_for`).
-
-    Returns:
-        The run's :class:`~.outcome.Metrics` (timings, tokens, padding, memory, losses, the
-        machine's shares, and ``paired`` when paired).
+    The warm-up is timed as one (compilation happens there; ``before_first_step`` runs inside it).
+    With ``min_steady_s`` the steady steps go on until they took that long (a burst of a few steps
+    measures one moment of a shared machine, not its mean), at most ``max_steps``. With ``baseline``
+    (``() -> (step, batches)``, an eager copy built after the warm-up) the steady steps are paired:
+    the two step in alternating blocks of ``block_steps`` on the same batches (:mod:`.paired`).
+    ``on_step(index, total, phase)`` reports progress. Returns the run's :class:`~.outcome.Metrics`.
     """
     import torch
 
@@ -275,16 +236,9 @@ def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None,
 
 def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
     """Fill ``speedup`` (with its interval), ``warmup_ratio``, ``loss_max_abs_diff`` and
-    ``not_quotable`` of each ok row's :class:`~.outcome.Metrics`, in place.
-
-    ``speedup`` of a paired row (``metrics.paired``, see :mod:`.paired`) is the median of its
-    block ratios to the baseline that stepped beside it, with its 95% interval; a row that was
-    not paired divides its steps/s by the baseline row's (``speedup_paired=False``).
-
-    Args:
-        rows: the :class:`~.outcome.RecipeResult` rows.
-        recipes: name -> recipe (its ``baseline`` and ``loss_reference`` names); rows whose recipe
-            is unknown (a custom ``tune`` row) compare with ``"eager"``.
+    ``not_quotable`` of each ok row's :class:`~.outcome.Metrics`, in place: a paired row's speedup is
+    the median of its block ratios; an unpaired row divides its steps/s by its baseline row's. Rows
+    of an unknown recipe (a custom ``tune`` row) compare with ``"eager"``.
     """
     from .paired import not_quotable, paired_ratio
 

@@ -1,22 +1,8 @@
 """``--model module:function``: the user's own model for ``bench`` and ``tune``.
 
-The contract (also documented in ``docs/benchmarks.md`` and ``docs/tune.md``): ``function()``
-takes no arguments and returns ``(model, make_batch)``, ``(model, make_batch, lengths)`` or
-``(model, make_batch, lengths, optimizer)``:
-
-- ``model`` is an ``nn.Module`` in the state to train (on the device to train on);
-- ``make_batch(step: int) -> dict`` gives the batch of step ``step`` (deterministic in ``step``,
-  so every recipe sees the same batches); ``model(**batch)`` must work and its output has a
-  ``.loss`` (a transformers ``ModelOutput``), is a ``dict`` with ``"loss"``, or is the loss;
-- ``lengths`` (optional, may be ``None``) are the dataset's sequence lengths, for the bucket
-  recipes;
-- ``optimizer`` (optional) is the ``torch.optim.Optimizer`` to train with, built on
-  ``model.parameters()``; without it the recipes train with ``Adam(lr=1e-4)``. The recipes
-  compile the model in place, so its parameters, and the optimizer's, stay the same tensors.
-
-``module`` is a dotted module name importable from the current directory (``mypkg.models``) or a
-path to a ``.py`` file (``models/build.py:build``). The spec is a string on purpose: each recipe
-runs in its own process, which loads it again from the string.
+``function()`` returns ``(model, make_batch[, lengths[, optimizer]])``; the contract is in
+docs/benchmarks.md ("Your own model: --model"). The spec is a string on purpose: each recipe runs in its own
+process, which loads it again from the string.
 """
 
 from __future__ import annotations
@@ -67,16 +53,7 @@ class ModelSpec:
 
 
 def parse_model_spec(text: str) -> tuple[str, str]:
-    """Split ``"module:function"`` into its parts, or raise a clear error.
-
-    Args:
-        text: the spec, e.g. ``"mypkg.models:build"`` or ``"models/build.py:build"``.
-
-    Returns:
-        ``(module, function)``.
-
-    Raises:
-        ModelSpecError: no ``:``, or an empty part.
+    """``"module:function"`` as ``(module, function)``, or ``ModelSpecError``.
 
     Example:
         >>> parse_model_spec("mypkg.models:build")
@@ -108,23 +85,8 @@ def _import(module: str) -> Any:
 
 
 def load_model_spec(text: str) -> ModelSpec:
-    """Import ``module``, call ``function()`` and check what it returns.
-
-    Args:
-        text: ``"module:function"`` (see the module docstring for the contract).
-
-    Returns:
-        The :class:`ModelSpec`.
-
-    Raises:
-        ModelSpecError: the spec is malformed, the module does not import, the function is
-            missing or not callable, raises, or returns something other than
-            ``(model, make_batch[, lengths])``.
-
-    Example:
-        >>> spec = load_model_spec("tests.bench.user_model:build")  # doctest: +SKIP
-        >>> spec.model(**spec.make_batch(0)).loss  # doctest: +SKIP
-    """
+    """Import ``module``, call ``function()`` and check what it returns: the :class:`ModelSpec`, or
+    ``ModelSpecError`` saying what is wrong with the spec, the import, the call or its return."""
     module_name, function_name = parse_model_spec(text)
     try:
         module = _import(module_name)
@@ -228,23 +190,11 @@ def _check_lengths(text: str, lengths: Any) -> list[int]:
 
 
 def portable_model_spec(text: str) -> tuple[str, str | None]:
-    """The spec as a script started from any directory can load it again.
+    """``(spec, sys_path_entry)``: the spec as a script started from any directory loads it again.
 
-    A file spec gets its absolute path. A module spec keeps its name, and comes with the
-    ``sys.path`` entry it imports from here (the directory that holds ``mypkg`` for
-    ``mypkg.models``), unless that is the interpreter's own ``site-packages``: a script that
-    inserts the entry imports the same module wherever it runs. Call it where the spec loads
-    (from the same directory, with the same ``sys.path``).
-
-    Args:
-        text: ``"module:function"`` or ``"path/file.py:function"``.
-
-    Returns:
-        ``(spec, sys_path_entry)``; the entry is ``None`` for a file spec, an installed module
-        or a namespace package.
-
-    Raises:
-        ModelSpecError: the spec is malformed or its module cannot be found.
+    A file spec gets its absolute path; a module spec keeps its name, with the ``sys.path`` entry it
+    imports from here (``None`` for an installed module or a namespace package). ``ModelSpecError``
+    when the spec is malformed or its module cannot be found.
 
     Example:
         >>> portable_model_spec("torchcompile_kit.tuning.examples:tiny_llama")[0]
@@ -278,16 +228,8 @@ def portable_model_spec(text: str) -> tuple[str, str | None]:
 
 
 def loss_of(output: Any) -> Any:
-    """The loss tensor of a model output: ``output.loss``, ``output["loss"]`` or ``output``.
-
-    Args:
-        output: what ``model(**batch)`` returned.
-
-    Returns:
-        The scalar loss tensor.
-
-    Raises:
-        ModelSpecError: the output has no loss.
+    """The loss tensor of a model output (``output.loss``, ``output["loss"]`` or ``output``), or
+    ``ModelSpecError``.
 
     Example:
         >>> loss_of({"loss": 1.0})

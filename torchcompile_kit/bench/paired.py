@@ -1,27 +1,9 @@
 """Numbers that hold on a busy machine: paired ratios with an interval, and who else used the CPU.
 
-Dividing a row's steps/s by the baseline row's, measured minutes earlier in another process, lets
-load from any other process that comes and goes between the two flip the ratio (the same compiled
-code read 1.0× and 3.5× eager in one run). So the recipe's process also builds an eager copy of
-the model (the group's baseline recipe) and, after the warm-up, steps the two in alternating
-*blocks* on the same batches (:func:`.metrics.measure_training`): load that comes and goes hits
-both sides. This module turns those blocks into the ratio and its interval,
-says whether the machine got in the way, and pools the rows of ``--repeat``:
-
-- :func:`ratio_interval`: the median of the per-block ratios (the baseline's median step ÷ the
-  recipe's, in the block) with a bootstrap confidence interval (:func:`scipy.stats.bootstrap`); for a recipe whose
-  batches are not the baseline's (``buckets``: its sampler groups samples by length), the ratio
-  of the two sides' total time over all blocks, bootstrapped over blocks (a per-block ratio would
-  compare different batch mixes);
-- :func:`cpu_snapshot` / :func:`neighbour_share`: the share of the machine's CPU time that
-  processes other than this one and its children used (psutil), which the hypervisor's steal
-  does not show (a neighbour on the same VM);
-- :func:`not_quotable`: why a row's timings should not be quoted (wide interval, neighbours,
-  steal), empty when they can be;
-- :func:`merge_repeats`: the runs of one row under ``--repeat`` as one row, blocks pooled.
-
-psutil and scipy are the ``bench`` extra's; without psutil the neighbours are not measured
-(``None``), without scipy the interval is the block ratios' interquartile range.
+The recipe's process steps an eager copy and the recipe in alternating blocks on the same batches
+(:func:`.metrics.measure_training`); this module turns the blocks into a ratio with a bootstrap
+interval, says whether other processes or the hypervisor took the CPU, and pools ``--repeat``
+runs. docs/benchmarks.md ("Reading the intervals") says what each figure means.
 """
 
 from __future__ import annotations
@@ -67,13 +49,9 @@ _RESAMPLES = 2000
 
 
 def block_steps_for(steps: int) -> int:
-    """Steps per side in one block: one or two, so that ``steps`` steady steps make many blocks.
-
-    Short blocks keep the two sides close in time (load that switches on and off hits both) and
-    keep a rare slow step (a thread descheduled by another process) inside few blocks, which the
-    median then outvotes (on a 2-core machine with another job using more than a core, 60 blocks
-    of 2 steps kept the ratio of one compiled model to eager within 3% where 20 blocks of 6 moved
-    it by 20%); many blocks give the median a narrow interval.
+    """Steps per side in one block: short blocks keep the two sides close in time, and many blocks
+    let the median outvote a rare slow step (60 blocks of 2 held a ratio within 3% under load where
+    20 blocks of 6 moved it by 20%).
 
     Example:
         >>> block_steps_for(20), block_steps_for(120), block_steps_for(600)
@@ -91,21 +69,10 @@ def ratio_interval(
 ) -> dict[str, Any]:
     """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
 
-    Args:
-        base_s: seconds the baseline took in each block.
-        recipe_s: seconds the recipe took in the same blocks (same steps, same batches).
-        same_batches: both sides stepped on the same samples in each block: the ratio is the
-            median of the per-block ratios. ``False`` (their batches differ, e.g. ``buckets``):
-            the ratio of the two sides' total seconds, bootstrapped over blocks.
-        confidence: the interval's confidence level.
-
-    Returns:
-        ``ratio``, ``low``, ``high`` (``None`` with fewer than :data:`MIN_BLOCKS` blocks),
-        ``blocks``, ``method`` (``"median of block ratios"`` or ``"ratio of totals"``, with
-        ``", bootstrap"`` or ``", IQR"`` for the interval) and ``confidence``.
-
-    Raises:
-        ValueError: the sides have different lengths, no block, or a non-positive time.
+    The median of the per-block ratios when both sides stepped on the same samples
+    (``same_batches``), else the ratio of total seconds bootstrapped over blocks. Returns ``ratio``,
+    ``low``, ``high`` (``None`` under :data:`MIN_BLOCKS` blocks), ``blocks``, ``method`` and
+    ``confidence``; raises ``ValueError`` on unequal sides, no block or a non-positive time.
 
     Example:
         >>> r = ratio_interval([0.2] * 10, [0.1] * 10)
@@ -245,10 +212,8 @@ def cpu_snapshot() -> CpuSnapshot | None:
 
 
 def neighbour_share(before: CpuSnapshot | None, after: CpuSnapshot | None) -> float | None:
-    """The share of the machine's CPU time that *other* processes used between two snapshots.
-
-    The machine's busy CPU seconds minus this process tree's, over all CPUs' seconds: another
-    job on the same machine or VM, which the hypervisor's steal does not count.
+    """The share of the machine's CPU time that *other* processes used between two snapshots (what
+    the hypervisor's steal does not count).
 
     Example:
         >>> neighbour_share(CpuSnapshot(busy_s=10, total_s=100, own_s=5),
@@ -265,14 +230,7 @@ def neighbour_share(before: CpuSnapshot | None, after: CpuSnapshot | None) -> fl
 
 
 def not_quotable(metrics: Metrics) -> list[str]:
-    """Why a row's timings should not be quoted; empty when they can be.
-
-    Args:
-        metrics: a row's metrics: its speedup and interval (paired rows), and the machine's
-            shares (``cpu_neighbours``, ``cpu_neighbours_steady``, ``cpu_steal``).
-
-    Returns:
-        One short reason per problem.
+    """Why a row's timings should not be quoted (wide interval, neighbours, steal); empty when they can be.
 
     Example:
         >>> not_quotable(Metrics(cpu_neighbours=0.31, cpu_steal=0.0))
@@ -307,18 +265,9 @@ _MEDIAN_KEYS = ("warmup_s", "first_step_s", "tokens_per_s", "cpu_neighbours", "c
 
 
 def merge_repeats(results: Sequence[Any]) -> Any:
-    """The runs of one recipe under ``--repeat`` as one result.
-
-    Steady steps and paired blocks are pooled (the interval then covers every run's blocks);
-    warm-up, tokens/s, memory and the machine's shares are the runs' medians; losses, counts and
-    notes are the first ok run's. ``metrics.repeats`` keeps each run's own figures.
-
-    Args:
-        results: the :class:`~.outcome.RecipeResult` of each run, in order.
-
-    Returns:
-        One :class:`~.outcome.RecipeResult` (the last run's when none is ok).
-    """
+    """The runs of one recipe under ``--repeat`` as one result: steady steps and paired blocks
+    pooled, warm-up, tokens/s, memory and machine shares the runs' medians, the rest the first ok
+    run's; ``metrics.repeats`` keeps each run's own figures."""
     ok = [r for r in results if r.status == "ok"]
     if len(results) == 1 or not ok:
         return results[-1]

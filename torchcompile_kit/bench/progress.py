@@ -1,8 +1,5 @@
-"""A live progress display per recipe: ``rich`` on a terminal (the ``bench`` extra), else plain
-lines. The runner's children report their phases and steps as events; this turns them into a bar,
-or, when the output goes to a file or a CI log, into a line per phase and a step line at most
-every ``interval_s`` seconds, each with the time spent, and after each recipe the run's elapsed
-time and an estimate of what remains.
+"""A live progress display per recipe: ``rich`` on a terminal (the ``bench`` extra), else a line
+per phase and a step line at most every ``interval_s`` seconds, and an estimate of what remains.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The recipe table: the reference post's rows, each a way to compile the same model and feed it batches.
 
-A :class:`Recipe` is data: its group, what it needs (CUDA, the compile cache, ...), how its
-batches are padded, and how it compiles the model and optimizer. :func:`setup_source` writes that
-as Python with the library's *public* helpers only; the bench runs those lines
-(:func:`apply_recipe`, so the bench doubles as the user's integration test) and ``tune`` prints
-them in its snippet. ``tune``'s candidates, its correctness gate and its snippet all read these
-rows; nothing else describes a recipe.
-
-Groups follow the reference post (docs/index.md): ``static`` (pad to max), ``dynamic`` (variable
-caption length), ``warm-up`` (cold vs warm compile, regional, the nested hybrid), ``distributed``
-(DDP, 2 ranks). ``default=False`` rows are opt-in (name them, or ``--all``): they are heavy on a CPU.
+A :class:`Recipe` is data; :func:`setup_source` writes it as Python with the library's public
+helpers, which the bench runs (:func:`apply_recipe`) and ``tune`` prints. ``tune``'s candidates,
+gate and snippet read these rows; nothing else describes a recipe. Groups follow the post
+(docs/benchmarks.md "Recipes"); ``default=False`` rows are opt-in (name them, or ``--all``).
 """
 
 from __future__ import annotations
@@ -110,17 +104,9 @@ def setup_source(
     overrides: dict[str, Any] | None = None,
     transformers_model: bool = False,
 ) -> list[str]:
-    """The recipe's setup as lines of Python acting on ``model`` and ``optimizer``.
-
-    Args:
-        recipe: the recipe.
-        backend: the ``torch.compile`` backend (written only when not ``"inductor"``).
-        overrides: keyword arguments written over the recipe's (``{"fullgraph": False}``).
-        transformers_model: the model holds a transformers model: a whole-model compile pins
-            its loss first (``fix_loss_function``), so the loss does not break the graph.
-
-    Returns:
-        The lines, imports first; empty for an eager recipe.
+    """The recipe's setup as lines of Python acting on ``model`` and ``optimizer`` (imports first;
+    empty for an eager recipe). ``backend`` is written unless ``"inductor"``; ``overrides`` are written
+    over the recipe's kwargs; with ``transformers_model`` a whole-model compile pins the loss first.
 
     Example:
         >>> print("\\n".join(setup_source(RECIPES["full"], transformers_model=True)))
@@ -257,13 +243,7 @@ RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in _recipes()}
 
 
 def default_recipe_names(*, device_type: str) -> list[str]:
-    """The recipes ``bench`` runs when none is named, in table order.
-
-    Args:
-        device_type: ``"cpu"`` or ``"cuda"``; rows that need CUDA are left out elsewhere.
-
-    Returns:
-        Names from :data:`RECIPES`.
+    """The recipes ``bench`` runs when none is named, in table order (CUDA rows only on CUDA).
 
     Example:
         >>> "eager" in default_recipe_names(device_type="cpu")

@@ -57,15 +57,7 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def render_table(header: Sequence[str], body: Sequence[Sequence[str]], *, markdown: bool = False) -> str:
-    """Aligned text (or Markdown) table.
-
-    Args:
-        header: column labels.
-        body: rows of cells (strings).
-        markdown: a GitHub Markdown table instead of aligned text.
-
-    Returns:
-        The table, lines joined with newlines.
+    """An aligned text (or GitHub Markdown) table of string cells.
 
     Example:
         >>> print(render_table(["a", "b"], [["1", "22"]]))
@@ -106,15 +98,7 @@ def _status_note(row: RecipeResult) -> str:
 
 
 def format_results(document: BenchResults, *, markdown: bool = False) -> str:
-    """The run's tables, one per group, with the setup line and failures/skips under each.
-
-    Args:
-        document: a run's results.
-        markdown: Markdown tables (for docs) instead of aligned text.
-
-    Returns:
-        The text.
-    """
+    """A run's tables, one per group, with the setup line and failures/skips under each."""
     env, settings = document.environment, document.settings
     out = [
         (f"torchcompile-kit bench — {settings.get('model', '?')}, preset {settings.get('preset')}, "
@@ -155,11 +139,8 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
 
 
 def restart_path(metrics: Metrics) -> str | None:
-    """Which path a warm row's restart took, from what its run counted (``None``: not a warm row).
-
-    Dynamo's frames traced in the row (``CompileMonitor``) say whether the Python was traced
-    again; torch's FX-graph and AOTAutograd cache counters after the load say whether the
-    compiled graphs came from the artifact.
+    """Which path a warm row's restart took (``None``: not a warm row), from the frames dynamo traced
+    and torch's FX-graph and AOTAutograd cache counters after the load.
 
     Example:
         >>> restart_path(Metrics(cache_loaded=True, monitor={"frames": 1},
@@ -184,13 +165,9 @@ def restart_path(metrics: Metrics) -> str | None:
 
 
 def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
-    """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step,
-    and the whole restart, compiler import + cache load + model build + first step, ÷ the cold
-    row's import + build + first step (when both rows measured them).
-
-    A ratio derived from a row that is not quotable (``metrics.not_quotable``: measured with
-    other processes on the CPU, or too wide an interval) says so, with the reasons. Both rows import the compiler before anything is timed, and the model build (where a load's
-    background ISA probe runs) is shown for both, so the ratio compares compile costs only.
+    """For each warm row whose cold row ran too: (cache load + first step) ÷ the cold first step, and
+    the whole restart (compiler import + load + build + first step) ÷ the cold row's, noting rows
+    that are not quotable.
 
     Example:
         >>> cold = RecipeResult(name="full", status="ok", metrics=Metrics(first_step_s=50.0, build_s=1.8))
@@ -234,17 +211,7 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
 def format_comparison(
     first: BenchResults, second: BenchResults, *, labels: Sequence[str] = ("A", "B"), markdown: bool = False
 ) -> str:
-    """Two runs side by side: warm-up seconds and steps/s of each recipe, and B ÷ A.
-
-    Args:
-        first: run A's results.
-        second: run B's results.
-        labels: names of the two columns groups (e.g. directory names).
-        markdown: Markdown instead of aligned text.
-
-    Returns:
-        The table, with one line per run saying what it ran on.
-    """
+    """Two runs side by side (warm-up seconds, steps/s, B ÷ A per recipe), as text or Markdown."""
     a_rows = {row.name: row.metrics for row in first.rows}
     b_rows = {row.name: row.metrics for row in second.rows}
     names = list(a_rows) + [n for n in b_rows if n not in a_rows]

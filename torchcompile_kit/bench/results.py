@@ -1,9 +1,5 @@
-"""``results.json``: what a bench run writes (:class:`BenchResults`), and how ``report`` reads it.
-
-Schema ``torchcompile-kit/bench-results/1``: the environment (date, commit, versions, machine),
-the settings the run was asked for, start and end, and one :class:`~.outcome.RecipeResult` per
-recipe, whose :class:`~.outcome.Metrics` hold every measurement (losses and step times
-included) and the comparisons across rows. A failed row keeps its error, a skipped row its reason.
+"""``results.json`` (schema ``torchcompile-kit/bench-results/1``): what a bench run writes
+(:class:`BenchResults`: environment, settings, one row per recipe), and how ``report`` reads it.
 """
 
 from __future__ import annotations
@@ -111,18 +107,8 @@ def build_results(
     results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
     complete: bool = True,
 ) -> BenchResults:
-    """The results document of a run: environment, settings and one row per recipe.
-
-    Args:
-        results: the recipes' results, in run order.
-        settings: what the run was asked for (preset, steps, backend, model, recipes, command).
-        started: when the run started (:func:`now`).
-        complete: every recipe of ``settings["recipes"]`` has run. ``bench`` writes the document
-            after each row with ``False`` (``report`` renders it, saying what is missing).
-
-    Returns:
-        The document, with the cross-recipe comparisons filled in (on copies of ``results``).
-    """
+    """The results document of a run, the cross-recipe comparisons filled in (on copies of
+    ``results``); ``complete=False`` while rows are still to come (``report`` says what is missing)."""
     rows = [RecipeResult.from_dict(result.to_dict()) for result in results]
     for row in rows:
         recipe = RECIPES.get(row.name)
@@ -149,20 +135,8 @@ def write_results(out_dir: str | os.PathLike[str], document: BenchResults) -> Pa
 
 
 def load_results(path: str | os.PathLike[str]) -> BenchResults:
-    """Read a results document from a run directory or a ``results.json`` path, and check it.
-
-    Args:
-        path: the ``--out`` directory of a run, or the JSON file itself.
-
-    Returns:
-        The document.
-
-    Raises:
-        ResultsFileError: no such file, not JSON, or not a bench results document.
-
-    Example:
-        >>> doc = load_results("bench-results")  # doctest: +SKIP
-    """
+    """Read and check the results of a run directory or ``results.json`` path; ``ResultsFileError``
+    when there is no such file or it is not a bench results document."""
     file = Path(path)
     if file.is_dir():
         file = file / RESULTS_FILE

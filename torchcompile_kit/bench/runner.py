@@ -1,20 +1,10 @@
 """Run one recipe in its own fresh process, so no recipe's warm caches flatter another.
 
-The interface ``bench`` and ``tune`` build on (kept stable)::
-
-    result = run_recipe_isolated("full", spec=None, config=MeasureConfig(preset="tiny"),
-                                 out_dir="bench-out", timeout_s=None)
-    result.status      # "ok" | "failed" | "skipped"
-    result.metrics     # Metrics (outcome.py: warmup_s, steps_per_s, tokens_per_s, ...)
-    result.error       # traceback tail when failed; result.reason when skipped
-
-Each call starts ``python -m torchcompile_kit.bench.execute REQUEST.json`` with an empty
-``TORCHINDUCTOR_CACHE_DIR`` (and Triton cache) of its own under ``out_dir/_work/<recipe>``: a true
-cold start. Warm-start recipes (``cache_from``) get an empty directory too and load the artifact
-that their cold recipe saved with the library's ``save_compile_cache`` in ``out_dir/caches``.
-The child writes its :class:`RecipeResult` as JSON and reports progress as JSON lines on stdout
-(``on_event`` receives them); its stderr goes to ``out_dir/logs/<recipe>.log``. A recipe that
-raises, crashes or times out is a ``failed`` result with its error, never an exception here.
+``run_recipe_isolated`` starts ``python -m torchcompile_kit.bench.execute REQUEST.json`` with an
+empty inductor (and Triton) cache dir of its own under ``out_dir/_work/<recipe>``; warm-start
+recipes load the artifact their cold recipe saved in ``out_dir/caches``. The child reports progress
+as JSON lines on stdout and its result as JSON; its stderr goes to ``out_dir/logs/<recipe>.log``.
+A recipe that raises, crashes or times out is a ``failed`` result, never an exception here.
 """
 
 from __future__ import annotations
@@ -56,27 +46,19 @@ def run_recipe_isolated(
 
     Args:
         recipe: a name from :data:`torchcompile_kit.bench.recipes.RECIPES`.
-        spec: ``None`` for the post's captioner at the config's preset, or a
-            ``"module:function"`` model spec (see :mod:`torchcompile_kit.bench.model_spec`),
-            loaded again in the child.
+        spec: ``None`` for the post's captioner, or a ``"module:function"`` model spec, loaded again
+            in the child.
         config: preset, backend, steps, warm-up steps and the steady seconds to time.
         out_dir: the run's directory (``caches/``, ``logs/`` and ``_work/`` go under it).
         timeout_s: kill the child after this many seconds (a ``failed`` result); ``None``: never.
-        compile_overrides: JSON-able ``torch.compile`` keyword arguments merged over the
-            recipe's own (``{"mode": "max-autotune"}``); what ``tune`` varies.
-        on_event: called with each progress event of the child (``{"event": "step", ...}``).
-        plan_steps: also report ``plan_tokens_per_step``, the mean padded tokens per step of a
-            run of this many steps of the recipe's batches (what ``tune`` scales step time to).
-            It also caps the steady steps ``config.steady_s`` adds.
-        check: ``"module:function"`` called in the recipe's process after the measurement, on
-            the recipe's own compiled model (no second compile), to check it against eager
-            (``tune``'s correctness gate); its JSON-able answer is ``metrics.check``. See
-            :func:`torchcompile_kit.bench.execute.execute_request` for what it is given.
-        pair_with: an eager baseline recipe (``"eager"``, ``"eager-longest"``) whose eager copy
-            of the model steps beside the recipe's, in alternating blocks after the warm-up, so
-            the ratio between them holds when the machine's load changes
-            (:mod:`torchcompile_kit.bench.paired`; ``metrics.paired``). ``None``, or the
-            recipe itself: not paired. The copy costs the memory of a second model.
+        compile_overrides: JSON-able ``torch.compile`` kwargs merged over the recipe's own.
+        on_event: called with each progress event of the child.
+        plan_steps: also report ``plan_tokens_per_step`` for a run of this many steps; it also caps
+            the steady steps.
+        check: ``"module:function"`` called in the child on the recipe's compiled model after the
+            measurement (``tune``'s gate; see :func:`~torchcompile_kit.bench.execute.execute_request`).
+        pair_with: an eager baseline recipe whose eager copy steps beside the recipe's in alternating
+            blocks (:mod:`torchcompile_kit.bench.paired`); ``None`` or the recipe itself: not paired.
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.

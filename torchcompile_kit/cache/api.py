@@ -1,15 +1,5 @@
-"""``save_compile_cache`` / ``load_compile_cache``: one artifact in, one artifact out, never wrong.
-
-A save bundles torch's mega-cache (``torch.compiler.save_cache_artifacts``) with the compiled
-kernel folders of the inductor cache dir, under an environment header and a content hash
-(:mod:`.artifact`), and stores it atomically (:mod:`.storage`). A load verifies the hash, refuses
-an artifact built in another environment (naming the field and both values), installs the
-kernels without exposing partial files, then hot-loads the mega-cache. Whatever goes wrong on a
-load is a :class:`~torchcompile_kit.errors.CompileCacheWarning` and a falsy result: the run goes
-on with a cold compile.
-
-In a distributed job (``torch.distributed`` initialised) rank 0 writes and every rank reads;
-``save_compile_cache`` is then collective (a barrier after the write).
+"""``save_compile_cache`` / ``load_compile_cache``: one artifact in, one out, never wrong (a load
+that goes wrong is a ``CompileCacheWarning`` and a falsy result; rank 0 writes, every rank reads).
 """
 
 from __future__ import annotations
@@ -87,17 +77,10 @@ class CacheLoadResult:
         return self.loaded
 
     def cache_stats(self) -> dict[str, int]:
-        """FX-graph and AOTAutograd cache hits/misses since this load (torch's counters).
-
-        Call it after the first step: a load only places files, the hits happen when a graph is
-        compiled. ``torch._dynamo.reset()`` clears the counters; they then count from zero.
-
-        Returns:
-            ``{"fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit",
-            "autograd_cache_miss"}`` counts.
+        """FX-graph and AOTAutograd cache hits/misses since this load; call it after the first step (a
+        load only places files). ``torch._dynamo.reset()`` restarts the counters.
 
         Example:
-            >>> result = load_compile_cache("ckpt/compile-cache.tck")  # doctest: +SKIP
             >>> train_step(batch); result.cache_stats()["fxgraph_cache_hit"]  # doctest: +SKIP
             4
         """
@@ -159,28 +142,24 @@ def _rank() -> int | None:
 
 
 def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True) -> CacheSaveResult:
-    """Save everything inductor compiled (or loaded) in this process to ``path``.
+    """Save everything inductor compiled (or loaded) in this process to ``path``, atomically.
 
-    Bundles torch's mega-cache with the compiled kernel folders of the inductor cache dir (every
-    kernel there: point ``TORCHINDUCTOR_CACHE_DIR`` at a per-job folder to keep it small), under
-    an environment header and a content hash, written atomically. In a distributed job only rank
-    0 writes; every rank must call it (a barrier follows the write, so on return the artifact is
-    there for all ranks).
+    The mega-cache and every kernel of the inductor cache dir (point ``TORCHINDUCTOR_CACHE_DIR`` at a
+    per-job folder to keep it small), under an environment header and a content hash. In a
+    distributed job every rank calls it; rank 0 writes and a barrier follows.
 
     Args:
-        path: a local file path or an fsspec URL (``s3://b/k.tck``, ``memory://x``); a folder
-            (existing, or ending in ``/``) gets ``compile-cache.tck`` inside it.
+        path: a local file path or fsspec URL; a folder (existing, or ending in ``/``) gets
+            ``compile-cache.tck`` inside it.
         barrier: in a distributed job, wait for rank 0's write before returning.
 
     Returns:
         A :class:`CacheSaveResult`, falsy when nothing was written (and why).
 
     Raises:
-        ImportError: ``path`` is a URL and fsspec is not installed
-            (``pip install 'torchcompile-kit[remote]'``).
+        ImportError: ``path`` is a URL and fsspec is not installed.
 
     Example:
-        >>> train_step(batch)  # compiles  # doctest: +SKIP
         >>> save_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
         CacheSaveResult(path='s3://bucket/run-7/compile-cache.tck', saved=True, ...)
     """
@@ -275,23 +254,18 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
 def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     """Load a compile cache saved by :func:`save_compile_cache`, if it is whole and fits.
 
-    Call it in a fresh process before the first compiled step. The artifact is verified (length,
-    content hash), its environment header compared field by field with this process (torch and
-    git version, Python, machine, device, CUDA/HIP and GPU names, Triton, CPU ISA and
-    ``ATEN_CPU_CAPABILITY``, thread count); the kernels are installed into the inductor cache dir
-    (staged aside, moved in whole), then the mega-cache is hot-loaded. When it holds CPU
-    kernels, inductor's once-per-process CPU vector-ISA probe is started on a background thread
-    (``cpu_isa_probe_started``; the first compile waits for it): load before building the model
-    and the probe runs beside the build instead of inside the first step. Every rank of a
-    distributed job reads. The artifact holds pickles: load only from storage you trust.
+    Call it in a fresh process before the first compiled step (and before building the model: the
+    CPU ISA probe then runs beside the build). The artifact's hash and environment header are
+    checked, the kernels installed into the inductor cache dir and the mega-cache hot-loaded. It
+    holds pickles: load only from storage you trust.
 
     Args:
         path: a local file path or an fsspec URL, as given to :func:`save_compile_cache`.
 
     Returns:
-        A :class:`CacheLoadResult`, truthy only when something was loaded; ``reason`` and
-        ``mismatches`` say why not. Absent artifacts are silent (a first run); corrupt, truncated,
-        empty or mismatched ones also emit a :class:`CompileCacheWarning`.
+        A :class:`CacheLoadResult`, truthy only when something was loaded (``reason`` and
+        ``mismatches`` say why not). An absent artifact is silent; a corrupt or mismatched one also
+        emits a :class:`CompileCacheWarning`.
 
     Raises:
         ImportError: ``path`` is a URL and fsspec is not installed.

@@ -5,15 +5,9 @@ Layout (little-endian)::
     b"TCKCACHE" | u32 format_version | u32 header_len | u64 body_len | sha256(header + body)
     | header (UTF-8 JSON: environment + contents) | body (zlib of the entries)
 
-An entry is ``u32 name_len | name | u32 mode | u64 size | bytes``; the names are
-``"mega-cache"`` (torch's mega-cache bytes) and ``"kernels/<2 chars>/<file>"`` (the compiled
-kernel folders of the inductor cache dir: on CPU the mega-cache holds generated C++ but not the
-built ``.so``, so without them gcc runs again — measured by hand: 0.79x of cold vs 0.06x with them).
-
-Every length is checked and the hash covers header and body, so an empty, truncated,
-half-uploaded or bit-flipped artifact is rejected before anything is unpacked. Kernel files are
-written into a hidden staging folder inside the cache dir and moved into place one by one with
-``os.replace``: inductor only ever sees whole files.
+An entry is ``u32 name_len | name | u32 mode | u64 size | bytes``, named ``"mega-cache"`` or
+``"kernels/<2 chars>/<file>"`` (the built kernels, which the mega-cache does not hold on CPU).
+docs/cache.md ("Damaged artifacts, interrupted saves") says how a damaged artifact is refused and kernels installed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The environment header of a compile-cache artifact, and the check that refuses a mismatch.
 
-torch's own cache keys hold the torch version, a source hash, the inductor config and the thread
-count, but on CPU **no instruction-set information**: a cache built with AVX-512 and reused under
-``ATEN_CPU_CAPABILITY=avx2`` gave cache hits and a NaN loss, silently (measured by hand, torch
-2.13). So every artifact records the environment that built it, and a load compares it field by
-field against the running process before a single byte reaches inductor.
+torch's cache keys hold no CPU instruction-set information: an AVX-512 cache reused under
+``ATEN_CPU_CAPABILITY=avx2`` gave cache hits and a NaN loss (measured, torch 2.13). So a load
+compares the builder's environment field by field before a byte reaches inductor.
 """
 
 from __future__ import annotations
@@ -69,20 +67,12 @@ def _gpu_names(device_type: str) -> list[str]:
 
 
 def current_environment() -> dict[str, Any]:
-    """What a compiled kernel of this process depends on, as a JSON-able dict.
-
-    Every field must match for an artifact to load: ``format_version``, ``torch`` and
-    ``torch_git`` (nightlies share a version string), ``python`` (major.minor), ``system`` and
-    ``machine``, ``device_type``, ``cuda``/``hip`` and ``gpu_names``, ``triton``, ``cpu_isa``
-    (what ATen dispatches to), ``aten_cpu_capability`` (the environment override), and
-    ``num_threads`` (inductor's CPU kernels are keyed and specialised on it).
-
-    Returns:
-        A dict of str/int/list values, stable across processes of the same environment.
+    """What a compiled kernel of this process depends on, as a JSON-able dict: format, torch (and
+    its git hash), Python, system, device, CUDA/HIP and GPU names, Triton, the CPU ISA and its
+    override, and the thread count (docs/cache.md lists why each is there).
 
     Example:
-        >>> env = current_environment()
-        >>> env["device_type"]  # doctest: +SKIP
+        >>> current_environment()["device_type"]  # doctest: +SKIP
         'cpu'
     """
     device_type = _device_type()
@@ -107,17 +97,8 @@ def current_environment() -> dict[str, Any]:
 def compare_environment(
     saved: dict[str, Any], current: dict[str, Any] | None = None
 ) -> list[HeaderMismatch]:
-    """Every field in which ``saved`` differs from ``current`` (this process by default).
-
-    A field missing on either side counts as a mismatch (``None`` stands for "absent"), so an
-    artifact from a newer format that adds a field is refused rather than half-trusted.
-
-    Args:
-        saved: the environment recorded in an artifact.
-        current: the environment to compare with; ``current_environment()`` when ``None``.
-
-    Returns:
-        The mismatches, in field order; empty when the artifact may be loaded.
+    """Every field in which ``saved`` differs from ``current`` (this process by default); a field
+    missing on either side is a mismatch, so a newer format is refused rather than half-trusted.
 
     Example:
         >>> env = current_environment()

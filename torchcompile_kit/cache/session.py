@@ -1,9 +1,5 @@
-"""``compile_cache(path)``: load on enter, save after the first steps and on exit.
-
-Saving only on exit loses everything when a long run crashes or is preempted, so the session
-also saves after ``save_after`` calls of :meth:`CompileCacheSession.step` (or whenever
-:meth:`CompileCacheSession.save` is called). A save that would write the same bytes as the last
-one (nothing new compiled) is skipped.
+"""``compile_cache(path)``: load on enter, save after ``save_after`` steps (a crash still leaves a
+cache) and on exit; a save that would write the same bytes as the last one is skipped.
 """
 
 from __future__ import annotations
@@ -76,18 +72,8 @@ class CompileCacheSession:
         return self.saved
 
     def cache_stats(self) -> dict[str, int]:
-        """Cache hits and misses inside the block, as the session's ``CompileMonitor`` saw them.
-
-        Returns:
-            ``cache_hits``/``cache_misses`` (inductor FX-graph + AOTAutograd) and the four torch
-            counters they sum (``fxgraph_cache_hit``, ...); empty before the block starts.
-
-        Example:
-            >>> with compile_cache("ckpt/cc.tck") as cache:  # doctest: +SKIP
-            ...     train_step(batch)
-            ...     cache.cache_stats()["cache_hits"]
-            6
-        """
+        """Cache hits and misses inside the block (``cache_hits``/``cache_misses`` and the four torch
+        counters they sum), as the session's ``CompileMonitor`` saw them; empty before the block."""
         if self.monitor is None:
             return {}
         snapshot = self.monitor.snapshot()
@@ -109,17 +95,16 @@ def compile_cache(
 ) -> Iterator[CompileCacheSession]:
     """Load the compile cache at ``path`` on enter (if there is one) and save it on exit.
 
-    Enter it in a fresh process before the first compiled step. On exit — also when the block
-    raises, as every graph compiled so far is valid — the cache is saved unless nothing new was
-    compiled; a failing save on exit never hides the block's own exception. See
-    :func:`load_compile_cache` and :func:`save_compile_cache` for what is checked and stored.
+    Enter it in a fresh process before the first compiled step. On exit, also when the block raises,
+    the cache is saved unless nothing new was compiled; a failing save never hides the block's own
+    exception.
 
     Args:
         path: a local file path or fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``).
         load: load the artifact on enter.
         save_on_exit: save on exit.
-        save_after: also save once after this many ``cache.step()`` calls, so a later crash
-            still leaves a cache.
+        save_after: also save once after this many ``cache.step()`` calls, so a later crash still
+            leaves a cache.
         barrier: in a distributed job, make saves collective (rank 0 writes, all wait).
 
     Returns:
@@ -134,7 +119,6 @@ def compile_cache(
         ...     for batch in loader:
         ...         train_step(batch)
         ...         cache.step()
-        >>> cache.loaded.summary(), cache.cache_stats()  # doctest: +SKIP
     """
     if save_after is not None:
         check_positive_int("save_after", save_after)

@@ -1,10 +1,6 @@
-"""Where artifacts live: a local file written atomically, or one object behind an fsspec URL.
-
-Local paths (and ``file://`` URLs) are written to a temporary file in the same folder, fsynced,
-then ``os.replace``d over the target, so a reader sees the old artifact or the new one, never
-half of one. Any other URL (``s3://``, ``gs://``, ``memory://``, ...) goes through fsspec — an
-optional dependency, imported only here and only when such a URL is used — as one whole-object
-put; a partial upload is caught on read by the artifact's length and hash checks.
+"""Where artifacts live: a local file written atomically (temporary file, fsync, ``os.replace``),
+or one whole-object put behind an fsspec URL (optional, imported only for such a URL; a partial
+upload is caught on read by the artifact's length and hash checks).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """What the compiler did, measured: compile events, graph breaks, recompile guards, equivalence.
 
-The topic's API. Modules: :mod:`.monitor` (``CompileMonitor``), :mod:`.explain`
-(``explain_graph_breaks``), :mod:`.recompiles` (``no_recompiles``), :mod:`.equivalence`
-(``check_compile_equivalence``, comparing with :mod:`.tensor_diff`), :mod:`.first_call` and
-:mod:`.in_place_check` (the checks the fragile recipes run at their first compiled call, ``verify=``). :mod:`.trace_records` (the record's data classes and the readers
-of torch's texts), :mod:`.recorder` (the trace handler), :mod:`.selection` (which frames belong
-to a model, optimizer or function) and :mod:`.monitor_text` (its summary table) serve the
-monitor; :mod:`.regions`
-tags what dynamo compiled with the region (a ``compile_regional`` block group) whose call ran.
+The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``,
+``check_compile_equivalence`` and the first-call checks the fragile recipes run (``verify=``).
 """
 
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence

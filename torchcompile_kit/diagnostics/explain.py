@@ -1,16 +1,5 @@
-"""``explain_graph_breaks``: the graph breaks of a function or module on sample inputs.
-
-``torch._dynamo.explain`` answers the same question but resets dynamo, which drops every graph the
-caller compiled. Here the target is compiled afresh (``torch.compile`` with a counting backend of
-its own, in an isolated cache region where torch has ``isolate_recompiles``) and run once under a
-:class:`~torchcompile_kit.CompileMonitor`. The caller's compiled functions keep their graphs, their
-guards and their recompile budget.
-
-What it leaves behind: the isolated compile's cache entries stay attached to the code objects it
-traced (torch has no public way to drop one region); they are never consulted by other
-``torch.compile`` calls and count only toward dynamo's global ``accumulated_recompile_limit``
-(256 by default). On a torch without ``isolate_recompiles`` they share the caller's region and
-use one entry of its recompile budget per traced frame (noted in the result).
+"""``explain_graph_breaks``: the graph breaks of a function or module on sample inputs, compiled
+afresh in an isolated cache region (unlike ``torch._dynamo.explain``, it resets nothing).
 """
 
 from __future__ import annotations
@@ -30,23 +19,11 @@ __all__ = ["explain_graph_breaks"]
 def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[GraphBreak]:
     """Run ``fn_or_module(*args, **kwargs)`` once, compiled, and return its graph breaks.
 
-    Each break has the reason in plain words, the user-code ``file:line``, torch's graph-break
-    code (``GB0059``) where torch gives one, its hints, and the compiled function it happened in.
-    The call really runs (side effects included), with a backend that runs graphs eagerly.
-
-    A module is called through its eager path (hooks included), so blocks compiled in place are
-    traced as part of it, not skipped.
-
-    Args:
-        fn_or_module: a Python function or an ``nn.Module``.
-        *args: sample positional inputs.
-        **kwargs: sample keyword inputs.
-
-    Returns:
-        The distinct breaks, in the order met (``[]`` means one graph, no break).
-
-    Raises:
-        TypeError: ``fn_or_module`` is not callable.
+    Each break has the reason in plain words, the user-code ``file:line``, torch's graph-break code
+    where it gives one, its hints, and the function it happened in. The call really runs (side
+    effects included); a module runs through its eager path, so blocks compiled in place are traced
+    as part of it. Returns the distinct breaks in the order met (``[]``: one graph); ``TypeError``
+    when ``fn_or_module`` is not callable.
 
     Example:
         >>> def f(x):

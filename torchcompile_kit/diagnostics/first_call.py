@@ -1,39 +1,11 @@
 """The first-call check: a fragile recipe compares its compiled result with eager, once per state.
 
-Lists of tested torch versions go stale, and the fragile recipes have miscomputed silently before
-(``compile_regional(nested=True)`` ran every block with block 0's weights on torch 2.14/2.15). So
-they check themselves where it is cheap: the first call in each state (grad mode and train/eval
-for a model, the adapter state for PEFT; a new state is a new graph, so the check rides on a
-compile) runs an eager reference on the same batch and the same weights, compares outputs and,
-when gradients are enabled, the gradients of every trainable parameter, and raises
-:class:`~torchcompile_kit.errors.CompiledMismatchError` naming the recipe, the torch version and
-the largest difference before the call returns. :func:`check_in_place_update` does the same for
-an in-place update (``compile_optimizer``'s first compiled step).
-
-Nothing the user observes changes (``tests/diagnostics/test_first_call.py``):
-
-- **gradients**: both sides are differentiated with ``torch.autograd.grad`` (never accumulated
-  into ``.grad``), the compiled side with ``retain_graph=True`` so the user's own ``backward()``
-  still runs on the returned output. A backward compiled earlier with donated buffers refuses
-  ``retain_graph``: then the same graph runs a second time from the same RNG state and its
-  backward runs once (a compiled forward more, no compile). The probe loss is the output's ``loss``, else the mean square
-  of the differentiable outputs (``check_compile_equivalence``'s). Cost: an eager forward and
-  backward, one more compiled backward, and two gradient-sized buffers, once per state.
-- **RNG**: the eager reference runs first under ``torch.random.fork_rng`` from the same RNG state
-  the compiled call then starts from, so dropout draws the same masks where the backend draws like
-  eager (``eager``, ``aot_eager``), and the user's RNG stream is the compiled call's alone. Other
-  backends (inductor) draw differently: the reference is then run twice from different seeds, and
-  a model whose outputs depend on the random seed (active dropout) is recorded as *skipped*, with a
-  warning, rather than compared (``check_compile_equivalence(..., dropout=False)`` checks it).
-- **buffers** changed by the eager forward (BatchNorm statistics) are restored before the compiled
-  call, which then updates them once, as without the check.
-- **distributed**: under ``torch.distributed`` the check is skipped (ranks could disagree on the
-  verdict, and backward hooks there run collectives), and recorded as such.
-
-A check is *passed* only when everything it claims ran: where grad mode asked for gradients and
-autograd could not give them (reentrant activation checkpointing), it is *partial*, with a warning
-naming what was skipped. Every check, passed, partial, failed or skipped, is recorded by the running
-:class:`~torchcompile_kit.CompileMonitor` s (``monitor.first_call_checks``).
+The first call in each state (grad mode and train/eval, or the adapter state) also runs an eager
+reference on the same batch and weights, compares outputs and trainable gradients, and raises
+:class:`~torchcompile_kit.errors.CompiledMismatchError` before the call returns. What it leaves
+undisturbed (``.grad``, the RNG stream, buffers) and when it skips (random outputs under a backend
+that draws its own way, ``torch.distributed``) is in docs/regional.md ("The first-call
+check").
 """
 
 from __future__ import annotations
@@ -88,21 +60,10 @@ def _default_state(args: tuple, kwargs: dict) -> Hashable:
 class FirstCallVerifier:
     """Compares a compiled model's first call in each state with an eager run of the same call.
 
-    Two ways in: :meth:`wrap` wraps a compiled call (a model compiled in place as a whole), and
-    :meth:`install_hooks` adds a forward pre-hook and hook to a model whose inside is compiled
-    (``compile_regional``'s blocks). A state that passed is not checked again; one that failed is
-    checked (and raises) again at its next call.
-
-    Args:
-        model: the model whose calls are checked (its parameters and buffers).
-        recipe: how it was compiled, for the record and the error
-            (``"compile_regional(nested=True)"``).
-        backend: the ``torch.compile`` backend (decides whether RNG draws match eager).
-        state: ``(args, kwargs) -> key``; one check per key. ``model.training`` is always part.
-
-    Example:
-        >>> verifier = FirstCallVerifier(model, recipe="compile_regional", backend="aot_eager")  # doctest: +SKIP
-        >>> undo = verifier.install_hooks()  # doctest: +SKIP
+    :meth:`wrap` wraps a compiled call (a whole model compiled in place); :meth:`install_hooks` adds
+    forward hooks to a model whose inside is compiled. A state that passed is not checked again; one
+    that failed raises again at its next call. ``state(args, kwargs)`` gives the key (with
+    ``model.training``); ``backend`` decides whether RNG draws match eager.
     """
 
     def __init__(self, model: nn.Module, *, recipe: str, backend: Any, state: StateFn | None = None) -> None:

@@ -30,19 +30,10 @@ def check_in_place_update(
 ) -> FirstCallCheck:
     """Run an in-place update eagerly and compiled from the same start; keep the compiled result.
 
-    ``tensors`` are what the update changes in place (parameters, optimizer state). They are
-    copied, ``run_eager`` runs, its results are copied, the start is restored and
-    ``run_compiled`` runs on the real tensors, which then hold the compiled result. On a mismatch
-    the start is restored again (the wrong update is not applied) before the error. ``updates``
-    names the tensors compared as the change they received (``after - before``: parameters,
-    whose update is small next to their value) rather than as their value. Costs two copies of
-    ``tensors`` while it runs.
-
-    Returns:
-        The record (also given to the running monitors).
-
-    Raises:
-        CompiledMismatchError: a tensor differs beyond the tolerance of its dtype.
+    ``tensors`` (parameters, optimizer state) are copied, ``run_eager`` runs, the start is restored
+    and ``run_compiled`` runs on the real tensors. On a mismatch the start is restored again before
+    ``CompiledMismatchError``. ``updates`` names tensors compared by the change they received. Costs
+    two copies of ``tensors`` while it runs; returns the record (also given to running monitors).
 
     Example:
         >>> check_in_place_update({"w": w}, run_eager=eager_step, run_compiled=compiled_step,

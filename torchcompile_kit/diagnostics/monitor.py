@@ -1,16 +1,13 @@
 """``CompileMonitor``: a measured record of what dynamo compiled while it was active.
 
 It listens to torch's structured trace (the stream behind ``TORCH_TRACE``/tlparse) with a logging
-handler of its own; adding that handler is the only change it makes, and exactly that handler is
-removed on exit. Nested monitors each add their own, so an inner one sees its own events and the
-outer one sees all. The handler survives ``torch._dynamo.reset()`` and
-``torch._logging.set_logs()`` (which only remove torch's own handlers). Where the trace is missing,
-torch's metrics deque and counters stand in, and the summary says so.
+handler of its own, removed on exit; nested monitors each add their own. Where a logging
+configuration raised torch's trace logger above DEBUG, it is lowered while recording.
 """
 
 from __future__ import annotations
 
-import time
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -51,9 +48,8 @@ def record_first_call_check(check: Any) -> None:
 class CompileMonitor:
     """Record every frame compiled, graph break, recompile and recompile-limit hit while active.
 
-    Use it as a context manager, or call :meth:`start`/:meth:`stop` around a training loop. It
-    changes no torch setting. Reading it while it runs is fine (:meth:`snapshot` for a training
-    log).
+    A context manager, or :meth:`start`/:meth:`stop` around a training loop; it may be read while it
+    runs (:meth:`snapshot` for a training log).
 
     Example:
         >>> f = torch.compile(lambda x: x.sin() + 1, backend="eager")
@@ -61,52 +57,33 @@ class CompileMonitor:
         ...     _ = f(torch.ones(3))
         >>> mon.snapshot()["graphs"]
         1
-        >>> print(mon.summary())  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
         self._recorder = TraceRecorder()
         self._logger: Any = None
+        self._logger_level: int | None = None
         self._running = False
-        self._start_us = 0
         self._cache_done: dict[str, int] = defaultdict(int)
         self._cache_start: dict[str, int] = {}
-        self._breaks_start: dict[str, int] = {}
         self._notes: list[str] = []
-        self._filled = 0
-        self._trace_missing = False
         self._first_call_checks: list[Any] = []
 
     # -- lifetime -----------------------------------------------------------------------------
 
     def start(self) -> CompileMonitor:
-        """Start recording (again, after :meth:`stop`: the record accumulates). Returns self.
-
-        Raises:
-            RuntimeError: the monitor is already recording.
-
-        Example:
-            >>> mon = CompileMonitor().start()
-            >>> mon.stop()
-        """
+        """Start recording (again after :meth:`stop`: the record accumulates); returns self.
+        ``RuntimeError`` when already recording."""
         if self._running:
             raise RuntimeError("CompileMonitor.start(): already recording; call stop() first")
         self._running = True
         _RUNNING.append(self)
-        self._start_us = time.time_ns() // 1000
         self._cache_start = _dynamo.compile_cache_counters()
-        self._breaks_start = _dynamo.graph_break_counts()
-        self._logger = _dynamo.trace_logger()
-        if self._logger is not None:
-            self._logger.addHandler(self._recorder)
-            _dynamo.limit_warning_logger().addHandler(self._recorder)
-        else:
-            self._trace_missing = True
-            self._note(
-                "torch's structured trace is unavailable here: frames, recompiles and seconds "
-                "come from torch._dynamo.utils.get_compilation_metrics() (the last 64 compiles "
-                "only) and graph breaks from counters (no file:line, no graph counts per frame)"
-            )
+        self._logger, self._logger_level = _dynamo.open_trace_logger()
+        self._logger.addHandler(self._recorder)
+        _dynamo.limit_warning_logger().addHandler(self._recorder)
+        if not self._logger.isEnabledFor(logging.DEBUG):
+            self._note("logging.disable() suppresses torch's structured trace: nothing is recorded")
         return self
 
     def stop(self) -> None:
@@ -118,18 +95,14 @@ class CompileMonitor:
         """
         if not self._running:
             return
-        try:
-            self._fill_from_weaker_sources()
-        finally:
-            if self._logger is not None:
-                self._logger.removeHandler(self._recorder)
-                _dynamo.limit_warning_logger().removeHandler(self._recorder)
-            for name, value in self._cache_delta().items():
-                self._cache_done[name] += value
-            self._running = False
-            self._logger = None
-            if self in _RUNNING:
-                _RUNNING.remove(self)
+        self._logger.removeHandler(self._recorder)
+        _dynamo.limit_warning_logger().removeHandler(self._recorder)
+        _dynamo.close_trace_logger(self._logger, self._logger_level)
+        for name, value in self._cache_delta().items():
+            self._cache_done[name] += value
+        self._running = False
+        if self in _RUNNING:
+            _RUNNING.remove(self)
 
     def __enter__(self) -> CompileMonitor:
         return self.start()
@@ -161,16 +134,8 @@ class CompileMonitor:
 
     @property
     def first_call_checks(self) -> list[Any]:
-        """Every first-call check a fragile recipe ran while recording (``FirstCallCheck``).
-
-        ``compile_regional(nested=True)``, ``compile_peft`` and ``compile_optimizer`` compare
-        their first compiled call in each state with eager (``verify=``); each check, passed,
-        failed (it raised ``CompiledMismatchError``) or skipped, is one entry.
-
-        Example:
-            >>> [c.status for c in mon.first_call_checks]  # doctest: +SKIP
-            ['passed']
-        """
+        """Every first-call check (``verify=``) a fragile recipe ran while recording, passed, partial,
+        failed or skipped (``FirstCallCheck``)."""
         return list(self._first_call_checks)
 
     @property
@@ -179,13 +144,9 @@ class CompileMonitor:
         return list(self._notes)
 
     def snapshot(self) -> dict[str, Any]:
-        """Running counts, flat and JSON-able, for a training log.
-
-        Returns:
-            ``frames``, ``graphs``, ``graph_breaks`` (distinct), ``graph_breaks_met`` (every
-            time one was met, as dynamo's ``counters["graph_break"]`` counts), ``recompiles``,
-            ``compile_seconds`` (forward + backward), ``recompile_limit_hits``, ``cache_hits`` and
-            ``cache_misses`` (inductor FX-graph + AOTAutograd caches, over the monitor's life).
+        """Running counts, flat and JSON-able, for a training log: ``frames``, ``graphs``,
+        ``graph_breaks`` (distinct) and ``graph_breaks_met``, ``recompiles``, ``compile_seconds``,
+        ``recompile_limit_hits``, ``cache_hits`` and ``cache_misses``.
 
         Example:
             >>> with CompileMonitor() as mon:
@@ -193,7 +154,6 @@ class CompileMonitor:
             >>> mon.snapshot()["recompiles"]
             0
         """
-        self._fill_if_untraced()
         return self._counts(self.frames, self.graph_breaks, self.recompiles, self.limit_hits,
                             self.compile_seconds())
 
@@ -230,16 +190,8 @@ class CompileMonitor:
         return {name: self._cache_done.get(name, 0) + delta.get(name, 0) for name in sorted(names)}
 
     def as_dict(self) -> dict[str, Any]:
-        """The full record, JSON-serialisable.
-
-        Example:
-            >>> import json
-            >>> with CompileMonitor() as mon:
-            ...     pass
-            >>> sorted(json.loads(json.dumps(mon.as_dict())))[:3]
-            ['cache', 'compile_seconds_by_function', 'counts']
-        """
-        self._fill_if_untraced()
+        """The full record, JSON-serialisable (``counts``, ``frames``, breaks, recompiles, limit hits,
+        seconds by function, cache, notes, first-call checks)."""
         record = self._record(
             range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
         )
@@ -258,20 +210,9 @@ class CompileMonitor:
     # -- attribution to modules ---------------------------------------------------------------
 
     def attribute(self, *targets: nn.Module | type) -> None:
-        """Name the module class each frame belongs to (``owner``), e.g. ``GPT2Block``.
-
-        transformers runs a block's ``forward`` through its ``forward_with_checkpointing``
-        wrapper, so the frame torch reports is the wrapper, shared by every block class; the graph's
-        source lines tell which class's ``forward`` it traced.
-
-        Args:
-            targets: models (every submodule's class counts) or module classes.
-
-        Example:
-            >>> mon.attribute(model)  # doctest: +SKIP
-            >>> {f.owner for f in mon.frames}  # doctest: +SKIP
-            {'GPT2Block'}
-        """
+        """Name the module class each frame belongs to (``owner``, e.g. ``GPT2Block``) from the graph's
+        source lines: transformers runs every block through one wrapper, so the frame's code does not
+        tell. ``targets`` are models (every submodule's class counts) or classes."""
         classes = classes_of(targets)
         for frame in self.frames:
             frame.owner = (
@@ -287,15 +228,11 @@ class CompileMonitor:
     def record_for(
         self, target: nn.Module | type | torch.optim.Optimizer | Callable[..., Any]
     ) -> dict[str, Any]:
-        """The part of :meth:`as_dict` belonging to one model, module class, optimizer or function.
-
-        A model or class: frames attributed to its classes (see :meth:`attribute`). An optimizer:
-        frames in ``torch/optim`` and its class's file (what ``compile_optimizer`` compiles). A
-        function: its code and the frames resumed after its graph breaks.
+        """The part of :meth:`as_dict` belonging to a model or module class (its attributed frames), an
+        optimizer (frames of ``torch/optim`` and its class's file) or a function (with its resumed frames).
 
         Example:
-            >>> rec = mon.record_for(optimizer)  # doctest: +SKIP
-            >>> rec["counts"]["recompiles"]  # doctest: +SKIP
+            >>> mon.record_for(optimizer)["counts"]["recompiles"]  # doctest: +SKIP
             0
         """
         if not isinstance(target, torch.optim.Optimizer) and isinstance(target, (nn.Module, type)):
@@ -315,18 +252,8 @@ class CompileMonitor:
         )
 
     def record_for_region(self, region: str) -> dict[str, Any]:
-        """The part of :meth:`as_dict` dynamo compiled while a marked region's call ran.
-
-        Every frame compiled inside the region's call counts (its own entry frame, the code
-        resumed after its graph breaks, callees dynamo compiled as frames of their own), with
-        their graphs, breaks and recompiles, and the region's recompile-limit hits; see
-        :func:`~torchcompile_kit.diagnostics.mark_region`.
-
-        Example:
-            >>> mon.record_for_region(group.region)["counts"]["graphs"]  # doctest: +SKIP
-            1
-        """
-        self._fill_if_untraced()
+        """The part of :meth:`as_dict` dynamo compiled while a marked region's call ran (its frames,
+        resumed code and callees, breaks, recompiles and limit hits; :func:`~torchcompile_kit.diagnostics.mark_region`)."""
         frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
         chosen = set(frames)
         return self._record(
@@ -337,17 +264,8 @@ class CompileMonitor:
         )
 
     def add_note(self, text: str) -> None:
-        """Add a line to the record's ``notes`` (and the summary), once.
-
-        For instruments that read the record and correct what was said before it (the regional
-        report withdraws a preflight warning that dynamo's count disproved).
-
-        Example:
-            >>> mon = CompileMonitor()
-            >>> mon.add_note("checked by hand")
-            >>> mon.notes
-            ['checked by hand']
-        """
+        """Add a line to the record's ``notes`` (and the summary), once: for instruments that correct
+        what was said before (the regional report withdraws a disproved preflight warning)."""
         self._note(text)
 
     # -- internals ----------------------------------------------------------------------------
@@ -370,9 +288,6 @@ class CompileMonitor:
             "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
             "cache": self.cache(),
             "notes": self.notes,
-            "source": "compilation metrics (fallback)"
-            if self._trace_missing
-            else "structured trace",
         }
 
     def _counts(self, frames: list[Any], breaks: list[GraphBreak], recompiles: list[Recompile],
@@ -398,35 +313,6 @@ class CompileMonitor:
     def _note(self, text: str) -> None:
         if text not in self._notes:
             self._notes.append(text)
-
-    def _fill_if_untraced(self) -> None:
-        if self._running and self._logger is None:
-            self._fill_from_weaker_sources()
-
-    def _fill_from_weaker_sources(self) -> None:
-        """Add compiles torch's metrics deque holds but the trace did not deliver."""
-        rows = [
-            row
-            for row in _dynamo.compilation_metrics_since(self._start_us)
-            if (str(row.get("compile_id")), row.get("start_time_us"))
-            not in self._recorder.seen_metrics
-        ]
-        for row in rows:
-            self._recorder.add_metrics(row, key=None, from_trace=False)
-        self._filled += len(rows)
-        if rows and self._logger is not None:
-            self._note(
-                f"the structured trace missed {self._filled} compile(s) (was the monitor's handler "
-                "removed from the 'torch.__trace' logger?); they were taken from torch's "
-                "compilation metrics, without graph-break locations"
-            )
-        if self._logger is None:
-            now = _dynamo.graph_break_counts()
-            for reason, count in now.items():
-                added = count - self._breaks_start.get(reason, 0)
-                if added > 0:
-                    self._recorder.add_break(GraphBreak(reason=reason, count=added))
-            self._breaks_start = now
 
 
 def _seconds_by_function(frames: Iterable[Any]) -> dict[str, float]:

@@ -1,11 +1,8 @@
 """``no_recompiles()``: inside the block, a compiled function never recompiles.
 
-Built on ``torch.compiler.set_stance``. Dynamo's "Detected recompile" error is
-turned into :class:`~torchcompile_kit.errors.UnexpectedRecompileError` naming what would recompile (the
-user's function, the module whose ``forward`` it is, or the optimizer), the input as that
-function's signature calls it, the guard that failed, and the fix that fits.
-:func:`allow_first_compile` lets a helper whose first graph can only be built during training
-(``compile_optimizer``'s step) compile that graph inside the block.
+Built on ``torch.compiler.set_stance``; dynamo's error becomes
+:class:`~torchcompile_kit.errors.UnexpectedRecompileError` naming what would recompile, the input,
+the failed guard and the fix.
 """
 
 from __future__ import annotations
@@ -75,14 +72,9 @@ _OPTIMIZER_GUARD_FIX = (
 def _frame_owner(
     tb: TracebackType | None, file: str | None, function: str | None, line: int | None
 ) -> Any:
-    """The optimizer or module whose compiled code dynamo refused, found on the call stack.
-
-    Dynamo names a code object (``forward_with_checkpointing``, transformers' ``wrapper``, torch's
-    optimizer ``wrapper``), not the object it belongs to, and torch < 2.9 names nothing. The
-    frames that called it still hold that object as ``self``: the installed step of
-    ``compile_optimizer`` or ``Optimizer.step`` for an optimizer (nothing else runs below an
-    optimizer step), ``nn.Module.__call__`` for a module, matched by its ``forward``'s code so
-    that an enclosing model is not mistaken for the block. Innermost frame first.
+    """The optimizer or module whose compiled code dynamo refused, innermost first, found as ``self``
+    of the calling frames (dynamo names only a code object, often a shared wrapper): the installed
+    step or ``Optimizer.step``, or ``nn.Module.__call__`` matched by its ``forward``'s code.
     """
     for frame, _ in reversed(list(traceback.walk_tb(tb))):
         owner = frame.f_locals.get("self")
@@ -181,29 +173,16 @@ def _recompile_message(err: RuntimeError) -> str:
 def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Iterator[None]:
     """Inside this block, a compiled function never recompiles (nor compiles for the first time).
 
-    Built on ``torch.compiler.set_stance``; the previous stance is restored on exit. Graphs
-    compiled before the block (e.g. by :func:`warmup_shapes`) still run. Dynamo's error is turned
-    into :class:`~torchcompile_kit.errors.UnexpectedRecompileError` as it leaves the block, so catch it
-    around the ``with``, not inside it. The error names what would recompile: the function, the
-    module whose ``forward`` it is (``LlamaDecoderLayer.forward``, not transformers'
-    ``forward_with_checkpointing`` wrapper) with the input as ``forward`` names it
-    (``'hidden_states' (args[0])``), or the optimizer, with advice for optimizers.
-
-    One exception, by design: :func:`~torchcompile_kit.compile_optimizer`'s step may compile its
-    first graph inside the block. Its first step runs eagerly to create the optimizer state, so
-    the graph can only be built at the second step, which is inside the block when the whole
-    training loop is; a warm-up that stepped the optimizer would change the weights. Only that
-    first compile is let through (:func:`allow_first_compile`): a recompile of the optimizer
-    later in the block raises like any other, and ``CompileMonitor`` shows the compile.
+    Built on ``torch.compiler.set_stance`` (the previous stance is restored on exit); graphs compiled
+    before the block still run. The error is raised as it leaves the block, so catch it around the
+    ``with``, and names what would recompile (``LlamaDecoderLayer.forward`` and its input
+    ``'hidden_states' (args[0])``, or the optimizer). One exception by design:
+    :func:`~torchcompile_kit.compile_optimizer`'s step may compile its *first* graph inside the block
+    (its first step runs eagerly to create the state; :func:`allow_first_compile`).
 
     Args:
-        on_recompile: ``"error"`` (``"fail_on_recompile"``): raise
-            :class:`~torchcompile_kit.errors.UnexpectedRecompileError` naming the input and size that
-            missed; for tests and first runs. ``"eager"`` (``"eager_on_recompile"``): run that call
-            eagerly instead, for production runs that must not stall on a compile.
-
-    Yields:
-        Nothing.
+        on_recompile: ``"error"``: raise :class:`~torchcompile_kit.errors.UnexpectedRecompileError`
+            (tests, first runs); ``"eager"``: run that call eagerly (runs that must not stall).
 
     Raises:
         UnexpectedRecompileError: with ``on_recompile="error"``, a call needed a new graph.
@@ -234,16 +213,11 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
 
 @contextlib.contextmanager
 def allow_first_compile() -> Iterator[bool]:
-    """Let the call inside compile its first graph even within :func:`no_recompiles`.
+    """Let the call inside compile its *first* graph even within :func:`no_recompiles`.
 
-    For another topic's compiled callable whose first graph cannot exist before training starts:
-    ``compile_optimizer``'s step compiles at the optimizer's second step (the first, eager, one
-    creates the state). The caller wraps only the call that compiles for the first time, so every
-    later call runs under the block's stance and a recompile still fails. Outside
-    ``no_recompiles()``, or while dynamo is tracing the caller, it changes nothing.
-
-    Yields:
-        Whether the stance was lifted for this call (``True`` only inside ``no_recompiles()``).
+    For a compiled callable whose first graph cannot exist before training starts
+    (``compile_optimizer``'s step compiles at the second step); later calls run under the block's
+    stance. Yields whether the stance was lifted (only inside ``no_recompiles()``).
 
     Example:
         >>> step = torch.compile(lambda x: x + 1, backend="eager")

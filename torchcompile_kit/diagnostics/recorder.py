@@ -62,7 +62,6 @@ class _InFlight:
 class TraceRecorder(logging.Handler):
     """Turns structured-trace records into frames, breaks, recompiles and limit hits.
 
-    Also fed, without a trace, from ``get_compilation_metrics()`` rows (:meth:`add_metrics`).
     Never raises from :meth:`emit`: a record it cannot read is counted in ``unreadable``.
     """
 
@@ -75,7 +74,6 @@ class TraceRecorder(logging.Handler):
         self.unattributed_backward_seconds = 0.0
         self.records = 0
         self.unreadable = 0
-        self.seen_metrics: set[tuple[str, Any]] = set()
         self._strings: dict[int, str] = {}
         self._starts: dict[_Key, tuple[str, str | None, int | None]] = {}
         self._in_flight: dict[_Key, _InFlight] = {}
@@ -133,7 +131,7 @@ class TraceRecorder(logging.Handler):
             reasons = [reasons] if isinstance(reasons, str) else [str(r) for r in reasons]
             self._in_flight.setdefault(key, _InFlight()).reasons = reasons
         elif name == "compilation_metrics" or name == "bwd_compilation_metrics":
-            self.add_metrics(value, key=key, from_trace=True)
+            self.add_metrics(value, key=key)
 
     def _string(self, index: Any) -> str | None:
         if not isinstance(index, int) or index < 0:
@@ -146,11 +144,10 @@ class TraceRecorder(logging.Handler):
 
     # -- one finished compile ------------------------------------------------------------------
 
-    def add_metrics(self, metrics: dict[str, Any], *, key: _Key | None, from_trace: bool) -> None:
-        """Record one ``compilation_metrics`` row (from the trace or torch's metrics deque)."""
+    def add_metrics(self, metrics: dict[str, Any], *, key: _Key | None) -> None:
+        """Record one ``compilation_metrics`` row."""
         with self._mutex:
             compile_id = str(metrics.get("compile_id") or (f"{key[1]}/{key[2]}" if key else "?"))
-            self.seen_metrics.add((compile_id, metrics.get("start_time_us")))
             if metrics.get("is_runtime"):
                 return
             if metrics.get("is_forward") is False:
@@ -182,9 +179,6 @@ class TraceRecorder(logging.Handler):
                              region=flight.region or current_region())
                 )
                 return
-            graphs = flight.graphs
-            if not from_trace:  # no dynamo_output_graph records: one graph when it has ops
-                graphs = 1 if (metrics.get("graph_op_count") or 0) > 0 else 0
             failed = None
             if metrics.get("fail_type"):
                 reason = str(metrics.get("fail_reason") or "").strip().splitlines()
@@ -193,7 +187,7 @@ class TraceRecorder(logging.Handler):
             self.frames.append(
                 CompiledFrame(
                     **where,
-                    graphs=graphs,
+                    graphs=flight.graphs,
                     ops=metrics.get("graph_op_count"),
                     seconds=_seconds(metrics, "entire_frame_compile_time_s"),
                     recompile_reason=metrics.get("recompile_reason"),
@@ -213,11 +207,6 @@ class TraceRecorder(logging.Handler):
                         region=flight.region,
                     )
                 )
-
-    def add_break(self, found: GraphBreak) -> None:
-        """Record a graph break that no frame record carried (the counters fallback)."""
-        with self._mutex:
-            self._add_break(found, function=found.function, compile_id=found.compile_id, frame=None)
 
     def _add_break(
         self, found: GraphBreak, *, function: str | None, compile_id: str, frame: int | None

@@ -1,15 +1,9 @@
 """Compiled regions: which region's call dynamo was compiling when it compiled a frame.
 
-dynamo records a frame by its code object, and code says little about *who* compiled it: every
-transformers block class runs through one wrapper (``forward_with_checkpointing``), a block whose
-``forward`` holds no op of its own leaves no source line of its ``forward`` in the graph, and a
-graph break inside a callee makes dynamo compile the callee's frame (and the code resumed after
-the break) as frames of their own. What is certain is *when*: every frame dynamo compiles for a
-region is compiled while the region's compiled call is on the stack. So a region's compiled call
-is wrapped to set a context variable while it runs, and :class:`CompileMonitor` tags every frame
-(with its graphs, breaks and recompile) and every recompile-limit hit with the innermost region
-running when torch reported it. Backward graphs are compiled later, at ``backward()``, and go with
-their forward frame by compile id.
+Code objects say little about who compiled them (transformers runs every block through one
+wrapper), but every frame dynamo compiles for a region is compiled while the region's call is on
+the stack; so the call sets a context variable while it runs, and :class:`CompileMonitor` tags
+frames, breaks, recompiles and limit hits with the innermost region (docs/diagnostics.md).
 """
 
 from __future__ import annotations
@@ -45,22 +39,13 @@ def current_region() -> str | None:
 
 
 def mark_region(modules: Iterable[nn.Module], label: str) -> str:
-    """Tag every compile that happens inside these compiled modules' calls with one region.
+    """Tag every compile inside these compiled modules' calls with one region; returns its id (the
+    key for :meth:`CompileMonitor.record_for_region`).
 
-    Call it after ``module.compile()`` (or ``compile_in_place``): each module's compiled call is
-    wrapped so that, while it runs, :func:`current_region` returns the region's id. Under an
-    outer ``torch.compile`` the wrapper steps aside (``torch.compiler.is_compiling()``), so dynamo
-    never traces it. ``uncompile`` removes it with the compiled call. The first call of each
-    module (where its cold compile stalls the loop) is logged at INFO before it starts and with
-    its seconds after it ends (logger ``torchcompile_kit.diagnostics.regions``).
-
-    Args:
-        modules: compiled modules (one block group); an uncompiled one is skipped.
-        label: a readable name (the group's class name); the id adds a number to keep two
-            groups of one class apart.
-
-    Returns:
-        The region's id, the key for :meth:`CompileMonitor.record_for_region`.
+    Call it after ``module.compile()``: each compiled call is wrapped to set :func:`current_region`
+    while it runs (stepping aside under an outer compile); ``uncompile`` removes it. The first call
+    of each module is logged at INFO before and after, with its seconds. ``label`` is readable (the
+    group's class name); uncompiled modules are skipped.
 
     Example:
         >>> region = mark_region(blocks, "GPT2Block")  # doctest: +SKIP

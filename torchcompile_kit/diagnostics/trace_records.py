@@ -1,12 +1,6 @@
-"""What :class:`~torchcompile_kit.CompileMonitor` records, and how torch's words are read.
-
-Data classes for compiled frames, graph breaks, recompiles and recompile-limit hits, and the
-parsers that turn torch's structured-trace payloads into them. The texts parsed here are torch's
-(verified on torch 2.13): a graph-break artifact starts ``Graph break in user code at FILE:LINE``,
-then ``Graph Break Reason:``, the break type, ``Explanation:``/``Hint:`` lines and a link ending in
-the graph-break code (``gb0059.html``); a recompile-limit failure reads ``Dynamo recompile limit
-exceeded ... (currently set to 8) ... Limit type: recompile_limit``. Where a text does not match,
-the raw text is kept rather than guessed.
+"""What :class:`~torchcompile_kit.CompileMonitor` records, and the parsers that read torch's
+structured-trace texts into it (graph-break artifacts, recompile-limit failures; verified on torch
+2.13). Where a text does not match, the raw text is kept rather than guessed.
 """
 
 from __future__ import annotations
@@ -400,12 +394,9 @@ def owner_of(
     sources: list[tuple[str, int]],
     classes: list[type],
 ) -> str | None:
-    """The class among ``classes`` whose ``forward`` the frame ``function@file:line`` runs.
-
-    A frame is a class's own ``forward``, a wrapper installed as ``cls.forward`` (transformers'
-    ``forward_with_checkpointing``: one code object for every block class, told apart by the
-    graph's ``sources`` falling inside the wrapped ``forward``), or code resumed after a graph
-    break inside that ``forward``. ``None`` when no class (or more than one) fits.
+    """The one class among ``classes`` whose ``forward`` the frame runs: its own ``forward``, a wrapper
+    installed as ``cls.forward`` (told apart by the graph's ``sources``), or code resumed after a break
+    inside it; ``None`` when none or several fit.
 
     Example:
         >>> owner_of("forward", __file__, 1, [], [])  # no classes: nobody owns it

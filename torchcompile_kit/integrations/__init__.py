@@ -1,11 +1,7 @@
 """Drop-in use where users already train: HF Trainer, accelerate, DDP and FSDP2.
 
-The topic's API. Modules: :mod:`.trainer` (``CompileTrainerMixin``, ``CompileTrainer``),
-:mod:`.accelerate` (``prepare_bucket_dataloader``) and :mod:`.distributed`
-(``apply_fsdp2_regional``, ``enable_activation_checkpointing``; DDP needs no helper). Integrations
-import the core topics; nothing below imports them. transformers and accelerate are imported only
-where used: ``CompileTrainer`` (a ``transformers.Trainer`` subclass) is built on first access.
-``docs/integrations.md`` has a runnable example for each and the pitfalls they handle.
+transformers and accelerate are imported only where used; docs/integrations.md has a runnable
+example for each and the pitfalls they handle.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """accelerate: a bucket data loader sharded exactly once, and a regionally compiled model.
 
-``accelerator.prepare(compile_regional(model))`` needs nothing from here: accelerate keeps the
-same object (blocks compiled in place), ``save_state``/``load_state`` round-trip and the keys
-stay clean. The data loader was the trap: ``prepare`` wraps a batch sampler in
-``BatchSamplerShard``, which deals the batches out to the processes, and
-:class:`~torchcompile_kit.BucketBatchSampler` deals them out by itself too (``num_replicas``);
-were both to do it, each of 2 ranks would see a quarter of the data. The sampler notices the
-wrapper and leaves the dealing to it, so the plain ``accelerator.prepare(DataLoader(ds,
-batch_sampler=sampler))`` shards exactly once. :func:`prepare_bucket_dataloader` adds argument
-checks and a ``set_epoch`` on accelerate's wrapper (for code that calls it there, as
-transformers' Trainer does when it resumes).
+``accelerator.prepare(compile_regional(model))`` needs nothing from here, and the bucket sampler
+leaves the dealing out of batches to accelerate's ``BatchSamplerShard`` when it wraps it;
+:func:`prepare_bucket_dataloader` adds argument checks and ``set_epoch`` on accelerate's wrapper
+(docs/integrations.md, "accelerate").
 """
 
 from __future__ import annotations
@@ -34,23 +28,17 @@ def prepare_bucket_dataloader(
 ) -> Any:
     """``accelerator.prepare`` a ``DataLoader`` over a bucket sampler, sharded exactly once.
 
-    The same loader as ``accelerator.prepare(DataLoader(dataset, batch_sampler=sampler, ...))``
-    (which is also sharded exactly once: accelerate's ``BatchSamplerShard`` deals the batches
-    out, the sampler yields it the whole epoch, see
-    :class:`~torchcompile_kit.BucketBatchSampler`), plus two things: arguments the sampler
-    decides are refused, and the ``BatchSamplerShard`` gets a ``set_epoch`` reaching the
-    sampler (transformers' Trainer calls it there when it resumes through
-    ``skip_first_batches``). Every rank gets the same number of batches (no rank waits in an
-    all-reduce the others never reach); ``loader.set_epoch(epoch)``, which accelerate also calls
-    at each iteration, reaches the sampler.
+    The loader ``accelerator.prepare(DataLoader(dataset, batch_sampler=sampler))`` gives, plus two
+    things: arguments the sampler decides are refused, and accelerate's ``BatchSamplerShard`` gets a
+    ``set_epoch`` that reaches the sampler (Trainer calls it there when it resumes).
 
     Args:
         accelerator: the ``accelerate.Accelerator``.
         dataset: a map-style dataset; ``dataset[i]`` is sample ``i`` of ``sampler``'s lengths.
         sampler: the bucket sampler.
         collate_fn: e.g. :class:`~torchcompile_kit.PadToBucketCollator`.
-        **dataloader_kwargs: other ``DataLoader`` arguments (``num_workers``, ``pin_memory``);
-            not ``batch_size``/``shuffle``/``sampler``/``drop_last``, which the sampler decides.
+        **dataloader_kwargs: other ``DataLoader`` arguments (not ``batch_size``/``shuffle``/
+            ``sampler``/``drop_last``, which the sampler decides).
 
     Returns:
         The prepared loader (accelerate's ``DataLoaderShard``).
@@ -60,7 +48,6 @@ def prepare_bucket_dataloader(
             ``dataloader_kwargs`` holds an argument the batch sampler decides.
 
     Example:
-        >>> accelerator = Accelerator()  # doctest: +SKIP
         >>> sampler = BucketBatchSampler(lengths, buckets, batch_size=8)  # doctest: +SKIP
         >>> loader = prepare_bucket_dataloader(accelerator, dataset, sampler=sampler,
         ...     collate_fn=PadToBucketCollator(buckets=buckets))  # doctest: +SKIP

@@ -1,20 +1,5 @@
-"""DDP and FSDP2 with regional compilation: the order that works, as one call for FSDP2.
-
-DDP needs no helper: compile the blocks in place and wrap, in either order
-(``DDP(compile_regional(model))``); gradients match single-process eager and nothing recompiles
-(tests/integrations/test_distributed.py). FSDP2 needs an order, the one torchtitan uses
-(``torchtitan/models/llama3/infra/parallelize.py``), per block:
-
-1. activation checkpointing: it must sit *inside* the compiled region, Compile(AC(block)), or the
-   checkpointed recomputation runs eagerly; AC(Compile(block)) also broke DCP save/load
-   (torchtitan #2622);
-2. compile, in place (``module.compile()``), so state-dict keys stay free of ``_orig_mod.``;
-   a ``torch.compile(block)`` wrapper hides the block from ``fully_shard``'s per-module
-   wrapping (accelerate #4022);
-3. ``fully_shard`` each block, then the root, so each block's parameters are all-gathered just
-   before it runs and freed after.
-
-:func:`apply_fsdp2_regional` does the three steps in place.
+"""DDP and FSDP2 with regional compilation. DDP needs no helper (``DDP(compile_regional(model))``);
+:func:`apply_fsdp2_regional` does torchtitan's order per block (docs/integrations.md, "FSDP2").
 """
 
 from __future__ import annotations
@@ -34,17 +19,15 @@ __all__ = ["apply_fsdp2_regional", "enable_activation_checkpointing"]
 def enable_activation_checkpointing(model: nn.Module, *, blocks: Any = None) -> list[str]:
     """Checkpoint every repeated block's activations, in place (keys unchanged), before compiling.
 
-    A transformers model uses its own ``activation_checkpointing_enable`` (non-reentrant, inside
-    the block's ``forward``, so inside the compiled region). Any other model gets each block's
-    ``forward`` run under ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` through one
-    function shared by all blocks (a per-block object would be guarded and recompile per block);
-    :func:`~torchcompile_kit.uncompile` removes it again.
+    A transformers model uses its own ``activation_checkpointing_enable`` (inside the block's
+    ``forward``); any other model runs each block's ``forward`` under non-reentrant
+    ``torch.utils.checkpoint`` through one function shared by all blocks (a per-block object would
+    recompile per block). :func:`~torchcompile_kit.uncompile` removes it.
 
     Args:
         model: the model, not yet compiled.
-        blocks: ``None`` to discover the repeated blocks, or a ``blocks=`` selector as for
-            :func:`~torchcompile_kit.compile_regional` (ignored for transformers models, which
-            know their own layers).
+        blocks: ``None`` to discover the repeated blocks, or a ``blocks=`` selector (ignored for
+            transformers models).
 
     Returns:
         The names of the checkpointed blocks (``[]`` for a transformers model: it chooses).
@@ -91,23 +74,17 @@ def apply_fsdp2_regional(
 ) -> nn.Module:
     """Activation checkpointing, then regional compile, then ``fully_shard`` per block and root.
 
-    The order is torchtitan's (see the module docstring for why each step comes where it does).
-    Everything happens in place: the returned model is ``model`` (its class becomes
-    ``FSDP<Model>``, its blocks ``FSDP<Block>``), and ``state_dict()`` keys are the eager ones
-    (values are ``DTensor`` shards; gather with ``torch.distributed.checkpoint`` or
-    ``full_tensor()``).
+    All in place: the returned model is ``model`` (its class becomes ``FSDP<Model>``), and
+    ``state_dict()`` keys are the eager ones (values are ``DTensor`` shards).
 
     Args:
-        model: the model on its device, not yet compiled or sharded. The process group must be
-            initialized (``torch.distributed.init_process_group``).
+        model: the model on its device, not yet compiled or sharded; the process group initialized.
         checkpointing: checkpoint each block's activations (:func:`enable_activation_checkpointing`).
-        blocks: ``None`` to discover the repeated blocks, or a ``blocks=`` selector
-            (:func:`~torchcompile_kit.compile_regional`).
-        compile_kwargs: passed to :func:`~torchcompile_kit.compile_regional` (``backend``,
-            ``mode``, ...).
-        mesh: the ``DeviceMesh`` to shard over; ``None`` is all ranks (FSDP2's default).
+        blocks: ``None`` to discover the repeated blocks, or a ``blocks=`` selector.
+        compile_kwargs: passed to :func:`~torchcompile_kit.compile_regional`.
+        mesh: the ``DeviceMesh`` to shard over; ``None`` is all ranks.
         reshard_after_forward: free each block's gathered parameters after its forward (FSDP2's
-            default); ``False`` keeps them until backward (more memory, fewer all-gathers).
+            default); ``False`` keeps them until backward.
 
     Returns:
         ``model``, sharded, with its blocks compiled.

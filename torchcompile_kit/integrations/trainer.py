@@ -1,22 +1,5 @@
-"""HF ``Trainer`` with a regionally compiled model: bucket loader, compiled optimizer, compile logs.
-
-``Trainer(model=compile_regional(model))`` already trains, saves clean keys and resumes. What
-this adds is a mixin, :class:`CompileTrainerMixin` (``CompileTrainer`` is the mixin on
-``transformers.Trainer``), because every piece needs a ``Trainer`` method, not a callback:
-
-* the train loader (``get_train_dataloader``, the documented override): a
-  :class:`~torchcompile_kit.BucketBatchSampler` as ``batch_sampler``, keeping what Trainer's own
-  loader does (unused columns removed, workers seeded, ``set_epoch`` each epoch) and sharded
-  exactly once under several processes. Returning a batch sampler from ``_get_train_sampler``
-  crashes (Trainer passes it as ``sampler=``), and ``group_by_length`` is gone in transformers 5;
-* the optimizer (``create_optimizer``): :func:`~torchcompile_kit.compile_optimizer` on Trainer's
-  own optimizer (by default; ``compile_optimizer_kwargs=False`` opts out), driven by Trainer's
-  own scheduler;
-* the compile figures (``log``): ``Trainer.log`` appends to ``log_history`` and then calls every
-  callback, ``report_to`` integrations first, so keys added in a callback's ``on_log`` reach
-  neither; overriding ``log`` reaches every consumer;
-* ``TrainingArguments(torch_compile=True)`` is refused at construction: accelerate would
-  ``torch.compile`` the whole model and the blocks' own graphs would never run.
+"""HF ``Trainer`` with a regionally compiled model: bucket loader, compiled optimizer, compile logs
+(:class:`CompileTrainerMixin`; docs/integrations.md says why each is an override, not a callback).
 """
 
 from __future__ import annotations
@@ -49,38 +32,27 @@ class CompileTrainerMixin:
 
     Args:
         *args: passed to ``Trainer``.
-        train_batch_sampler: a :class:`~torchcompile_kit.BucketBatchSampler` over
-            ``train_dataset`` (``num_replicas=None``, the default: it shards exactly once on
-            any number of processes); pair it with ``data_collator=PadToBucketCollator(...)``.
-            ``None``: Trainer's own loader.
+        train_batch_sampler: a :class:`~torchcompile_kit.BucketBatchSampler` over ``train_dataset``
+            (``num_replicas=None``: it shards exactly once on any number of processes), with
+            ``data_collator=PadToBucketCollator(...)``. ``None``: Trainer's own loader.
         compile_optimizer_kwargs: how Trainer's optimizer is compiled with
-            :func:`~torchcompile_kit.compile_optimizer` (logged at INFO, naming the optimizer).
-            ``None`` (default): with ``{}`` (inductor) when the optimizer can be compiled; one
-            that cannot (Trainer's default ``optim="adamw_torch_fused"``: a fused step is
-            already one kernel; ``"adamw_torch"``, ``"sgd"`` can be compiled) stays eager, with
-            a warning saying so and naming the fix. A dict (``{"backend": "aot_eager"}``):
-            compile with it, and raise if the optimizer cannot be compiled. ``False``: leave
-            the optimizer eager.
-        compile_monitor: log ``compile/graphs``, ``compile/recompiles``, ... (the figures of
-            ``torchcompile_kit.diagnostics.CompileMonitor``, counted while ``train`` runs) with
-            every log; ``False`` to skip. The monitor is :attr:`monitor`: after (or during)
-            ``train``, ``trainer.monitor.summary()`` says which graphs, breaks and recompiles
-            (with their guards) happened.
-        compile_cache: a path or fsspec URL for :func:`~torchcompile_kit.compile_cache`:
-            ``train`` loads the artifact there before the first step (a warm start when it fits
-            this torch/CPU/model) and saves what was compiled on exit, also when training
-            raises. The session is :attr:`compile_cache_session` (``.loaded.summary()``).
-            ``None`` (default): no cache.
+            :func:`~torchcompile_kit.compile_optimizer`. ``None`` (default): ``{}`` when it can be
+            compiled, else eager with a warning (Trainer's default ``adamw_torch_fused`` is already
+            one kernel); a dict: compile with it, or raise; ``False``: leave it eager.
+        compile_monitor: log the ``compile/*`` figures of a ``CompileMonitor`` counted while
+            ``train`` runs (:attr:`monitor`); ``False`` to skip.
+        compile_cache: a path or fsspec URL for :func:`~torchcompile_kit.compile_cache`: ``train``
+            loads it before the first step and saves on exit, also when training raises
+            (:attr:`compile_cache_session`). ``None`` (default): no cache.
         **kwargs: passed to ``Trainer``.
 
     Raises:
         ValueError: ``args.torch_compile`` is set and the model is regionally compiled.
-        BatchShapeError: ``train_batch_sampler`` is not a ``BucketBatchSampler`` or was built
-            for another number of processes.
+        BatchShapeError: ``train_batch_sampler`` is not a ``BucketBatchSampler`` or was built for
+            another number of processes.
         TypeError: ``compile_optimizer_kwargs`` is not a dict, ``None`` or ``False``.
 
     Example:
-        >>> class MyTrainer(CompileTrainerMixin, Trainer): ...  # doctest: +SKIP
         >>> trainer = CompileTrainer(model=compile_regional(model), args=args,
         ...     train_dataset=ds, data_collator=PadToBucketCollator(buckets=buckets),
         ...     train_batch_sampler=BucketBatchSampler(lengths, buckets, batch_size=8),
@@ -165,16 +137,8 @@ class CompileTrainerMixin:
     # -- optimizer -------------------------------------------------------------------------
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's optimizer, compiled (once) unless ``compile_optimizer_kwargs=False``.
-
-        Returns:
-            The optimizer (the same object Trainer built).
-
-        Raises:
-            UnsupportedOptimizerError: ``compile_optimizer_kwargs`` is a dict and the optimizer
-                cannot be compiled (the message names the ``TrainingArguments(optim=...)``
-                fix). With the default (``None``) such an optimizer stays eager, with a warning.
-        """
+        """Trainer's optimizer, compiled once unless ``compile_optimizer_kwargs=False``; one that cannot
+        be compiled stays eager with a warning, or raises when the kwargs were a dict."""
         optimizer = super().create_optimizer(*args, **kwargs)
         options = self.compile_optimizer_kwargs
         if options is False or optimizer is self._compiled_optimizer:

@@ -1,20 +1,9 @@
 """``compile_optimizer``: a compiled ``optimizer.step`` that LR schedules never recompile.
 
-Three things go wrong when ``optimizer.step`` is compiled naively (measured on torch 2.13, see
-``docs/optimizer.md``):
-
-* a float ``lr`` is a constant in the graph, so a schedule recompiles it (once: floats turn
-  dynamic after one change; every step up to the recompile limit with ``specialize_float=True``);
-* OneCycleLR/CyclicLR also rewrite ``betas`` with floats, which inductor cannot lift, so Adam
-  recompiles every step until the limit of 8 and then runs eagerly (pytorch/pytorch#133898);
-* a tensor ``lr`` on CPU makes ``Adam(foreach=True)`` raise, because ``capturable`` (the mode that
-  accepts tensor hyperparameters in the foreach path) exists only for CUDA-like devices.
-
-:func:`compile_optimizer` puts 0-d tensors owned by this module in place of ``lr`` (and Adam's
-``betas``) for the duration of each step, filled with the values the scheduler wrote, with the
-foreach/capturable setting the device allows; between steps the groups hold floats as in a plain
-optimizer, so optimizer and scheduler checkpoints load into plain ``torch.optim`` objects. It runs
-the state-initialising first step eagerly.
+A float ``lr`` (and OneCycleLR's ``betas``) is a constant in a compiled step, so a schedule
+recompiles it, and a tensor ``lr`` breaks ``Adam(foreach=True)`` on CPU (docs/optimizer.md). During
+each step the groups hold 0-d tensors owned by this module, filled with the values the scheduler
+wrote; between steps they hold floats, so checkpoints load into plain ``torch.optim`` objects.
 """
 
 from __future__ import annotations
@@ -70,67 +59,37 @@ def compile_optimizer(
 ) -> torch.optim.Optimizer:
     """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
 
-    After the call, ``optimizer.step()`` (with or without a closure) runs compiled. What it
-    changes on ``optimizer``, and why:
-
-    * During each step, ``lr`` of every param group, and ``betas`` for Adam/AdamW, are 0-d
-      tensors owned by this module (float64 on CPU, float32 on accelerators), filled with the
-      group's current values: the compiled graph takes them as inputs, so a schedule (torch's,
-      OneCycleLR's new ``betas`` tuple, a hand-written ``group["lr"] = x``) never recompiles.
-    * During each step, Adam/AdamW groups on CPU get ``foreach=False`` (torch rejects a tensor lr
-      with foreach unless ``capturable``, which CPU lacks; under compile the for-loop is fused
-      horizontally anyway); on CUDA/XPU they get ``capturable=True``.
-    * Between steps the param groups hold what you and your scheduler put there (floats, your
-      ``foreach``/``capturable``), as in a plain optimizer: ``state_dict()``, a scheduler's
-      ``state_dict()`` (``base_lrs``, ``_last_lr``) and ``get_last_lr()`` hold floats, and a
-      checkpoint loads into a plain ``torch.optim`` optimizer and scheduler, and back.
-    * The first step, and any step where a parameter has a gradient but no state yet, runs
-      eagerly so the compiled graph always sees initialised state (no warm-up step is needed).
-      The step compiles at the next call; inside :func:`~torchcompile_kit.no_recompiles` that
-      first compile is allowed (a later recompile of the step is not).
-
-    What the compiled step really did is measured, not assumed: run steps under a
-    :class:`~torchcompile_kit.CompileMonitor` and read ``monitor.record_for(optimizer)`` (frames
-    of ``torch/optim`` code: graphs, recompiles with the failed guard, graph breaks, compile
-    seconds). Across an LR schedule it shows 0 recompiles (``tests/diagnostics/test_monitor.py``).
+    During each step, ``lr`` (and Adam's ``betas``) are 0-d tensors owned by this module, filled with
+    the group's current values, so a schedule never recompiles; Adam on CPU gets ``foreach=False``
+    and on CUDA/XPU ``capturable=True``. Between steps the groups hold what you and your scheduler put
+    there, so checkpoints load into plain ``torch.optim`` objects and back. The first step (and any
+    step that initialises state) runs eagerly; the step compiles at the next call, and inside
+    :func:`~torchcompile_kit.no_recompiles` that first compile is allowed. ``monitor.record_for(
+    optimizer)`` of a :class:`~torchcompile_kit.CompileMonitor` shows what the step compiled.
 
     Args:
         optimizer: ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (``fused`` and ``differentiable``
-            off). ``impl="foreach_map"`` takes Adam/AdamW without ``amsgrad``/``maximize``.
-            accelerate's ``AcceleratedOptimizer`` (``Trainer.optimizer`` after training starts)
-            is unwrapped: its inner ``.optimizer`` is compiled and the wrapper returned.
+            off); ``impl="foreach_map"`` takes Adam/AdamW without ``amsgrad``/``maximize``.
+            accelerate's ``AcceleratedOptimizer`` is unwrapped (its ``.optimizer`` is compiled).
         impl: ``"step"`` compiles the optimizer's own ``step``; ``"foreach_map"`` compiles
             :func:`torchcompile_kit.optim.foreach_map_adam_step`, one horizontally fused update.
         scheduler: the LR scheduler driving ``optimizer``, if any; checked to be bound to it.
-            Schedulers created before or after this call both work.
-        static_grads: mark every gradient with ``torch._dynamo.mark_static_address`` before the
-            compiled step, so CUDA graphs (``mode="reduce-overhead"``) do not copy them. Only
-            useful when gradients keep their storage: zero them with :func:`zero_grads_in_place` or
-            ``optimizer.zero_grad(set_to_none=False)``; a warning says when they were
-            re-allocated.
-        verify: run the first compiled step eagerly too, from the same parameters and state,
-            and compare the parameter updates and the new state; on a difference beyond the
-            dtype's tolerance, restore the parameters and state to before the step and raise
-            ``CompiledMismatchError`` (recipe, torch version, largest difference); otherwise the
-            compiled step's result is kept. It costs one eager step and, while it runs, two
-            copies of the parameters and state. ``None`` (default) checks when those take at
-            most 256 MiB (with Adam, about 22M fp32 parameters) and skips above, ``True``
-            always checks, ``False`` never. A running :class:`~torchcompile_kit.CompileMonitor`
-            records the check.
+        static_grads: mark every gradient as a static address so CUDA graphs do not copy them;
+            useful only when gradients keep their storage (:func:`zero_grads_in_place`).
+        verify: run the first compiled step eagerly too and compare updates and state; on a
+            difference, restore parameters and state and raise ``CompiledMismatchError``. ``None``
+            (default) checks when the copies take at most 256 MiB; ``True``/``False`` force it.
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``options``, ``recompile_limit`` ...).
 
     Returns:
-        The same ``optimizer``, its ``step`` replaced. ``torchcompile_kit.uncompile(optimizer)``
-        restores the eager step.
+        The same ``optimizer``, its ``step`` replaced; :func:`~torchcompile_kit.uncompile` undoes it.
 
     Raises:
-        UnsupportedOptimizerError: for an optimizer or option listed above as unsupported, an
-            unknown ``impl``, ``fullgraph=True`` with ``impl="step"``, a scheduler bound to
-            another optimizer, or an optimizer already compiled.
+        UnsupportedOptimizerError: an optimizer or option not listed above, an unknown ``impl``,
+            ``fullgraph=True`` with ``impl="step"``, a scheduler bound to another optimizer, or an
+            optimizer already compiled.
         TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
-        CompiledMismatchError: (at the first compiled step, not here) the compiled step
-            differed from the eager step, with ``verify`` on.
 
     Example:
         >>> model = torch.nn.Linear(4, 2)

@@ -1,13 +1,9 @@
 """A horizontally fused Adam/AdamW step built on torch's ``foreach_map``.
 
-``foreach_map(op, *lists)`` applies one pointwise function to every tensor of a list and lets
-inductor fuse the whole list into a few kernels (the "Explicit horizontal fusion with foreach_map"
-tutorial, torch >= 2.7). This module holds the functional core, :func:`foreach_map_adam_step`, and
-the wiring that ``compile_optimizer(optimizer, impl="foreach_map")`` installs as ``optimizer.step``.
-
-Written against ``torch.optim.Adam``'s single-tensor update (``torch/optim/adam.py``), not the
-tutorial: the tutorial runs with a different lr than its optimizer and drops the weight-decay term.
-Parity with ``torch.optim`` is what the tests check.
+:func:`foreach_map_adam_step` is the functional core; ``compile_optimizer(optimizer,
+impl="foreach_map")`` installs it as ``optimizer.step``. Written against ``torch.optim.Adam``'s
+single-tensor update, not the "Explicit horizontal fusion with foreach_map" tutorial (which drops
+the weight-decay term); parity with ``torch.optim`` is what the tests check.
 """
 
 from __future__ import annotations
@@ -86,23 +82,17 @@ def foreach_map_adam_step(
 ) -> None:
     """One Adam (``decoupled=False``) or AdamW (``decoupled=True``) step, horizontally fused.
 
-    Updates ``params``, ``exp_avgs``, ``exp_avg_sqs`` and ``steps`` in place, with the arithmetic
-    of ``torch.optim.Adam`` / ``AdamW`` (bias correction, ``amsgrad=False``, ``maximize=False``).
-    The per-tensor update is one ``foreach_map`` call; under ``torch.compile`` inductor emits a few
-    horizontally fused kernels for the whole list. It also runs uncompiled (slowly, one tensor at
-    a time).
-
-    Hyperparameters may be Python floats or 0-d tensors (a tensor lr can change between calls
-    without recompiling), either one value for all tensors or a sequence with one value per tensor
-    (how :func:`compile_optimizer` passes several param groups in one call).
+    Updates ``params``, ``exp_avgs``, ``exp_avg_sqs`` and ``steps`` in place with ``torch.optim``'s
+    arithmetic (bias correction; no ``amsgrad``/``maximize``) in one ``foreach_map`` call, which
+    inductor fuses into a few kernels (uncompiled it runs tensor by tensor). Hyperparameters are
+    floats or 0-d tensors (a tensor lr changes without recompiling), one value or one per tensor.
 
     Args:
         params: the parameters (updated in place).
-        grads: their gradients, same length and shapes.
+        grads: their gradients, same length and shapes (not sparse).
         exp_avgs: first-moment state, as ``optimizer.state[p]["exp_avg"]``.
         exp_avg_sqs: second-moment state, as ``optimizer.state[p]["exp_avg_sq"]``.
-        steps: 0-d float tensors counting steps taken, as ``optimizer.state[p]["step"]``;
-            incremented before the update, as in ``torch.optim``.
+        steps: 0-d float step counts, as ``optimizer.state[p]["step"]``; incremented first.
         lr: learning rate.
         beta1: first-moment decay (``betas[0]``).
         beta2: second-moment decay (``betas[1]``).
@@ -110,19 +100,13 @@ def foreach_map_adam_step(
         weight_decay: L2 penalty (Adam) or decoupled decay factor (AdamW).
         decoupled: ``True`` for AdamW's decoupled weight decay, ``False`` for Adam's L2 term.
 
-    Returns:
-        None; the lists are updated in place.
-
     Raises:
-        ValueError: if the lists differ in length or a hyperparameter sequence has the wrong
-            length.
-        UnsupportedOptimizerError: if a gradient is sparse.
+        ValueError: lists or a hyperparameter sequence of the wrong length.
+        UnsupportedOptimizerError: a sparse gradient.
 
     Example:
-        >>> params = [torch.zeros(3)]
-        >>> grads = [torch.ones(3)]
+        >>> params, grads = [torch.zeros(3)], [torch.ones(3)]
         >>> m, v, steps = [torch.zeros(3)], [torch.zeros(3)], [torch.tensor(0.0)]
-        >>> step = torch.compile(foreach_map_adam_step)  # doctest: +SKIP
         >>> foreach_map_adam_step(params, grads, m, v, steps, lr=1e-3, beta1=0.9, beta2=0.999,
         ...                       eps=1e-8, weight_decay=0.0, decoupled=False)
         >>> float(steps[0])
@@ -181,20 +165,9 @@ _UNSUPPORTED_OPTIONS = ("amsgrad", "maximize", "differentiable", "fused")
 
 
 def check_foreach_map_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Raise unless ``optimizer`` is an Adam/AdamW that :func:`foreach_map_adam_step` can run.
-
-    Args:
-        optimizer: the optimizer ``compile_optimizer(..., impl="foreach_map")`` was given.
-
-    Raises:
-        UnsupportedOptimizerError: for other optimizers, ``amsgrad``/``maximize``/
-            ``differentiable``/``fused`` set, complex parameters, or param groups that mix Adam
-            and AdamW weight decay.
-
-    Example:
-        >>> opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
-        >>> check_foreach_map_optimizer(opt)
-    """
+    """Raise ``UnsupportedOptimizerError`` unless ``optimizer`` is an Adam/AdamW that
+    :func:`foreach_map_adam_step` can run (no ``amsgrad``/``maximize``/``differentiable``/``fused``,
+    real parameters, no mix of Adam and AdamW decay)."""
     if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         raise UnsupportedOptimizerError(
             f"impl='foreach_map' implements Adam and AdamW only, got {type(optimizer).__name__!r}; "
@@ -227,25 +200,10 @@ def _is_decoupled(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bo
 def make_foreach_map_step(
     optimizer: torch.optim.Optimizer, **compile_kwargs: Any
 ) -> Callable[[], None]:
-    """A function that runs one compiled :func:`foreach_map_adam_step` over ``optimizer``.
-
-    It reads the current lists from ``optimizer`` on every call (params with a grad, their state,
-    each group's hyperparameters), so schedulers, ``load_state_dict`` and ``add_param_group``
-    keep working. The state must exist: ``compile_optimizer`` runs torch's own step for the
-    first call (and whenever a parameter gains a gradient for the first time), which is the
-    warm-up the foreach_map tutorial leaves to the user.
-
-    Args:
-        optimizer: an Adam/AdamW accepted by :func:`check_foreach_map_optimizer`.
-        **compile_kwargs: passed to ``torch.compile`` unchanged.
-
-    Returns:
-        A function of no arguments that performs the update in place.
-
-    Example:
-        >>> p = torch.nn.Parameter(torch.zeros(2)); opt = torch.optim.Adam([p])
-        >>> step = make_foreach_map_step(opt, backend="aot_eager")  # doctest: +SKIP
-    """
+    """A function of no arguments that runs one compiled :func:`foreach_map_adam_step` over
+    ``optimizer``, reading its lists on every call (so schedulers, ``load_state_dict`` and
+    ``add_param_group`` keep working). The state must exist: ``compile_optimizer`` runs torch's own
+    step first."""
     check_foreach_map_optimizer(optimizer)
     functional = torch.compile(foreach_map_adam_step, **compile_kwargs)
 

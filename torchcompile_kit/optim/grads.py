@@ -14,20 +14,10 @@ __all__ = ["zero_grads_in_place"]
 def zero_grads_in_place(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
     """Zero every existing gradient in place, keeping its storage (``None`` grads stay ``None``).
 
-    ``zero_grad()`` sets gradients to ``None`` by default, so backward allocates new ones at new
-    addresses every step. With ``compile_optimizer(..., static_grads=True)`` and CUDA graphs the
-    gradients are static inputs, and a new address means a copy (or a re-recording); zeroing in
-    place keeps the address. One ``torch._foreach_zero_`` call per step. On CPU, or without
-    CUDA graphs, ``zero_grad()`` (set to ``None``) is as good and uses less memory between steps.
-
-    Args:
-        model: a module, an optimizer, or an iterable of parameters whose ``.grad`` to zero.
-
-    Returns:
-        None.
-
-    Raises:
-        TypeError: if ``model`` is none of the above.
+    For CUDA graphs with ``compile_optimizer(..., static_grads=True)``: a gradient at a new address
+    (``zero_grad()`` sets them to ``None``) means a copy. On CPU, or without CUDA graphs,
+    ``zero_grad()`` is as good and uses less memory. ``model`` is a module, an optimizer or an
+    iterable of parameters (``TypeError`` otherwise).
 
     Example:
         >>> model = torch.nn.Linear(2, 1)

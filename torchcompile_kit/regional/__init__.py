@@ -1,9 +1,6 @@
 """Regional compilation: compile the repeated blocks of a model once, not the whole model.
 
-The topic's API. Modules: :mod:`.plan` (the plan, data),
-:mod:`.discovery` (which modules are blocks), :mod:`.preflight` (per-instance state that would
-recompile), :mod:`.transformers_support` (the loss fix, the KV-cache trap, block hints) and
-:mod:`.compile` (compiling in place, and undoing it).
+The topic's API.
 """
 
 from .compile import compile_in_place, compile_regional, uncompile

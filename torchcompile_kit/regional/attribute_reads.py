@@ -1,8 +1,5 @@
-"""What a block class's methods do with ``self.<attribute>``, read from their source.
-
-The preflight (:mod:`.preflight`) asks this of every attribute that differs between the instances
-of a block class: one that is only handed on (``cache.update(..., self.layer_idx)``) does not make
-dynamo specialize, one the code decides on does.
+"""What a block class's methods do with ``self.<attribute>``, read from their source: only handed
+on (``cache.update(..., self.layer_idx)``: no specialization) or decided on (a graph per value).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Regional compilation: compile the repeated blocks of a model once, not the whole model.
-
-Since torch 2.5 dynamo inlines ``nn.Module``s, so parameters are graph inputs and one compiled
-graph of a block class's ``forward`` serves every instance whose guards pass. Compiling the blocks
-in place (``module.compile()``) rather than wrapping them (``torch.compile(module)``) keeps
-``state_dict()`` keys free of ``_orig_mod.`` (torchtitan #2688, accelerate #4022).
+"""Regional compilation: compile the repeated blocks of a model once, in place (``module.compile()``
+keeps ``state_dict()`` keys free of ``_orig_mod.``), and undo it.
 """
 
 from __future__ import annotations
@@ -50,54 +46,31 @@ def compile_regional(
 ) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
 
-    Every block is compiled with ``module.compile(**compile_kwargs)``, so one graph per block
-    class serves all its instances, ``state_dict()`` keys are unchanged and checkpoints load
-    both ways. Before compiling, a guard preflight looks for per-instance state that would make
-    blocks recompile (an int such as ``layer_idx`` read in ``forward``, a per-block object) and
-    warns with the attribute and the fix; where blocks really come in more variants than the
-    recompile limit allows, it raises the limit for that group only (``torch.compile``'s own
-    ``recompile_limit=``), never globally.
-
-    For transformers models, training forwards run with ``use_cache=False`` unless the caller
-    passes ``use_cache``: the default cache makes every block guard on its own cache layer and
-    recompile (a graph per layer, then the recompile limit). Calls that build or pass a cache (an
-    eval-mode forward with the config's ``use_cache=True``, ``use_cache=True``, ``generate()``)
-    run the blocks eagerly and return eager's outputs, ``past_key_values`` included; the first
-    such forward warns once. Pass ``use_cache=False`` (or set ``config.use_cache = False``) to
-    evaluate compiled.
+    Every block is compiled with ``module.compile(**compile_kwargs)``, so one graph per block class
+    serves all its instances and ``state_dict()`` keys are unchanged. A guard preflight first warns
+    about per-instance state that would make blocks recompile (``layer_idx`` read in ``forward``),
+    and raises the recompile limit for one group only where blocks really come in more variants.
+    Training forwards of transformers models run with ``use_cache=False`` unless the caller passes
+    ``use_cache``; calls that build or pass a KV cache run the blocks eagerly (warned once).
+    docs/regional.md has the measurements behind each option.
 
     Args:
         model: the model; compiled in place.
         blocks: ``None`` to discover the repeated blocks, or a selector (see
-            :func:`find_repeated_blocks`); a mapping gives per-group compile kwargs, which
-            override ``compile_kwargs`` for that group.
-        remainder: also compile each eager module that holds parameters (embeddings, final
-            norm, LM head) as its own region. Measured, it never paid: +5-7 s of compile and
-            steps 0-6% slower (``docs/regional.md``, "The remainder and the loss").
-        compile_loss: pin a transformers model's loss function (as :func:`fix_loss_function`)
-            and compile it with ``compile_kwargs``. With a 32,000-token vocabulary it made
-            steps 1.2x faster for 2.6 s of compile; with 1,024 it changed nothing
-            (``docs/regional.md``). No effect on other models.
-        keep_kv_cache: leave transformers' ``use_cache`` default alone in training forwards
-            too, and compile the calls that pass a cache (a graph per layer: measured on
-            GPT-2 and Llama in ``docs/regional.md``).
-        nested: the hybrid: compile the whole model once (in place) with each block's
-            ``forward`` marked as a ``torch.compiler.nested_compile_region``, so a block class is
-            traced once and reused inside one whole-model graph (fusion across the rest of the
-            model, compile time closer to regional). A transformers loss is pinned as by
-            :func:`fix_loss_function`. Per-group kwargs (a ``blocks`` mapping) and ``remainder``
-            do not apply.
-            Experimental: with inductor on CPU (torch 2.13) its gradients were measured to
-            differ from eager, so that combination is refused (``UnsafeCompileModeError``); with
-            inductor elsewhere it warns that it is unverified.
-        verify: compare the model's first call in each state (train/eval, grad on/off) with an
-            eager run of the same call (outputs, and gradients when grad is on), and raise
-            ``CompiledMismatchError`` (recipe, torch version, largest difference) before the call
-            returns if they differ. ``None`` (default) checks with ``nested=True``, the recipe
-            that ran every block with block 0's weights on torch 2.14/2.15 (the check costs a few
-            percent of that first compiled call, ``docs/regional.md``), and not block by block;
-            ``True``/``False`` force it. Each check is recorded by a running
-            :class:`~torchcompile_kit.CompileMonitor` (``first_call_checks``).
+            :func:`find_repeated_blocks`); a mapping gives per-group compile kwargs.
+        remainder: also compile each eager module that holds parameters (embeddings, final norm,
+            LM head) as its own region (measured: it never paid).
+        compile_loss: pin a transformers model's loss function (:func:`fix_loss_function`) and
+            compile it; pays with a large vocabulary. No effect on other models.
+        keep_kv_cache: leave transformers' ``use_cache`` default alone and compile the calls that
+            pass a cache (a graph per layer).
+        nested: the hybrid: compile the whole model once with each block's ``forward`` as a
+            ``torch.compiler.nested_compile_region``. Experimental: refused with inductor on CPU
+            (wrong gradients measured), unverified elsewhere; ``blocks`` mappings and
+            ``remainder`` do not apply.
+        verify: compare the first call in each state (train/eval, grad on/off) with eager and raise
+            ``CompiledMismatchError`` if they differ. ``None`` (default) checks with ``nested=True``
+            only; ``True``/``False`` force it.
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``fullgraph``, ``dynamic``, ``options``, ...).
 
@@ -105,19 +78,15 @@ def compile_regional(
         ``model`` itself. The plan is available from :func:`get_regional_plan`.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` is not a bool or ``None``.
         ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
         NoRepeatedBlocksError: no block class repeats and ``blocks`` was not given.
-        UnsafeCompileModeError: ``nested=True`` with inductor on CPU (wrong gradients measured).
+        UnsafeCompileModeError: ``nested=True`` with inductor on CPU.
         BlockSelectorError: a ``blocks=`` selector matches nothing.
-        TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
-        CompiledMismatchError: (at a later call, not here) the first call in a state differed
-            from eager, with ``verify`` on.
 
     Example:
         >>> model = compile_regional(GPT2LMHeadModel(config))  # doctest: +SKIP
         >>> model = compile_regional(model, nested=True, backend="aot_eager")  # doctest: +SKIP
-        >>> model(**batch).loss.backward()  # checked against eager first  # doctest: +SKIP
         >>> model = compile_regional(vit_gpt2, blocks={"encoder.*": {"mode": "max-autotune"},
         ...                                            "decoder.*": {}})  # doctest: +SKIP
     """
@@ -191,19 +160,9 @@ def compile_regional(
 def uncompile(model: Any) -> Any:
     """Restore eager execution of a model or optimizer compiled in place, and return it.
 
-    For a model, undoes :func:`compile_regional` (blocks, remainder, loss function, the
-    ``use_cache`` hook), ``compile_peft`` (and its runtime checks) and any ``module.compile()``
-    call inside ``model``; weights are untouched. For an optimizer, undoes
-    ``compile_optimizer``: ``step`` is the optimizer class's eager step again, its state kept.
-
-    Args:
-        model: the model, or the optimizer (a torch optimizer, or accelerate's wrapper of one).
-
-    Returns:
-        ``model`` itself, running eagerly.
-
-    Raises:
-        TypeError: neither an ``nn.Module`` nor an optimizer.
+    For a model: undoes :func:`compile_regional` (blocks, remainder, loss, the ``use_cache`` hook),
+    ``compile_peft`` and any ``module.compile()`` inside it; weights untouched. For an optimizer (or
+    accelerate's wrapper): undoes ``compile_optimizer``, state kept. ``TypeError`` for anything else.
 
     Example:
         >>> model = uncompile(compile_regional(model))  # doctest: +SKIP
@@ -224,15 +183,9 @@ def uncompile(model: Any) -> Any:
 def compile_in_place(modules: list[nn.Module], **compile_kwargs: Any) -> None:
     """``module.compile(**compile_kwargs)`` for each module, also for torch.nn's own classes.
 
-    Dynamo does not trace a top-level frame inside ``torch.nn`` (it skips torch's own files), so
-    ``nn.Linear().compile()`` or ``nn.TransformerEncoderLayer().compile()`` compiles nothing. Such
-    modules get a frame of ours that calls into them: one ``torch.compile`` of it per call of this
-    function, with its own cache (``isolate_recompiles``), so the modules passed together share one
-    graph, as ``module.compile()`` shares one per class.
-
-    Args:
-        modules: modules of one class (a block group), or a single module.
-        **compile_kwargs: passed to ``torch.compile``.
+    Dynamo does not trace a top-level frame inside ``torch.nn``, so those modules get a frame of ours
+    that calls into them: one ``torch.compile`` per call of this function, with its own cache
+    (``isolate_recompiles``), so the modules passed together share one graph.
     """
     torch_nn = [m for m in modules if type(m).__module__.startswith("torch.nn.")]
     for module in modules:

@@ -18,7 +18,6 @@ __all__ = [
     "DECLARATION",
     "BlocksArg",
     "declared_blocks",
-    "discover_blocks",
     "eager_remainder",
     "find_repeated_blocks",
     "select_blocks",
@@ -40,28 +39,15 @@ def _is_block_candidate(module: nn.Module) -> bool:
 
 
 def declared_blocks(model: nn.Module) -> list[str]:
-    """The modules of the classes ``model`` (or a module inside it) declares in ``_repeated_blocks``.
-
-    Every instance counts, also the only one of its class (diffusers' test configs hold one block
-    of each class): one graph per class. Classes match along the ancestry (FSDP2's renamed
-    classes). Empty when nothing is declared or nothing declared is present.
-
-    Example:
-        >>> model._repeated_blocks = ["LlamaDecoderLayer"]  # doctest: +SKIP
-        >>> declared_blocks(model)  # doctest: +SKIP
-        ['model.layers.0', 'model.layers.1']
-    """
+    """The modules of the classes ``model`` (or a module in it) declares in ``_repeated_blocks``,
+    every instance counted (one graph per class); classes match along the ancestry (FSDP2's renamed
+    classes). Empty when nothing declared is present."""
     declared = {name for module in model.modules()
                 for name in (getattr(module, DECLARATION, None) or ())}
     if not declared:
         return []
     return _outermost(name for name, module in model.named_modules()
                       if any(cls.__name__ in declared for cls in type(module).__mro__))
-
-
-def discover_blocks(model: nn.Module) -> list[str]:
-    """Qualified names of the blocks discovery finds (see :func:`find_repeated_blocks`)."""
-    return _discover(model)[0]
 
 
 def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
@@ -235,22 +221,17 @@ def eager_remainder(model: nn.Module, groups: list[BlockGroup]) -> list[str]:
 def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> RegionalPlan:
     """Plan regional compilation without compiling anything.
 
-    With ``blocks=None``, a model that declares its blocks gets exactly those: the classes named
-    in ``_repeated_blocks`` (diffusers' models; set it on your own model too), every instance,
-    also a class that occurs once (:func:`declared_blocks`). Otherwise discovery takes every
-    class with two or more instances directly inside an ``nn.ModuleList``, ``nn.ModuleDict`` or
-    ``nn.Sequential`` (leaf modules such as ``nn.Linear`` are not blocks), plus the classes a
-    transformers model names in ``_no_split_modules`` that occur at least twice. Only the
-    outermost match is kept (a block inside a block is compiled as part of it). Several stacks
-    (encoder and decoder) are all found. Each group's ``selector`` says where it came from:
-    ``"declared: _repeated_blocks"``, ``"discovered"``, or the ``blocks=`` selector.
+    With ``blocks=None``: the classes a model declares in ``_repeated_blocks`` (diffusers' models;
+    :func:`declared_blocks`), else every class with two or more instances directly inside a
+    ``ModuleList``/``ModuleDict``/``Sequential``, plus transformers' ``_no_split_modules`` classes that
+    repeat; only the outermost match is kept, and several stacks are all found. Each group's
+    ``selector`` says where it came from.
 
     Args:
         model: the model to plan for.
-        blocks: ``None`` for discovery, or a selector overriding it: a class (matches
-            subclasses too), a class name (``"LlamaDecoderLayer"``), a module-path pattern
-            (``"encoder.layer.*"``, fnmatch syntax), a list of these, or a mapping from selectors
-            to per-group ``torch.compile`` keyword arguments.
+        blocks: ``None`` for discovery, or a selector: a class (subclasses match), a class name, a
+            module-path pattern (``"encoder.layer.*"``), a list of these, or a mapping from
+            selectors to per-group ``torch.compile`` kwargs.
 
     Returns:
         The :class:`RegionalPlan`: ``.blocks`` (qualified names), ``.groups`` by class, ``.eager``.

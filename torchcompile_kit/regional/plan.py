@@ -176,25 +176,13 @@ class RegionalPlan:
     def report(self, monitor: CompileMonitor) -> PlanReport:
         """The measured side of the plan: what each group really compiled under ``monitor``.
 
-        Run the first step(s) under a :class:`~torchcompile_kit.CompileMonitor`, then ask. Per
-        group: predicted against measured graphs, recompiles with the failed guard, graph breaks
-        inside the blocks or their callees, recompile-limit hits and compile seconds. What is
-        measured is what dynamo compiled while the group's blocks ran (each group is a marked
-        region): the blocks' entry frames, the code resumed after their breaks and the callees
-        dynamo compiled as frames of their own, each graph once however often dynamo restarted
-        its analysis. So the groups add up to dynamo's own counts. A group that compiled nothing,
-        more graphs than predicted, broke its graph or hit the limit is flagged; a preflight
-        warning that dynamo disproved (fewer graphs than predicted) is withdrawn, in the report
-        and as a note in the monitor's record.
-
-        Args:
-            monitor: a monitor that was recording while the model ran (running or stopped).
-
-        Returns:
-            A :class:`PlanReport` (``str()`` or ``.summary()`` for a table, ``.as_dict()``).
+        Per group (a marked region, so the groups add up to dynamo's own counts): predicted against
+        measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile seconds.
+        A group that compiled nothing or more than predicted, broke its graph or hit the limit is
+        flagged; a preflight warning dynamo disproved is withdrawn (also as a note in the monitor).
+        Returns a :class:`PlanReport`.
 
         Example:
-            >>> model = compile_regional(model, backend="aot_eager")  # doctest: +SKIP
             >>> with CompileMonitor() as mon:  # doctest: +SKIP
             ...     model(**batch).loss.backward()
             >>> print(get_regional_plan(model).report(mon))  # doctest: +SKIP

@@ -1,10 +1,8 @@
 """Guard preflight: find per-instance state that would make repeated blocks recompile.
 
-Dynamo specializes on int (and other constant) attributes of ``nn.Module``s
-(``allow_unspec_int_on_nn_module=False``) and guards some per-instance objects by identity
-(pytorch#163329), and its cache is per code object: all instances of a block class share one
-budget of ``recompile_limit`` (8) entries. A block that reads a distinct ``self.layer_idx`` in
-``forward`` therefore compiles once per layer until the limit, then silently runs eagerly.
+Dynamo specializes on int attributes of modules and guards some per-instance objects by identity
+(pytorch#163329), with one recompile budget per code object: a block reading a distinct
+``self.layer_idx`` compiles once per layer until the limit, then silently runs eagerly.
 """
 
 from __future__ import annotations
@@ -104,27 +102,13 @@ def find_instance_variants(
     cache_disabled: bool = True,
     keys: Sequence[Hashable] | None = None,
 ) -> tuple[list[GuardFinding], list[tuple[int, int]]]:
-    """Attributes that differ between instances and are read by their methods.
+    """Attributes that differ between instances of one group and are read by their methods.
 
-    Instances are first split by structure (T5's encoder and decoder blocks share a class but
-    not their submodules: they are different graphs by construction); within each structure,
-    attributes that differ and are read make variants. Only attributes the code uses itself
-    (:attr:`GuardFinding.certain`) count as variants; attributes only handed on as arguments are
-    reported with ``certain=False``.
-
-    Args:
-        instances: the blocks of one group.
-        cache_disabled: transformers' cache-only attributes (``layer_idx``) are not reported.
-        keys: per instance, what else dynamo guards that differs between them (the
-            ``requires_grad`` patterns of :func:`requires_grad_variants`): part of the variant.
-
-    Returns:
-        The findings and, per structure, ``(instances, certain variants)``.
-
-    Example:
-        >>> findings, counts = find_instance_variants(list(model.layers))  # doctest: +SKIP
-        >>> counts  # 12 blocks that read a distinct self.layer_idx  # doctest: +SKIP
-        [(12, 12)]
+    Instances are first split by structure (T5's encoder and decoder blocks are different graphs by
+    construction); within each, differing attributes the code uses itself are variants
+    (``certain=True``), those only handed on are reported with ``certain=False``. ``keys`` (from
+    :func:`requires_grad_variants`) adds what else dynamo guards per instance. Returns the findings
+    and, per structure, ``(instances, certain variants)``.
     """
     extra = {id(block): key for block, key in zip(instances, keys)} if keys is not None else {}
     by_structure: dict[tuple, list[nn.Module]] = {}
@@ -170,24 +154,9 @@ def _describe(finding: GuardFinding) -> str:
 def requires_grad_variants(
     model: nn.Module, instances: Sequence[nn.Module]
 ) -> tuple[list[Hashable], list[Hashable], list[str]]:
-    """What dynamo guards about each block's tensors: in training, and in eval.
-
-    Dynamo guards every tensor's shape and ``requires_grad``: a block's parameters (a frozen
-    block, or one of another width, is another graph than the others of its class) and its
-    input (which requires grad
-    when any trainable parameter registered before the block fed it: trainable embeddings or an
-    earlier trainable block). Under ``torch.no_grad()`` no input requires grad, but the
-    parameters' patterns still differ. Pass the keys to :func:`find_instance_variants`.
-
-    Returns:
-        ``(training key per block, no_grad key per block, names of the blocks with a frozen
-        parameter)``.
-
-    Example:
-        >>> train, evaluation, frozen = requires_grad_variants(model, list(model.transformer.h))  # doctest: +SKIP
-        >>> len(set(train)), frozen  # doctest: +SKIP
-        (2, ['transformer.h.0'])
-    """
+    """What dynamo guards about each block's tensors (parameters' and input's ``requires_grad``),
+    in training and under ``no_grad``: ``(training keys, no_grad keys, names of blocks with a frozen
+    parameter)``, for :func:`find_instance_variants`."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
     first_trainable = min((position[id(p)] for p in model.parameters() if p.requires_grad),
                           default=None)
@@ -218,17 +187,11 @@ def preflight_group(
     cache_disabled: bool = True,
     requires_grad: tuple[list[Hashable], list[Hashable], list[str]] | None = None,
 ) -> Preflight:
-    """Warn about per-instance guards in one block group; size its recompile limit if needed.
+    """Warn about per-instance guards in one block group and return its :class:`Preflight`.
 
-    A warning is given only for state the block's code uses itself (each value is a graph);
-    state that is only handed on to another function *may* recompile, which is logged at INFO
-    level for the measured count (``CompileMonitor``, ``RegionalPlan.report()``) to confirm.
-
-    Returns:
-        The :class:`Preflight`: predicted graphs, the attributes that may add graphs, and a
-        ``recompile_limit`` for this group's ``torch.compile`` calls when the graphs of training
-        and of a ``no_grad`` evaluation exceed the global limit and the user did not set one.
-        ``requires_grad`` is :func:`requires_grad_variants`' answer for these blocks.
+    Only state the block's code uses itself is warned about (each value is a graph); state only
+    handed on *may* recompile and is logged at INFO. The ``recompile_limit`` is set for this group
+    when its training and ``no_grad`` graphs exceed the global limit and the user set none.
     """
     findings, counts = find_instance_variants(instances, cache_disabled=cache_disabled)
     variants = sum(v for _, v in counts)
@@ -318,22 +281,11 @@ def _warn_about_variants(
 def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequence[bool]) -> None:
     """Size one recompile limit for the groups whose blocks run one code object, and record it.
 
-    Dynamo's cache, and so its recompile limit, is per code object. transformers runs every
-    block class's ``forward`` through one wrapper (``GradientCheckpointingLayer``'s
-    ``forward_with_checkpointing``), so all block classes of a model (ViT and GPT-2 blocks of a
-    captioner, the T5 blocks of two groups) fill one cache: the second class is compiled as a
-    recompile of the first's code, and a limit sized per class is too small for them together.
-    Here the need of every group sharing a code object (its predicted graphs in training and
-    under ``no_grad``) is summed; where the sum exceeds the limit, each of those groups' compile
-    calls gets ``recompile_limit=`` the sum (torch >= 2.13; older torch gets a warning), never
-    the process. Each group records the classes it shares with and the budget
-    (:attr:`BlockGroup.budget`), which :meth:`RegionalPlan.summary` states.
-
-    Args:
-        groups: the plan's groups after the preflight (``predicted_graphs``, ``block_class`` and
-            ``compile_kwargs`` set), before they are compiled.
-        set_by_user: per group, whether its ``recompile_limit`` came from the user
-            (``compile_regional(recompile_limit=)`` or a ``blocks=`` mapping): that one is kept.
+    Dynamo's recompile limit is per code object, and transformers runs every block class through one
+    wrapper (``forward_with_checkpointing``), so several groups can fill one cache. Where their summed
+    graphs exceed the limit, each such group's compile gets ``recompile_limit=`` the sum (torch >=
+    2.13; a warning before), never the process; a limit the user set (``set_by_user``) is kept. Each
+    group records the budget (:attr:`BlockGroup.budget`).
     """
     users = {id(group) for group, user in zip(groups, set_by_user, strict=True) if user}
     by_code: dict[Any, list[BlockGroup]] = {}

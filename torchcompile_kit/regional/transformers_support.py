@@ -102,16 +102,15 @@ def set_explicit_loss_functions(
 
 
 def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwargs: Any) -> nn.Module:
-    """Set a transformers model's loss function explicitly so it no longer breaks the graph.
+    """Pin a transformers model's loss function so it no longer breaks the graph.
 
-    ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and logs a
-    warning when the name does not say (``GPT2LMHeadModel``); under ``torch.compile`` that is a
-    graph break in every training step. This resolves the loss once, eagerly, and pins it
-    (``model.loss_function = ForCausalLMLoss``, as the reference post recommends).
+    ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and warns when the
+    name does not say (``GPT2LMHeadModel``): a graph break in every compiled training step. This
+    resolves it once and pins it, as the reference post recommends.
 
     Args:
         model: a transformers model, or a module containing some (every one is fixed).
-        compile: also compile the loss function (``torch.compile(loss, **compile_kwargs)``).
+        compile: also compile the loss function with ``compile_kwargs``.
         **compile_kwargs: passed to ``torch.compile`` when ``compile=True``.
 
     Returns:
@@ -228,23 +227,12 @@ class _PlainForwardsWithoutCache:
 def disable_cache_in_plain_forwards(
     model: nn.Module, *, compiled_regions: Iterable[str] = ()
 ) -> list[Undo]:
-    """Make transformers training forwards that do not ask for a cache run with ``use_cache=False``
-    (internal).
+    """Make transformers training forwards that do not ask for a cache run with ``use_cache=False``.
 
-    With the default ``use_cache=True`` a decoder builds a ``DynamicCache`` even in a training
-    forward; each block then guards on its own cache layer (``layers[i].is_initialized`` via
-    ``self.layer_idx``) and recompiles once per layer. Eval-mode forwards, ``generate()`` and any
-    call that passes ``use_cache`` itself are left alone (they return eager's outputs).
-
-    Args:
-        model: the model.
-        compiled_regions: qualified names of the modules compiled as regions. A transformers model
-            inside one (a whole decoder selected with ``blocks=``) gets no hook: dynamo would trace
-            it, and rewriting the call's keyword arguments breaks a ``fullgraph`` trace. Its
-            parent's hook passes ``use_cache=False`` down to it instead.
-
-    Returns:
-        Callables that remove the hooks.
+    A default ``DynamicCache`` makes each block guard on its own cache layer and recompile once per
+    layer. Eval-mode forwards, ``generate()`` and calls that pass ``use_cache`` are left alone; a
+    transformers model inside a compiled region gets no hook (its parent passes ``use_cache=False``).
+    Returns the hooks' removers.
     """
     regions = tuple(compiled_regions)
     warned: list[bool] = []
@@ -278,19 +266,9 @@ def cache_calls_compiled() -> Iterator[None]:
 def run_cache_calls_eagerly(
     modules: Iterable[nn.Module], label: str, *, builds: bool = False
 ) -> None:
-    """Make compiled transformers modules run the calls that pass a KV cache eagerly (internal).
-
-    Such a call (a generation step, a forward that builds a cache) gives each block its own cache
-    layer, read through the block's ``layer_idx``: compiled, every block would recompile (one
-    graph per layer, then the recompile limit and eager anyway). Eagerly, its outputs are eager's
-    and nothing recompiles. ``uncompile`` removes it with the compiled call.
-
-    Args:
-        modules: modules compiled in place (``module.compile()``), of one class.
-        label: the group's name, for the log.
-        builds: also run eagerly the calls that would build a cache (a whole model compiled in
-            place: its blocks are inside its graph).
-    """
+    """Make compiled transformers ``modules`` run the calls that pass (or, with ``builds``, would
+    build) a KV cache eagerly: compiled, every block would recompile once per cache layer.
+    ``uncompile`` removes it with the compiled call."""
     logged: list[bool] = []
 
     def dispatch(module: nn.Module, compiled: Callable[..., Any], arguments: CacheArguments):

@@ -1,10 +1,6 @@
 """Shapes without recompiles: few bucket lengths, batches padded to them, dims marked dynamic.
 
-The topic's API. Modules: :mod:`.planner` (choosing buckets, with the dynamic programs of
-:mod:`.segmentation` and the sampler's carry rule), :mod:`.padding` (the padder and
-the collator), :mod:`.sampler` (batches drawn from one bucket each) and :mod:`.dynamic`
-(marking dims dynamic, compiling every shape up front). ``no_recompiles`` lives in
-``torchcompile_kit.diagnostics``.
+The topic's API (``no_recompiles`` lives in ``torchcompile_kit.diagnostics``).
 """
 
 from .dynamic import mark_dynamic_batch, warmup_shapes

@@ -1,9 +1,5 @@
-"""Dynamic dims and warm-up: shapes decided before training, not during it.
-
-Two ways to keep a variable-length loop from recompiling: mark the varying dim dynamic on *every*
-tensor that carries it (:func:`mark_dynamic_batch`: one graph for all lengths), or pad to a few
-buckets and compile one static graph per bucket up front (:func:`warmup_shapes`). Either way,
-:func:`~torchcompile_kit.no_recompiles` then turns a surprise shape into an error instead of a silent slowdown.
+"""Dynamic dims and warm-up: shapes decided before training, not during it — one dynamic graph
+(:func:`mark_dynamic_batch`) or one static graph per bucket compiled up front (:func:`warmup_shapes`).
 """
 
 from __future__ import annotations
@@ -48,30 +44,19 @@ def mark_dynamic_batch(
 ) -> Any:
     """Mark dim(s) ``dims`` dynamic on every tensor of ``batch``, so new lengths reuse one graph.
 
-    Marking only ``input_ids`` is not enough: ``labels`` and ``attention_mask`` carry the same
-    length, and the first unmarked one to change recompiles the graph. Marks are attributes of the
-    tensor objects: mark the batch you compile with (the first, or each warm-up batch); later
-    batches of other lengths then match the dynamic graph without being marked.
-
-    The traps, and what this function does about them:
-
-    * Sizes 0 and 1 are always specialized by dynamo (a dynamic dim is assumed ``>= 2``): a last
-      batch of 1 sample, or a sequence of 1 token, compiles its own graph. Such dims are left
-      unmarked, with a warning; use ``drop_last=True`` or pad them to ``>= 2``.
-    * ``min`` below 2 cannot hold (and ``min=1``/``min=2`` on a size-1 dim raise dynamo's
-      ``ConstraintViolationError`` inside HF models), so ``min < 2`` is refused here.
-    * ``max`` is a hard limit: a marked tensor outside ``[min, max]`` fails inside the compiler
-      with an unhelpful error, so it is refused here, naming the tensor; an *unmarked* later
-      tensor beyond ``max`` recompiles.
+    Every tensor is marked (``labels`` and ``attention_mask`` carry the length too, and the first
+    unmarked one to change recompiles). Mark the batch you compile with; later batches match the
+    dynamic graph unmarked. Dims of size 0 or 1 are left unmarked with a warning (dynamo always
+    specializes them), and ``min``/``max`` are checked here rather than failing inside the compiler
+    (docs/shapes.md, "mark_dynamic_batch").
 
     Args:
         batch: a tensor, or a mapping/list/tuple (nested) of tensors; non-tensors are ignored.
-        dims: the dim (or dims) to mark, e.g. ``1`` for the sequence of ``(batch, seq)`` tensors,
-            ``0`` for the batch. Tensors with too few dims are skipped (a ``(batch,)`` class label).
+        dims: the dim (or dims) to mark; tensors with too few dims are skipped.
         min: smallest size the graph must accept (``>= 2``); ``None`` for no bound.
         max: largest size the graph must accept; ``None`` for no bound.
-        keys: for a mapping batch, only these top-level keys (default: all). Use it to leave out
-            tensors whose dim ``dims`` is not the varying one, e.g. ``pixel_values`` channels.
+        keys: for a mapping batch, only these top-level keys (default: all), e.g. to leave out
+            ``pixel_values``.
 
     Returns:
         ``batch`` itself (marked in place), for chaining.
@@ -150,30 +135,20 @@ def warmup_shapes(
 ) -> list[dict[str, tuple[int, ...]]]:
     """Call ``fn`` once per distinct batch shape so every graph is compiled before training.
 
-    Batches whose tensors all have the shapes and dtypes of an earlier batch are skipped. Warm up
-    the step you will run: same train/eval mode and grad mode (both are guarded, so a
-    ``torch.no_grad()`` warm-up does not cover a training step). If ``fn`` updates weights (an
-    optimizer step), warm up a forward+backward instead, or save and restore the state.
-
-    The warm-up's gradients are not left behind: every parameter's ``.grad`` is put back to what
-    it was before the call (``None`` stays ``None``), so the first optimizer step sees only its
-    own batch's gradients. The parameters are those of ``model``, or, without it, of the modules
-    ``fn`` reaches: ``fn`` itself, its bound ``self``, and modules it names as globals or closure
-    variables (through ``torch.compile``/``functools.wraps`` wrappers, two calls deep). Pass
-    ``model=`` when the model is reached otherwise (an attribute, a dict).
+    Batches with the shapes and dtypes of an earlier batch are skipped. Warm up the step you will run
+    (train/eval and grad mode are guarded too). Every parameter's ``.grad`` is put back as it was,
+    so the first optimizer step sees only its own batch's gradients; the parameters are ``model``'s,
+    or those of the modules ``fn`` reaches (its ``self``, globals and closure variables, through
+    ``torch.compile`` wrappers). Warns when dynamo hit a recompile limit meanwhile.
 
     Args:
-        fn: the compiled callable, called as ``fn(batch)``.
-        batches: candidate batches, e.g. one per bucket:
+        fn: the compiled callable, called as ``fn(batch)``; it must not update weights.
+        batches: candidate batches, e.g.
             ``(collate([ds[i] for i in idx]) for idx in sampler.warmup_indices())``.
         model: the module (or optimizer, or parameters) whose gradients ``fn`` accumulates.
 
     Returns:
         One ``{tensor path: shape}`` dict per shape that ``fn`` ran on, in order.
-
-    Raises:
-        Whatever ``fn`` raises (gradients are restored first). Warns when dynamo hit a recompile
-        limit during the warm-up (measured): the shapes past it run eagerly.
 
     Example:
         >>> step = torch.compile(lambda b: b["x"].sum(), backend="eager", dynamic=False)

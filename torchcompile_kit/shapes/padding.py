@@ -1,8 +1,5 @@
-"""Pad to bucket lengths: ``pad_to_bucket`` and the ``PadToBucketCollator``.
-
-Padding each batch to one of a few *bucket* lengths (chosen by
-:func:`~torchcompile_kit.plan_buckets`) bounds the number of graphs
-``torch.compile`` builds; the collator pads a batch of feature dicts to its bucket.
+"""Pad to bucket lengths (:func:`~torchcompile_kit.plan_buckets`): ``pad_to_bucket`` for sequences,
+``PadToBucketCollator`` for a batch of feature dicts.
 """
 
 from __future__ import annotations
@@ -142,14 +139,10 @@ def _is_sequence_value(value: Any) -> bool:
 class PadToBucketCollator:
     """A ``collate_fn`` / HF ``data_collator`` that pads every batch to a bucket length.
 
-    Sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``token_type_ids``,
-    ``position_ids``, ``special_tokens_mask``, ``decoder_input_ids``, ``decoder_attention_mask``)
-    are padded to one length: the smallest bucket holding the batch's longest sequence (of any of
-    those keys), or with ``buckets=None`` that length rounded up to ``multiple_of``. ``labels`` are
-    padded with ``label_pad_token_id`` so the loss ignores padding, ``attention_mask`` is built
-    (ones exactly on real tokens) when absent. Every other key is stacked when its values are
-    same-shaped tensors or numbers (``pixel_values``, a class label) and passed through as a list
-    otherwise (strings).
+    The sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``decoder_*``, ...) are padded to
+    the smallest bucket holding the batch's longest sequence (with ``buckets=None``: that length
+    rounded up to ``multiple_of``); ``labels`` with ``label_pad_token_id``, and ``attention_mask`` is
+    built when absent. Other keys are stacked when they can be, else passed through as lists.
 
     Args:
         buckets: strictly ascending padding lengths (:func:`plan_buckets`); ``None`` pads to a
@@ -157,16 +150,13 @@ class PadToBucketCollator:
         multiple_of: with ``buckets=None``, pad to a multiple of this.
         pad_token_id: pad value of ``input_ids`` / ``decoder_input_ids``.
         label_pad_token_id: pad value of ``labels`` (-100 is ignored by PyTorch/HF losses).
-        padding_side: ``"right"`` or ``"left"``; every sequence key is padded on this side.
-        max_length: truncate longer samples to their first ``max_length`` tokens (every sequence
-            key alike, so ids and labels stay aligned). ``None``: never truncate; a sample longer
+        padding_side: ``"right"`` or ``"left"``.
+        max_length: truncate longer samples (every sequence key alike); ``None``: a sample longer
             than the last bucket is an error.
-        tokenizer: an HF tokenizer; when given, ``pad_token_id`` and ``padding_side`` come from
-            it (its ``pad_token_id`` must be set).
+        tokenizer: an HF tokenizer to take ``pad_token_id`` and ``padding_side`` from.
 
     Raises:
-        ValueError: bad arguments, or no pad token id (``pad_token_id=None`` or a tokenizer
-            without a pad token).
+        ValueError: bad arguments, or no pad token id.
 
     Example:
         >>> collate = PadToBucketCollator(buckets=[8, 16], pad_token_id=0)
@@ -225,16 +215,8 @@ class PadToBucketCollator:
         )
 
     def target_length(self, longest: int) -> int:
-        """The padded length of a batch whose longest (already truncated) sequence is ``longest``.
-
-        Args:
-            longest: the longest sequence length in the batch.
-
-        Returns:
-            The bucket (or multiple of ``multiple_of``, capped at ``max_length``) to pad to.
-
-        Raises:
-            SequenceTooLongError: ``longest`` exceeds the last bucket.
+        """The length a batch whose longest (truncated) sequence is ``longest`` pads to, or
+        ``SequenceTooLongError`` past the last bucket.
 
         Example:
             >>> PadToBucketCollator(buckets=[16, 64]).target_length(17)
@@ -252,19 +234,8 @@ class PadToBucketCollator:
         return length if self.max_length is None else min(length, self.max_length)
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate a list of feature dicts into one padded batch.
-
-        Args:
-            features: one mapping per sample; values are int lists or tensors.
-
-        Returns:
-            A dict of tensors (and lists for keys that cannot be stacked).
-
-        Raises:
-            SequenceTooLongError: a sample is longer than the last bucket (the error names the
-                key and the sample's index in the batch).
-            ValueError: the batch is empty, samples have different keys, a sequence is ragged or
-                not 1-D, or two keys of one sample disagree in length.
+        """Collate one mapping per sample into a padded batch (tensors, and lists for keys that cannot
+        be stacked); errors name the key and the sample's index.
 
         Example:
             >>> PadToBucketCollator(multiple_of=4)([{"input_ids": [1, 2, 3, 4, 5]}])["input_ids"]

@@ -1,21 +1,8 @@
 """Choose bucket lengths: the fewest padded tokens for a bounded number of shapes.
 
-Every new sequence length is a new graph for ``torch.compile`` (until ``recompile_limit``, 8,
-silently drops the model to eager). :func:`plan_buckets` chooses at most ``max_buckets`` lengths
-that waste the fewest padded tokens when batches are grouped by bucket
-(:class:`~torchcompile_kit.BucketBatchSampler`); the padder and the collator of
-:mod:`.padding` pad to them, and :func:`estimate_padding` says how much padding a plan gives.
-
-Why the planner assumes grouped batches: with random batches of 64 almost every batch holds one long
-sample, so no choice of buckets gets padding under ~80% on a long-tailed length mix (see
-docs/shapes.md); grouped batches pad each sample only up to its own bucket.
-
-Why it can take the batch size: the sampler fills batches of exactly ``batch_size`` and carries a
-bucket's leftovers (fewer than a batch) up into the next bucket's batches, where they pad to the
-longer bucket. On the post's mix at batch 64 that adds about 1 point of padding to what a plan
-made per sample promises (15.8% -> 16.9%, docs/shapes.md). Given ``batch_size``, the planner
-minimizes the padding of the batches themselves (the sampler's rule, :func:`carry_rule`), and
-:func:`estimate_padding` predicts it exactly (``drop_last=False``).
+:func:`plan_buckets` plans for batches grouped by bucket (:class:`~torchcompile_kit.BucketBatchSampler`),
+optionally with the sampler's own batch size and carry rule (:func:`carry_rule`);
+:func:`estimate_padding` says how much padding a plan gives. docs/shapes.md says why.
 """
 
 from __future__ import annotations
@@ -50,17 +37,8 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
-    """``lengths`` as a list of positive Python ints, or a clear error.
-
-    Takes what users have: a list or tuple, a 1-D torch tensor or numpy array (or anything with
-    ``tolist()``, e.g. a pandas Series), an HF ``datasets`` column, any iterable; the values may
-    be Python, numpy or torch integers, or whole-number floats (what a pandas column becomes after
-    a ``NaN`` was dropped). Shared with the sampler of this folder.
-
-    Raises:
-        BatchShapeError: empty, not one length per sample, or a value that is no whole number
-            of tokens or not positive (the message names the index and the fix).
-    """
+    """``lengths`` (a list, tensor, array, Series, ``datasets`` column or iterable of whole numbers) as
+    a list of positive ints, or ``BatchShapeError`` naming the index and the fix."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
         raise BatchShapeError(
             f"lengths must be one token length per sample (a list, array, tensor or column), got "
@@ -173,26 +151,14 @@ def estimate_padding(
     max_tokens: int | None = None,
     max_length: int | None = None,
 ) -> float:
-    """The share of computed tokens that are padding, for ``lengths`` padded to ``buckets``.
+    """The share of computed tokens that are padding, ``1 - real / computed``, for ``lengths``
+    padded to ``buckets``.
 
-    Args:
-        lengths: token length of every sample.
-        buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets`.
-        batch_size: ``None``: every sample padded to its own bucket (the per-sample figure).
-            An int: the batches of ``BucketBatchSampler(lengths, buckets, batch_size, ...)``,
-            leftovers carried up and the one partial batch padded to the last bucket, exactly
-            as the sampler makes them (its shuffle changes which samples, not how many).
-        drop_last: the sampler's ``drop_last``: the partial batch is not computed. Which samples
-            it held is random, so their real tokens are estimated from the last bucket's mean.
-        max_tokens: the sampler's ``max_tokens`` (per-bucket batch sizes).
-        max_length: longer lengths count as ``max_length`` (the collator truncates them).
-
-    Returns:
-        Padding share in ``[0, 1)``: ``1 - real_tokens / computed_tokens``.
-
-    Raises:
-        SequenceTooLongError: a length exceeds the last bucket (pass ``max_length``).
-        ValueError: empty or non-positive lengths, bad buckets or sizes.
+    Without ``batch_size``, every sample is padded to its own bucket; with it, the batches are
+    exactly those of ``BucketBatchSampler`` with the same ``batch_size``/``drop_last``/``max_tokens``
+    (leftovers carried up; a dropped partial batch's real tokens estimated from its bucket's mean).
+    ``max_length``: longer lengths count as ``max_length`` (the collator truncates them). Raises
+    ``SequenceTooLongError`` past the last bucket, ``ValueError`` for bad lengths, buckets or sizes.
 
     Example:
         >>> estimate_padding([4, 8, 8, 8], [8])
@@ -268,40 +234,28 @@ def plan_buckets(
 ) -> list[int]:
     """Choose at most ``max_buckets`` padding lengths that minimize the padded tokens.
 
-    The boundaries minimize the tokens computed when every batch is drawn from one bucket
-    (:class:`BucketBatchSampler`), solved exactly by a dynamic program over the length
-    histogram; ties go to fewer buckets, so the result is deterministic. Fewer than
-    ``max_buckets`` come back when more would not save a token.
-
-    Without ``batch_size`` the cost is per sample, ``sum(bucket(length))``: right when batches
-    are small next to the buckets' sizes, or for a sample of the lengths. With ``batch_size``
-    (and the sampler's ``drop_last``/``max_tokens``) the cost is that of the sampler's batches:
-    a bucket's leftovers (fewer than a batch) are carried up and pad to the next bucket, so a
-    bucket with few samples costs more than its samples alone. Pass the lengths of the whole
-    dataset then, exactly those the sampler gets: the leftovers depend on the counts.
-    :func:`estimate_padding` with the same arguments gives the padding of the plan.
+    An exact dynamic program over the length histogram, for batches drawn from one bucket each
+    (:class:`BucketBatchSampler`); ties go to fewer buckets. Without ``batch_size`` the cost is per
+    sample; with it (and the sampler's ``drop_last``/``max_tokens``) it is that of the sampler's
+    batches, leftovers carried up included: pass the whole dataset's lengths then.
+    :func:`estimate_padding` with the same arguments gives the plan's padding.
 
     Args:
-        lengths: token length of every sample (or of a representative sample of them), ``>= 1``.
+        lengths: token length of every sample (or of a representative sample), ``>= 1``.
         max_buckets: the most boundaries to return: each is one compiled graph.
-        multiple_of: every boundary is a multiple of this (8 suits SDPA and tensor cores; 1 allows
-            any length), except that the last may equal ``max_length``.
-        max_length: the longest a batch is ever padded to. Samples longer than this are *counted
-            as* ``max_length`` because they are expected to be truncated to it, e.g. by
-            ``PadToBucketCollator(max_length=...)``; the planner itself never drops a sample.
-            ``None``: the last bucket is the longest length rounded up to ``multiple_of``.
+        multiple_of: every boundary is a multiple of this (the last may equal ``max_length``).
+        max_length: the longest a batch is padded to; longer samples count as ``max_length`` (the
+            collator truncates them). ``None``: the longest length rounded up to ``multiple_of``.
         batch_size: the sampler's ``batch_size``; ``None`` plans per sample.
-        drop_last: the sampler's ``drop_last`` (the partial batch costs nothing but its samples
-            go untrained); only with ``batch_size``.
-        max_tokens: the sampler's token budget (per-bucket batch sizes); only with ``batch_size``.
+        drop_last: the sampler's ``drop_last``; only with ``batch_size``.
+        max_tokens: the sampler's token budget; only with ``batch_size``.
 
     Returns:
         Strictly ascending boundaries; the last is ``>=`` every (truncated) length.
 
     Raises:
-        ValueError: ``lengths`` is empty or holds a non-positive or non-int length, an argument
-            is not a positive int, ``drop_last``/``max_tokens`` come without ``batch_size``, or
-            the last bucket would be longer than ``max_tokens``.
+        ValueError: empty or bad lengths, a non-positive argument, ``drop_last``/``max_tokens``
+            without ``batch_size``, or a last bucket longer than ``max_tokens``.
 
     Example:
         >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, multiple_of=8)

@@ -1,8 +1,5 @@
-"""A batch sampler whose every batch pads to one bucket: what turns bucketing into speed.
-
-With random batches almost every batch of 64 holds one long sample, so padding stays near 80% on a
-long-tailed length mix whatever the buckets; grouping batches by bucket pads each sample only to
-its own bucket (14% at 8 buckets on the same mix, see docs/shapes.md).
+"""A batch sampler whose every batch pads to one bucket: what turns bucketing into speed (random
+batches of 64 pad near 80% on a long-tailed mix whatever the buckets; docs/shapes.md).
 """
 
 from __future__ import annotations
@@ -32,80 +29,41 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yield batches of indices whose samples all pad to one bucket, bounding the batch shapes.
 
     Each epoch the indices of every bucket are shuffled, cut into batches, and the batches of all
-    buckets are shuffled together. A bucket's leftover samples (fewer than a batch) are *carried up*
-    into the next bucket's batches (they fit there; each batch still holds at least one sample of
-    its own bucket and pads to it), so only one partial batch per epoch remains (the last, padded
-    to the largest non-empty bucket), dropped with ``drop_last=True``. The batch shapes are
-    therefore ``(batch_size, bucket)`` per bucket plus at most one tail shape, the same every
-    epoch: :meth:`batch_shapes` lists them and :meth:`warmup_indices` gives one real batch per
-    shape for :func:`~torchcompile_kit.warmup_shapes`. (Why carry: a partial batch per bucket
-    would double the shapes, and 2 × 8 exceeds dynamo's ``recompile_limit`` of 8.)
-
-    **Epochs.** The order of an iteration is drawn from ``seed + epoch``. :meth:`set_epoch` sets
-    the epoch of the next iteration; an iteration that no ``set_epoch`` call preceded uses the
-    epoch after the previous iteration's, so a loop that never calls ``set_epoch`` still gets a
-    new order each epoch (``torch``'s ``DistributedSampler`` repeats epoch 0 instead). Under
-    accelerate, ``DataLoaderShard`` calls ``set_epoch(loader.iteration)`` at every iteration and
-    reaches this sampler (through :attr:`sampler`), so there the epoch is accelerate's count.
-
-    **Sharding: exactly once, whoever deals.** Each epoch's batch list is the same on every rank.
-    With ``P`` parts it is first made a multiple of ``P`` long: with ``drop_last=False`` its first
-    ``(-len) % P`` batches are appended again (at most ``P - 1`` batches; the samples in them are
-    seen twice that epoch, every other sample exactly once), with ``drop_last=True`` its last
-    ``len % P`` batches are left out (their samples are not seen that epoch; the shards are
-    disjoint). Rank ``r`` then gets batches ``r, r + P, r + 2P, ...``: every rank the same
-    number. Who deals them out:
-
-    * this sampler, when iterated directly (DDP by hand, a plain ``DataLoader``): ``P`` is
-      ``num_replicas`` and the sampler yields rank ``rank``'s batches;
-    * accelerate, when ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))`` wrapped it
-      in ``BatchSamplerShard`` (which deals batch ``i`` to process ``i % num_processes``): the
-      sampler sees that the wrapper is what iterates (or measures) it and yields the whole
-      list, made a multiple of ``P = num_processes`` as above, so accelerate deals it out once
-      and adds no top-up of its own. (With ``Accelerator(split_batches=True)`` accelerate
-      splits every batch instead: the whole list is yielded as is.) The ranks' batches are the
-      same either way (were both to deal, each of 2 ranks would see a quarter of the data).
-    * accelerate's ``dispatch_batches=True`` (process 0 fetches and concatenates every process's
-      batches) is refused with ``BatchShapeError``: batches of different buckets do not
-      concatenate, and process 0 would read only its own share.
-
-    Resuming mid-epoch: set the epoch (``loader.set_epoch(epoch)`` or
-    ``sampler.set_epoch(epoch)``), then skip the batches already trained on (accelerate's
-    ``skip_first_batches(loader, n)``): the rest of the epoch is exactly the batches not seen.
+    buckets shuffled together; a bucket's leftover samples are carried up into the next bucket's
+    batches, so only the epoch's last batch can be partial. The shapes, ``(batch_size, bucket)`` per
+    bucket plus at most that one, are the same every epoch (:meth:`batch_shapes`,
+    :meth:`warmup_indices`). The order is drawn from ``seed + epoch`` (:meth:`set_epoch`). Under DDP
+    or accelerate the epoch's batches are dealt out exactly once, the same number to every rank;
+    accelerate's ``dispatch_batches=True`` is refused. docs/shapes.md ("BucketBatchSampler") has the
+    epoch, sharding and resume rules.
 
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
         buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets` given the same
-            ``batch_size`` (and ``drop_last``, ``max_tokens``), so that the plan counts the carried
-            leftovers; each length must fit the last bucket.
+            ``batch_size`` (and ``drop_last``, ``max_tokens``); each length must fit the last bucket.
         batch_size: samples per batch (with ``max_tokens``: the largest batch size).
         shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
-        seed: base seed; the epoch's order is drawn from ``seed + epoch`` (see :meth:`set_epoch`).
-        num_replicas: number of ranks this sampler deals to when iterated directly; ``None``
-            reads ``torch.distributed`` at each iteration (so the sampler may be built before
-            ``init_process_group``/``Accelerator()``), 1 when it is not initialized. Under
-            accelerate's ``BatchSamplerShard`` accelerate deals (see above); an explicit
-            ``num_replicas`` other than 1 or accelerate's ``num_processes`` then raises.
+        seed: base seed; the epoch's order is drawn from ``seed + epoch``.
+        num_replicas: ranks this sampler deals to when iterated directly; ``None`` reads
+            ``torch.distributed`` at each iteration (1 when it is not initialized). Under
+            accelerate's ``BatchSamplerShard`` accelerate deals, and an explicit value other than 1
+            or its ``num_processes`` raises.
         rank: this process's rank; ``None`` reads ``torch.distributed`` like ``num_replicas``.
         max_tokens: a token budget: bucket ``b`` gets batches of
-            ``min(batch_size, max(1, max_tokens // b))`` samples, so ``batch × length`` stays near
-            constant while the number of shapes stays one per bucket.
+            ``min(batch_size, max(1, max_tokens // b))`` samples.
 
     Attributes:
-        sampler: what accelerate's ``DataLoaderShard.set_epoch`` calls ``set_epoch`` on when
-            this sampler sits inside its ``BatchSamplerShard`` (``batch_sampler.batch_sampler
-            .sampler``); it forwards to :meth:`set_epoch`. Not an index sampler.
-        batch_size: the size of every batch when all are equal, else ``None`` (``max_tokens``,
-            or a partial batch): accelerate shards by it and must not trust a varying one.
+        sampler: what accelerate's ``DataLoaderShard.set_epoch`` reaches; forwards to :meth:`set_epoch`.
+        batch_size: the size of every batch when all are equal, else ``None``.
         batch_sizes: the batch size of each bucket.
 
     Raises:
         SequenceTooLongError: a length exceeds the last bucket.
         ValueError: empty or non-positive lengths, bad buckets, sizes or rank, or a bucket
             longer than ``max_tokens``.
-        BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with the
-            ``BatchSamplerShard`` of accelerate that wraps the sampler.
+        BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with accelerate's
+            ``BatchSamplerShard`` around the sampler.
 
     Example:
         >>> lengths = [5, 6, 30, 31, 7, 29]
@@ -173,14 +131,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return _resolve_replicas(self._num_replicas, self._rank)[1]
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next iteration's order from ``seed + epoch``.
-
-        Optional: without it each iteration uses the epoch after the previous one (the first
-        uses 0). Call it to resume (``set_epoch(epoch)`` before skipping the trained batches) or
-        to pin the order; accelerate's prepared loader calls it at every iteration.
-
-        Args:
-            epoch: the epoch number; the same ``(seed, epoch)`` gives the same batches.
+        """Draw the next iteration's order from ``seed + epoch`` (optional: without it each iteration
+        uses the epoch after the previous one). Call it to resume or to pin the order.
 
         Example:
             >>> sampler = BucketBatchSampler([3, 4, 5], [8], batch_size=2)
@@ -266,14 +218,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(self._deal(self._global_batches(None), parts, rank))
 
     def warmup_indices(self) -> list[list[int]]:
-        """One batch of real indices for each distinct batch shape this sampler yields.
-
-        Collate each and pass them to :func:`~torchcompile_kit.warmup_shapes` so every graph is
-        compiled before training starts. Under DDP every rank gets every shape (a rank may meet
-        any of them), so warm up all of them on every rank.
-
-        Returns:
-            Index lists in the order of :meth:`batch_shapes`.
+        """One batch of real indices per distinct batch shape (in :meth:`batch_shapes` order), for
+        :func:`~torchcompile_kit.warmup_shapes`; under DDP warm up all of them on every rank.
 
         Example:
             >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7], [8, 32], batch_size=2)
@@ -286,10 +232,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return list(firsts.values())
 
     def batch_shapes(self) -> list[tuple[int, int]]:
-        """The distinct ``(batch_size, bucket_length)`` pairs of the batches, every epoch.
-
-        Returns:
-            Pairs in ascending bucket order; the tail batch (``drop_last=False``) comes last.
+        """The distinct ``(batch_size, bucket_length)`` pairs of every epoch, ascending, tail last.
 
         Example:
             >>> BucketBatchSampler([5, 6, 30, 31, 7], [8, 32], batch_size=2).batch_shapes()
@@ -324,15 +267,9 @@ class _EpochRelay:
 
 
 def _accelerate_wrapper(sampler: BucketBatchSampler, caller: FrameType | None) -> Any | None:
-    """accelerate's ``BatchSamplerShard`` when it is what iterates (or measures) ``sampler``.
-
-    accelerate deals the batches of any batch sampler it prepares out to the processes, by
-    iterating it inside ``BatchSamplerShard`` (``for idx, batch in enumerate(
-    self.batch_sampler)``, ``len(self.batch_sampler)``), and offers no way to opt out. So the
-    sampler looks at its caller's frame: this one place knows accelerate's wrapper, and
-    ``tests/integrations/test_accelerate.py`` checks it against the installed accelerate. A
-    wrapper made a pass-through (``num_processes == 1``, as transformers' Trainer does for its
-    ``BatchRebalanceSampler``) counts as no wrapper: the sampler deals then.
+    """accelerate's ``BatchSamplerShard`` when it is what iterates (or measures) ``sampler``, found
+    in the caller's frame (accelerate offers no opt-out; tests/integrations/test_accelerate.py checks
+    it against the installed accelerate). A pass-through wrapper (``num_processes == 1``) counts as none.
     """
     module = sys.modules.get("accelerate.data_loader")  # never imported from here
     if module is None or caller is None:
@@ -348,14 +285,9 @@ def _accelerate_wrapper(sampler: BucketBatchSampler, caller: FrameType | None) -
 
 
 def _refuse_dispatcher(caller: FrameType | None) -> None:
-    """Raise when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates us.
-
-    There process 0 alone iterates the loader, concatenates ``num_processes`` of its batches and
-    splits the result: batches of different buckets cannot be concatenated (accelerate's
-    ``RuntimeError``), and where they happen to match, process 0 would read only the share this
-    sampler deals to rank 0: the other ranks' batches would never be seen. torch's data-loader
-    iterator calls ``iter(batch_sampler)`` a few frames below the dispatcher's ``__iter__``
-    (through its ``base_dataloader``), so the frames up to there are searched.
+    """Raise when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates us: it
+    concatenates process 0's batches (different buckets do not concatenate, and the other ranks'
+    batches would never be seen). The frames up to torch's loader iterator are searched.
     """
     module = sys.modules.get("accelerate.data_loader")  # never imported from here
     if module is None:

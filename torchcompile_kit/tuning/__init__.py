@@ -1,12 +1,6 @@
 """``tune``: on the user's own model and data, the fastest recipe that is still correct.
 
-The topic's API. Modules: :mod:`.candidates` (the bench recipes tried, in order), :mod:`.arithmetic`
-(predicted totals and break-even steps), :mod:`.runs` (each candidate in its own process, via the
-bench's runner), :mod:`.gate` (the correctness check, in that process), :mod:`.budget` (time left,
-and what budget would do more), :mod:`.ranking` (the recommendation),
-:mod:`.tuner` (``tune`` itself), :mod:`.result` (what it found), :mod:`.report` and
-:mod:`.snippet` (how it shows it), and
-:mod:`.examples` (``--model`` factories: the tiny Llama-style decoder, the captioner).
+The topic's API; :mod:`.tuner` is the entry point and its docstring names the other modules.
 """
 
 

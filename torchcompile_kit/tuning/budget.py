@@ -1,10 +1,5 @@
-"""The budget of one ``tune``: time left, and, when it ran out, what budget would have done more.
-
-With a small budget the candidates' order decides what gets measured (:mod:`.candidates`). When
-the budget ends before any compiled candidate has finished its run (and with it its correctness
-check), :func:`budget_shortfall` says what budget the first compiled candidate needs, from what
-was measured: the time ``tune`` spent before it, how far its run got (still compiling, or timing
-steady steps), and eager's run for the parts that come after the compile.
+"""The budget of one ``tune``: time left, and, when it ran out, what budget would have done more
+(:func:`budget_shortfall`, from what was measured before it ran out).
 """
 
 from __future__ import annotations
@@ -37,17 +32,8 @@ class Budget:
 
 
 def budget_shortfall(results: list[CandidateResult], budget: Budget) -> str | None:
-    """What budget a compiled candidate needs, when the budget ran out before any finished.
-
-    Args:
-        results: the candidates, in run order (``started_s`` set on those that started, and
-            ``metrics.stopped`` on a run the budget stopped).
-        budget: the run's budget.
-
-    Returns:
-        A sentence naming the candidate, how far it got and the budget (minutes, and
-        ``budget_s``) that would let it finish; ``None`` when a compiled candidate finished its
-        run, or when no compiled candidate was stopped or skipped by the budget.
+    """A sentence naming the first compiled candidate the budget stopped or skipped, how far it got,
+    and the budget that would let it finish; ``None`` when a compiled candidate finished.
 
     Example:
         >>> budget_shortfall([], Budget(budget_s=60.0)) is None

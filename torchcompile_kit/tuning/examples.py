@@ -1,21 +1,6 @@
-"""``--model`` factories for trying ``tune`` (and the bench) without a model of your own.
-
-- :func:`tiny_llama`: a tiny Llama-style decoder (transformers ``LlamaForCausalLM``, random
-  weights from a config) on the post's caption-length mix (90% in [5,31], 9% in [33,63], 1% in
-  [65,255]), batches of 64 padded to their longest (a multiple of 8), and the dataset's lengths
-  as the optional third item::
-
-      torchcompile-kit tune --model torchcompile_kit.tuning.examples:tiny_llama --steps-planned 2000
-
-- :func:`tiny_llama_32k`: the same decoder with Llama's 32,000-token vocabulary, where the LM head
-  and the loss are most of a step (what compiling the loss and the remainder are measured on)::
-
-      torchcompile-kit bench eager regional-blocks regional regional-remainder --model torchcompile_kit.tuning.examples:tiny_llama_32k
-
-- :func:`captioner_tiny`: the bench's tiny captioner with captions padded to their longest, as a
-  factory (the snippet ``tune`` writes for the built-in captioner imports it).
-
-Nothing downloads; the data is made in code and the same for a given step in every process.
+"""``--model`` factories for trying ``tune`` (and the bench) without a model of your own
+(docs/tune.md, "Try it without a model of your own"). Nothing downloads; the data is made in code
+and the same for a given step in every process.
 """
 
 from __future__ import annotations
@@ -38,36 +23,15 @@ PAD_ID = 0
 
 
 def tiny_llama() -> tuple[Any, Any, list[int]]:
-    """A tiny Llama-style decoder, its batches and the dataset's lengths (the ``--model`` contract).
-
-    Returns:
-        ``(model, make_batch, lengths)``: 2 layers, hidden 64, 4 heads (2 KV heads), vocab 1024,
-        256 positions, ``use_cache=False``; ``make_batch(step)`` draws 64 samples of the post's
-        length mix (the same for the same step), pads them to the longest rounded up to 8, with
-        ``attention_mask`` and ``labels`` (-100 on padding).
-
-    Example:
-        >>> model, make_batch, lengths = tiny_llama()  # doctest: +SKIP
-        >>> model(**make_batch(0)).loss  # doctest: +SKIP
-    """
+    """``(model, make_batch, lengths)``: a Llama decoder (2 layers, hidden 64, vocab 1024,
+    ``use_cache=False``); ``make_batch(step)`` draws 64 samples of the post's length mix, padded to
+    the longest rounded up to 8, with ``attention_mask`` and ``labels``."""
     return _llama(VOCAB, BATCH_SIZE)
 
 
 def tiny_llama_32k() -> tuple[Any, Any, list[int]]:
-    """:func:`tiny_llama` with a 32,000-token vocabulary and batches of 16 (the ``--model`` contract).
-
-    The vocabulary of Llama 2: at hidden 64 the LM head and the cross-entropy over 32,000 logits
-    per token are most of a step, as they are a large share of one for real models with 32k–50k
-    vocabularies; the bench's captioner (vocab 1024) cannot show what compiling them is worth.
-
-    Returns:
-        ``(model, make_batch, lengths)`` as :func:`tiny_llama`, 16 samples per batch.
-
-    Example:
-        >>> model, make_batch, lengths = tiny_llama_32k()  # doctest: +SKIP
-        >>> model.config.vocab_size  # doctest: +SKIP
-        32000
-    """
+    """:func:`tiny_llama` with Llama 2's 32,000-token vocabulary and batches of 16: the LM head and the
+    loss are most of a step, as in real models (the captioner's 1024 tokens cannot show it)."""
     return _llama(32_000, 16)
 
 
@@ -107,14 +71,7 @@ def _llama(vocab: int, batch_size: int) -> tuple[Any, Any, list[int]]:
 
 
 def captioner_tiny() -> tuple[Any, Any]:
-    """The bench's tiny captioner and its batches (captions padded to their longest).
-
-    Returns:
-        ``(model, make_batch)``; ``make_batch(step)`` is the bench's ``step``-th batch.
-
-    Example:
-        >>> model, make_batch = captioner_tiny()  # doctest: +SKIP
-    """
+    """``(model, make_batch)``: the bench's tiny captioner; ``make_batch(step)`` is its ``step``-th batch."""
     sizes = PRESETS["tiny"]
     model = build_captioner(sizes)
     spec = ModelSpec(source="captioner:tiny", model=model, make_batch=None)

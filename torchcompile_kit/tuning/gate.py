@@ -1,24 +1,6 @@
 """The correctness gate: a candidate that computes something else than eager is never recommended.
-
-No error does not mean correct (peft's guide), so every compiled candidate is checked against
-eager before it can be recommended. The check runs in the candidate's own process, right after
-its measurement, on the model the run compiled and trained (the bench runner's ``check=``
-hook, :data:`CHECK_HOOK`), so it compiles nothing a second time:
-
-- the run's compiled model is set back to the weights it started from, and an eager model is
-  built again from the same weights (the reference);
-- :func:`~torchcompile_kit.check_compile_equivalence` runs two training steps on both, on the
-  run's first batch (a shape the run compiled): the loss, every gradient and every parameter
-  after an SGD step, then the loss and gradients again after that step (weights baked into a
-  graph show there), all in training mode, the mode the run compiled;
-- with ``compile_optimizer``, the run's compiled optimizer, from the state the run left it in,
-  takes two steps against an eager optimizer of the same class loaded with the same state, on
-  the same gradients;
-- for a PEFT model, :func:`~torchcompile_kit.check_peft_compile_safety` first (a refusal fails).
-
-``new_graphs`` says what the check compiled anyway (``CompileMonitor``): nothing, unless the
-check runs the model otherwise than the run did (dropout switched off, fp32 instead of the run's
-CUDA autocast).
+It runs in the candidate's process on the model that run compiled (:data:`CHECK_HOOK`;
+docs/tune.md, "The correctness gate").
 """
 
 from __future__ import annotations
@@ -74,19 +56,9 @@ def check_candidate(
 ) -> GateVerdict:
     """Check a run's compiled model (and compiled optimizer) against eager, compiling nothing new.
 
-    Args:
-        candidate: the compiling recipe the run applied.
-        model: the model the run compiled (in place) and trained; its weights are set to
-            ``reference``'s.
-        reference: an uncompiled model of the same architecture with the weights the run started
-            from (left untouched: the eager side runs on a copy).
-        batch: a batch of a shape the run compiled, on the model's device.
-        optimizer: the run's optimizer (checked when the candidate compiles it).
-        backend: the ``torch.compile`` backend of the run (for the PEFT rules and the report).
-        overrides: the ``torch.compile`` kwargs of the run (``fullgraph``).
-
-    Returns:
-        The :class:`GateVerdict`; exceptions while checking become a failed verdict.
+    ``model`` is the model the run compiled and trained (its weights are set to ``reference``'s, the
+    weights the run started from); ``batch`` has a shape the run compiled. Exceptions while checking
+    become a failed :class:`GateVerdict`.
 
     Example:
         >>> verdict = check_candidate(RECIPES["full"], model=compiled, reference=eager_copy,
@@ -113,20 +85,8 @@ def check_candidate(
 def check_in_run(
     ctx: RecipeContext, *, reference: Any, batch: dict[str, Any], recipe: str
 ) -> dict[str, Any]:
-    """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process.
-
-    Args:
-        ctx: the run's context (its compiled model and optimizer, backend, overrides).
-        reference: the eager model, built again with the weights the run started from.
-        batch: the run's first batch, on the device.
-        recipe: the name of the bench recipe the run applied.
-
-    Returns:
-        :meth:`GateVerdict.to_dict`, stored as the run's ``metrics.check``.
-
-    Example:
-        >>> run_recipe_isolated("full", spec=..., out_dir="runs", check=CHECK_HOOK)  # doctest: +SKIP
-    """
+    """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process, on the
+    run's first batch; returns :meth:`GateVerdict.to_dict` (stored as ``metrics.check``)."""
     verdict = check_candidate(
         RECIPES[recipe],
         model=ctx.model,

@@ -1,11 +1,5 @@
-"""Ranking: the arithmetic applied to the measured candidates, and the recommendation.
-
-A candidate whose run was paired with eager (an eager copy stepping beside it in alternating
-blocks, :mod:`torchcompile_kit.bench.paired`) is ranked on that ratio, not on its absolute step
-time, which another process's load measured at another moment can flip: its step is eager's
-step (from eager's own run, the one absolute scale every candidate shares) ÷ the paired ratio,
-scaled to the planned run's tokens as its own timed steps were. The ratio's 95% interval gives
-each predicted total an interval, and candidates whose intervals overlap are *indistinguishable*.
+"""Ranking: the arithmetic applied to the measured candidates. A paired candidate's step is eager's
+÷ its paired ratio; overlapping predicted-total intervals are *indistinguishable* (docs/tune.md).
 """
 
 from __future__ import annotations
@@ -98,23 +92,10 @@ def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
 def rank_candidates(
     results: list[CandidateResult], steps_planned: int, *, warm_start: bool = False
 ) -> tuple[list[CandidateResult], CandidateResult | None]:
-    """The arithmetic for a run of ``steps_planned`` steps: ranking and recommendation.
-
-    Fills each measured candidate's costs, predicted total, speedup and break-even against
-    ``eager`` from its metrics, then ranks: eligible candidates (measured, and correct or eager)
-    by predicted total, then measured ones that are not eligible, then the rest in run order.
-
-    Args:
-        results: the candidates (``status``, ``verdict`` and the runner's ``metrics`` set).
-        steps_planned: the planned run length.
-        warm_start: warm restarts may be recommended (a saved compile cache exists).
-
-    Returns:
-        ``(ranked, recommended)``; ``recommended`` is ``None`` when no candidate is eligible.
-
-    Example:
-        >>> ranked, best = rank_candidates(results, 5000)  # doctest: +SKIP
-    """
+    """Fill each measured candidate's costs, predicted total, speedup and break-even, and rank them:
+    eligible ones (measured, and correct or eager) by predicted total, then measured ones, then the
+    rest in run order. Returns ``(ranked, recommended)`` (``None`` when nothing is eligible); warm
+    restarts may be recommended only with ``warm_start``."""
     _costs(results, steps_planned)
     measured = sorted(
         (r for r in results if r.status == "ok"),

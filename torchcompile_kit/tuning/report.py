@@ -1,8 +1,5 @@
-"""How ``tune`` shows what it found: the ranked table, the reason, and a chart.
-
-The reason names the recommendation's per-step gain and when it pays back its compile time, and
-for each faster compiled recipe that loses, how many steps it would need ("regional: 1.4x eager,
-pays back its compile after ~300 steps; full needs 2,100 steps to pay back its compile time").
+"""How ``tune`` shows what it found: the ranked table, the reason (the winner's gain and
+break-even, and what each faster loser would need), and a chart.
 """
 
 from __future__ import annotations
@@ -67,17 +64,7 @@ def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult
 
 
 def format_table(result: TuneResult) -> str:
-    """The ranked table as fixed-width text (one row per candidate).
-
-    Args:
-        result: a :class:`TuneResult`.
-
-    Returns:
-        The table, with a header line; the recommendation is marked with ``*``.
-
-    Example:
-        >>> print(format_table(result))  # doctest: +SKIP
-    """
+    """The ranked table as fixed-width text, the recommendation marked with ``*``."""
     header = [
         "#",
         "candidate",
@@ -130,17 +117,8 @@ def recommendation_reason(
     *,
     shortfall: str | None = None,
 ) -> str:
-    """One or two sentences: why ``chosen`` wins a run of ``steps_planned`` steps.
-
-    Args:
-        chosen: the recommended candidate (``None``: nothing could be measured).
-        candidates: every candidate (measured ones carry their costs).
-        steps_planned: the planned run length.
-        shortfall: what budget a compiled candidate would need, when the budget ran out before
-            any finished (``budget.budget_shortfall``); appended.
-
-    Returns:
-        The reason.
+    """One or two sentences: why ``chosen`` (``None``: nothing measured) wins a run of
+    ``steps_planned`` steps, with ``shortfall`` appended when the budget ran out.
 
     Example:
         >>> recommendation_reason(None, [], 100)
@@ -220,20 +198,8 @@ def recommendation_reason(
 
 
 def write_chart(result: TuneResult, path: str | Path) -> Path | None:
-    """Predicted wall time against steps for every measured candidate (PNG, headless).
-
-    Lines cross at the break-even points; the dashed line is ``steps_planned``.
-
-    Args:
-        result: a :class:`TuneResult`.
-        path: the PNG to write.
-
-    Returns:
-        ``path``, or ``None`` when matplotlib is not installed or nothing was measured.
-
-    Example:
-        >>> write_chart(result, "tune.png")  # doctest: +SKIP
-    """
+    """Predicted wall time against steps for every measured candidate, as a PNG at ``path`` (``None``
+    without matplotlib or a measured candidate); lines cross at the break-even points."""
     measured = [c for c in result.candidates if c.status == "ok" and c.step_s is not None]
     if not measured:
         return None
@@ -278,16 +244,8 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
 def bucket_notes(
     lengths: list[int] | None, batch_size: int, measured_buckets: list[int] | None = None
 ) -> list[str]:
-    """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings).
-
-    Args:
-        lengths: the dataset's lengths (the ``--model`` factory's third item), or ``None``.
-        batch_size: samples per batch.
-        measured_buckets: the buckets the ``buckets`` candidate padded the user's own batches to
-            (``bench.batches.spec_buckets``), to say what its timed row is and is not.
-
-    Returns:
-        One note, or none without lengths.
+    """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings), and what
+    the timed ``buckets`` row padded to (``measured_buckets``); no note without lengths.
 
     Example:
         >>> bucket_notes(None, 64)

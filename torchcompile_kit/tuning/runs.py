@@ -1,11 +1,5 @@
-"""Running candidates: each in its own fresh process, within the budget, pruned when it cannot win.
-
-Every run goes through the bench's :func:`~torchcompile_kit.bench.run_recipe_isolated` (an empty
-inductor cache per run; warm restarts load the cache their cold run saved), so ``tune`` has no
-runner of its own. What this module adds is the time limit of each run (the budget left, and,
-once a candidate has been measured, the time after which another cannot win any more), and the
-correctness check of a compiled candidate in its own process, on the model the run compiled
-(:mod:`.gate`, passed as the runner's ``check=``).
+"""Running candidates through the bench's runner with a time limit (the budget left, or when they
+can no longer win) and the correctness check in their own process (:mod:`.gate`).
 """
 
 from __future__ import annotations
@@ -58,22 +52,9 @@ def measure_candidate(
     emit: Callable[[dict], None],
     done: list[CandidateResult],
 ) -> CandidateResult:
-    """Run one candidate in its own process (or say why not) and append its result to ``done``.
-
-    A compiled candidate is checked against eager at the end of its own run (:mod:`.gate`), so
-    its verdict comes with its measurement.
-
-    Args:
-        candidate: the candidate (a bench recipe).
-        plan: the settings every run shares.
-        budget: the budget (time left, time spent).
-        emit: progress callback.
-        done: the candidates so far (this one is appended).
-
-    Returns:
-        The candidate's result (``ok``, ``failed``, ``skipped`` or ``pruned``, with the reason;
-        ``metrics.stopped`` says how far a run the budget stopped had got).
-    """
+    """Run one candidate in its own process (or say why not), checked against eager at the end of
+    its run, and append its result to ``done`` (``ok``, ``failed``, ``skipped`` or ``pruned``;
+    ``metrics.stopped`` says how far a run the budget stopped had got)."""
     result = CandidateResult(
         name=candidate.name,
         description=candidate.description,
@@ -212,18 +193,8 @@ def _best_so_far(
 
 
 def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path) -> dict[str, Any]:
-    """Run the recommendation for the planned steps; predicted vs measured total wall time.
-
-    Args:
-        chosen: the recommended candidate's result.
-        candidate: its recipe.
-        plan: the settings of the ``tune`` (spec, preset, backend, planned steps).
-        runs: the runner's ``out_dir`` for this run.
-
-    Returns:
-        ``status``, and when ok ``predicted_s``, ``measured_s`` (warm-up, cache load and every
-        steady step) and ``ratio`` (predicted / measured).
-    """
+    """Run the recommendation for the planned steps: ``status`` and, when ok, ``predicted_s``,
+    ``measured_s`` (warm-up, cache load and every steady step) and their ``ratio``."""
     warmup = chosen.metrics.warmup_steps or 1
     run = run_recipe_isolated(
         candidate.name,
@@ -252,22 +223,10 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
 
 
 def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float = 1.5) -> dict[str, Any]:
-    """Whether a long run kept one speed: its steps cut into ``windows`` spans of equal count,
-    each span's median step compared with the median span.
-
-    The same batches come back in every span, so a span much slower than the typical one means
-    the machine's speed changed during the run (another process, a noisy neighbour, throttling),
-    and the run's total then says little about a prediction made from a few steps.
-
-    Args:
-        step_times_s: the run's steady step times, in order.
-        windows: how many spans.
-        limit: a run is steady when its slowest span's median step is at most this times the
-            median span's.
-
-    Returns:
-        ``window_ms`` (each span's median step, ms), ``steady`` and ``steady_note`` (a sentence),
-        or ``{}`` for runs too short to cut.
+    """Whether a long run kept one speed: its steps cut into ``windows`` spans, the slowest span's
+    median step at most ``limit`` times the median span's (the same batches come back in every span,
+    so a slow span means the machine changed). Returns ``window_ms``, ``steady`` and
+    ``steady_note``, or ``{}`` for runs too short to cut.
 
     Example:
         >>> run_steadiness([0.01] * 100 + [0.05] * 10, windows=10)["steady"]

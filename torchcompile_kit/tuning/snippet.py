@@ -1,11 +1,5 @@
-"""The ready-to-paste code that applies a recommended recipe with this library's helpers.
-
-The snippet builds the model and batches from the user's own ``--model`` factory (so it runs as
-printed, from any directory: it puts the directory ``tune`` imported the factory's module from on
-``sys.path``, or loads a file spec by its absolute path), applies the recipe with the very lines
-the bench ran (:func:`~torchcompile_kit.bench.setup_source`) on the factory's own optimizer when
-it returns one, and trains for the planned steps. ``fullgraph=True`` is written only when the
-measured run had no graph break.
+"""The ready-to-paste code that applies a recommended recipe: the user's ``--model`` factory (from
+any directory), the very lines the bench ran (:func:`~torchcompile_kit.bench.setup_source`), a loop.
 """
 
 from __future__ import annotations
@@ -37,27 +31,12 @@ def make_snippet(
     sys_path: str | None = None,
     spec_optimizer: bool = False,
 ) -> str:
-    """Python source that sets up ``recipe`` on the user's model and trains.
+    """Python source that sets up ``recipe`` on the user's ``spec`` factory and trains for
+    ``steps_planned`` steps when run as a script.
 
-    Args:
-        recipe: the recommended bench recipe; its setup is :func:`~torchcompile_kit.bench.setup_source`,
-            the lines the bench ran.
-        spec: the ``"module:function"`` factory (``--model``); file paths are loaded by path
-            (pass an absolute one for a script that runs from anywhere).
-        backend: the ``torch.compile`` backend (written only when not ``"inductor"``).
-        fullgraph: write ``fullgraph=True`` (the measured run had no graph break).
-        steps_planned: the number of steps the loop runs.
-        batch_size: the sampler's batch size for the bucket recipe.
-        transformers_model: the model contains a transformers model (a whole-model compile pins
-            its loss first, as the recipe did).
-        sys_path: the directory the factory's module imports from
-            (``bench.portable_model_spec``); the snippet inserts it into ``sys.path``.
-        spec_optimizer: the factory returns its optimizer as a fourth item: the snippet trains
-            with it (compiled or fused as the recipe says) instead of ``Adam(lr=1e-4)``.
-
-    Returns:
-        The source; it defines ``model``, ``optimizer``, ``make_batch`` and ``train_step``, and
-        trains for ``steps_planned`` steps when run as a script (``__name__ == "__main__"``).
+    The setup is :func:`~torchcompile_kit.bench.setup_source` (the lines the bench ran); ``sys_path``
+    is the directory the factory imports from; ``spec_optimizer``: train with the factory's own
+    optimizer instead of ``Adam(lr=1e-4)``; ``fullgraph``: the measured run had no graph break.
 
     Example:
         >>> from torchcompile_kit.bench import RECIPES

@@ -1,22 +1,5 @@
-"""``tune``: measure the candidate recipes on the user's model, check them, do the arithmetic.
-
-Each candidate runs from a true cold start in its own process (the bench's
-:func:`~torchcompile_kit.bench.run_recipe_isolated`: an empty inductor cache per run; the warm
-restarts load the cache their cold run saved). Within the budget:
-
-1. the candidates run in the order :mod:`.candidates` sets from what is known before measuring:
-   eager first (the baseline, and the estimate of what one run costs at least), then the
-   cheapest compiles (``regional`` before ``full``), so a small budget goes to the most
-   promising ones;
-2. each compiled candidate runs with a time limit: the budget left, and once a candidate has been
-   measured, the time after which it cannot win any more (still warming up when the best
-   candidate so far has finished the whole planned run: *pruned*, with the reason);
-3. each compiled candidate is checked for correctness at the end of its own run, on the model
-   that run compiled (:mod:`.gate`): no second compile; a candidate that fails, or whose run did
-   not finish, is never recommended;
-4. the cheapest eligible candidate is the recommendation, with the reason and a snippet; when
-   the budget ran out before any compiled candidate finished, the reason says what budget would
-   (:mod:`.budget`).
+"""``tune``: measure the candidates (:mod:`.candidates`, :mod:`.runs`), check them (:mod:`.gate`),
+do the arithmetic (:mod:`.ranking`) and recommend the cheapest eligible one (docs/tune.md).
 """
 
 from __future__ import annotations
@@ -70,31 +53,23 @@ def tune(
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
 
     Args:
-        model: the ``--model`` factory: ``"module:function"`` (or ``"path/file.py:function"``),
-            or a module-level function; it returns ``(model, make_batch[, lengths])`` (see
-            ``torchcompile_kit.bench.load_model_spec``). Every candidate runs in a fresh process
-            that calls it again, which is why a name and not a model object is passed; the batches
-            are its ``make_batch(step)``. ``None``: the bench's captioner at ``preset``.
+        model: the ``--model`` factory, ``"module:function"`` (or ``"path/file.py:function"``) or a
+            module-level function returning ``(model, make_batch[, lengths])``; every candidate's
+            fresh process calls it again. ``None``: the bench's captioner.
         steps_planned: the training steps of the planned run: the arithmetic's horizon.
-        budget_s: wall seconds ``tune`` may spend (measurements and checks); ``None``: no limit.
-            Candidates that do not fit are skipped with the reason.
-        out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the runs' logs go;
-            ``None``: a temporary directory, removed when ``tune`` returns.
+        budget_s: wall seconds ``tune`` may spend; ``None``: no limit. Candidates that do not fit
+            are skipped with the reason.
+        out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the logs go; ``None``: a
+            temporary directory, removed on return.
         candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
-        warm_start: rank the warm restarts (a compile cache saved by an earlier run) for the
-            planned run; otherwise they are shown as what a restart would cost.
-        verify: afterwards run the recommendation for ``steps_planned`` steps in a fresh process
-            and record predicted vs measured total (``TuneResult.verification``); outside the
-            budget.
-        measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``:
-            backend, captioner preset, steps, warm-up steps, ``steady_s``, ``paired``). ``None``:
-            inductor, the tiny preset's step counts, and steady steps timed for at least
-            :data:`STEADY_S` seconds (never more than ``steps_planned``), paired with an eager
-            copy of the model stepping beside each candidate in alternating blocks, so the
-            ranking holds when the machine's load changes between runs.
-        on_event: progress callback, ``{"event": "candidate", "name": ..., "status": ...}``,
-            and ``{"event": "check", "name": ..., "status": "pass" | "fail"}`` after a compiled
-            candidate's run.
+        warm_start: rank the warm restarts for the planned run; otherwise they are shown as what a
+            restart would cost.
+        verify: afterwards run the recommendation for ``steps_planned`` steps and record predicted
+            vs measured (``TuneResult.verification``), outside the budget.
+        measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``); ``None``:
+            inductor, the tiny preset's steps, at least :data:`STEADY_S` seconds of steady steps,
+            paired with an eager copy.
+        on_event: progress callback (``{"event": "candidate" | "check", "name": ..., "status": ...}``).
 
     Returns:
         The :class:`TuneResult` (ranked candidates, recommendation, reason, snippet).
