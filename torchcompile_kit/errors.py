@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = [
     "BatchShapeError",
     "BlockSelectorError",
+    "CompileCacheWarning",
     "CompiledMismatchError",
     "NoRepeatedBlocksError",
     "SequenceTooLongError",
@@ -71,3 +72,9 @@ class CompiledMismatchError(TorchCompileKitError, RuntimeError):
     def __init__(self, message: str, *, record: object = None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class CompileCacheWarning(UserWarning):
+    """A compile cache (or a region's entry in it) was not loaded or saved: corrupt, truncated,
+    built in another environment, or for another model. A warning, not an error: a cache that
+    cannot be used costs a compile, never the run."""

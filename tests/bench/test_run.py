@@ -149,6 +149,22 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     assert restart_path(warm.metrics).startswith("re-traced, graphs from the cache"), warm.metrics
 
 
+@pytest.mark.slow
+def test_the_regional_restart_runs_its_blocks_without_a_trace(tmp_path, monkeypatch):
+    """compile_regional(precompile=True) for real: the warm row's blocks load dynamo's entries."""
+    monkeypatch.delenv(INPROCESS_ENV, raising=False)
+    spec, config = "tests.bench.user_models:tiny_blocks_lm", MeasureConfig(steps=2, warmup_steps=1)
+    cold = run_recipe_isolated("regional", spec=spec, config=config, out_dir=tmp_path)
+    assert cold.status == "ok", cold.error
+    assert cold.metrics.regions == {"_Block": "traced (saved for the next restart)"}
+    warm = run_recipe_isolated("regional-warm", spec=spec, config=config, out_dir=tmp_path)
+    assert warm.status == "ok", warm.error
+    assert warm.metrics.regions == {"_Block": "precompiled (no trace)"}
+    assert warm.metrics.monitor["frames"] == 0  # nothing else is compiled in this model
+    assert restart_path(warm.metrics).startswith("_Block precompiled (no trace); the rest not re-traced")
+    assert warm.metrics.losses == cold.metrics.losses
+
+
 def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,
                                                                monkeypatch):
     """bench used to write results.json and the charts only at the very end."""

@@ -27,6 +27,35 @@ def make_batch(step: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids}
 
 
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + nn.functional.gelu(self.mix(x))
+
+
+class TinyBlocksLM(TinyLM):
+    """TinyLM with two repeated blocks between embedding and head (for compile_regional)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Block() for _ in range(2)])
+
+    def forward(self, input_ids, labels):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def tiny_blocks_lm():
+    torch.manual_seed(0)
+    return TinyBlocksLM(), make_batch
+
+
 def tiny_lm():
     torch.manual_seed(0)
     return TinyLM(), make_batch

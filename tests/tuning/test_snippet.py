@@ -61,7 +61,7 @@ def test_fullgraph_only_without_measured_breaks():
     )
     # compile_regional pins and compiles the loss itself (compile_loss=True), as the bench ran it
     assert "fix_loss_function" not in source
-    assert "compile_regional(model, fullgraph=True)" in source
+    assert "compile_regional(model, fullgraph=True, precompile=True)" in source
 
 
 @pytest.mark.parametrize("name", CANDIDATES)

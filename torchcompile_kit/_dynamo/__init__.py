@@ -19,6 +19,7 @@ from . import (
     nested,
     optim,
     paths,
+    precompile,
     trace,
 )
 from .cache import *  # noqa: F403
@@ -32,6 +33,7 @@ from .modules import *  # noqa: F403
 from .nested import *  # noqa: F403
 from .optim import *  # noqa: F403
 from .paths import *  # noqa: F403
+from .precompile import *  # noqa: F403
 from .trace import *  # noqa: F403
 
 __all__ = [
@@ -46,5 +48,6 @@ __all__ = [
     *nested.__all__,
     *optim.__all__,
     *paths.__all__,
+    *precompile.__all__,
     *trace.__all__,
 ]

@@ -18,6 +18,7 @@ from typing import Any
 from .. import _dynamo
 from ..cache import load_compile_cache, save_compile_cache
 from ..diagnostics import CompileMonitor
+from ..regional import get_regional_plan
 from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
@@ -180,6 +181,9 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
     metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
     metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
+    plan = get_regional_plan(ctx.model)
+    if plan is not None and any(group.precompile for group in plan.groups):
+        metrics.regions = {group.class_name: group.precompile_path for group in plan.groups}
     if loaded is not None:
         metrics.cache_load_s, metrics.cache_loaded = load_s, bool(loaded)
         metrics.cache_stats = loaded.cache_stats() if loaded else None  # FX-graph/AOT cache hits

@@ -90,6 +90,9 @@ class Metrics:
     """Warm rows: torch's FX-graph/AOTAutograd cache hits after the run."""
     cache_saved: bool | None = None
     """Cold rows that save: the cache was written."""
+    regions: dict[str, str] | None = None
+    """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's
+    ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""
     check: dict[str, Any] | None = None
     """``tune``'s correctness check of the run (``GateVerdict.to_dict()``)."""
     stopped: dict[str, Any] | None = None

@@ -188,7 +188,7 @@ _WHOLE = {"fullgraph": True}
 def _recipes() -> list[Recipe]:
     dyn = {"group": "dynamic", "data": "longest", "baseline": "eager-longest"}
     full = {"compile": "model", "compile_kwargs": _WHOLE}
-    regional = {"compile": "regional", "compile_kwargs": _WHOLE}
+    regional = {"compile": "regional", "compile_kwargs": {**_WHOLE, "precompile": True}}
     return [
         # static shapes: every caption padded to the max length
         Recipe(name="eager", group="static", description="eager, pad to max (the baseline)"),
@@ -222,9 +222,9 @@ def _recipes() -> list[Recipe]:
         # warm-up: cold compile ('full' above), warm from the saved cache, regional, nested
         Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved",
                cache_from="full", requires=("cache",), **full),
-        Recipe(name="regional", group="warm-up", description="compile_regional: each repeated block compiled once and reused, and the loss; saves its cache",
+        Recipe(name="regional", group="warm-up", description="compile_regional(precompile=True): each repeated block compiled once and reused, and the loss; saves its cache",
                save_cache=True, **regional),
-        Recipe(name="regional-warm", group="warm-up", description="compile_regional, restarted with the compile cache 'regional' saved",
+        Recipe(name="regional-warm", group="warm-up", description="compile_regional(precompile=True), restarted with the cache 'regional' saved: blocks not traced",
                cache_from="regional", requires=("cache",), **regional),
         Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (loss and remainder eager)",
                compile="regional", compile_kwargs={"compile_loss": False, **_WHOLE}, default=False),

@@ -157,11 +157,14 @@ def restart_path(metrics: Metrics) -> str | None:
     traced = f"dynamo traced {frames} frame{'s' * (frames != 1)}" if frames else "no frame traced"
     graphs = ("graphs from the cache" if hits and not misses
               else f"{misses} graph(s) compiled again" if misses else "no cached graph used")
-    return (
+    rest = (
         f"{'re-traced' if frames else 'not re-traced'}, {graphs} ({traced}; FX-graph cache "
         f"{stats.get('fxgraph_cache_hit', 0)} hits / {stats.get('fxgraph_cache_miss', 0)} misses, "
         f"AOTAutograd {stats.get('autograd_cache_hit', 0)} / {stats.get('autograd_cache_miss', 0)})"
     )
+    if not metrics.regions:
+        return rest
+    return "; ".join(f"{name} {path}" for name, path in metrics.regions.items()) + f"; the rest {rest}"
 
 
 def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _dynamo
+from ..errors import CompileCacheWarning
 from . import storage
 from .artifact import (
     ArtifactRefused,
@@ -37,13 +38,6 @@ LARGE_KERNEL_BYTES = 256 * 2**20
 """Above this many bytes of kernels, a save warns that the inductor dir holds more than this job."""
 
 
-class CompileCacheWarning(UserWarning):
-    """A compile cache was not loaded or saved (corrupt, truncated, other environment, ...).
-
-    A warning, not an error: a cache that cannot be used costs a cold compile, never the run.
-    """
-
-
 @dataclass(kw_only=True, slots=True)
 class CacheLoadResult:
     """What :func:`load_compile_cache` did; truthy only when something was loaded."""
@@ -64,6 +58,9 @@ class CacheLoadResult:
     """Size of the artifact read."""
     inductor_cache_dir: str = ""
     """The inductor cache dir the kernels went to."""
+    precompiled_regions: list[str] = field(default_factory=list)
+    """Regions whose dynamo entries it carries (``compile_regional(..., precompile=True)``): each
+    runs without a trace when compiled again with the same fingerprint (its plan says so)."""
     cpu_isa_probe_started: bool = False
     """Whether the load started inductor's CPU vector-ISA probe on a background thread.
 
@@ -186,7 +183,12 @@ def save_if_changed(
 
 
 def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
-    mega = _dynamo.save_mega_cache()
+    regions = _dynamo.precompiled_regions()
+    if regions:  # dynamo's entries of the precompiled regions join the mega-cache
+        with _dynamo.precompiling():
+            mega = _dynamo.save_mega_cache()
+    else:
+        mega = _dynamo.save_mega_cache()
     if mega is None:
         reason = (
             "nothing was compiled with inductor in this process "
@@ -210,6 +212,7 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
         "mega_cache_bytes": len(mega_bytes),
         "kernel_files": len(kernels),
         "kernel_bytes": kernel_bytes,
+        "precompiled_regions": regions,
     }
     data = pack(
         environment=current_environment(),
@@ -309,6 +312,8 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     except Exception as err:  # noqa: BLE001 - e.g. disk full: a cold compile, not a crash
         return _not_loaded(result, f"could not be installed ({type(err).__name__}: {err})")
     result.loaded = True
+    result.precompiled_regions = [r["label"] for r in artifact.header["contents"].get("precompiled_regions", [])]
+    _dynamo.remember_loaded_regions(artifact.header["contents"].get("precompiled_regions", []))
     result.counters_at_load = _dynamo.compile_cache_counters()
     if any(kernel.name.endswith(".so") for kernel in artifact.kernel_files):
         # After the install: the probe's own test libraries are among the installed kernels.

@@ -20,6 +20,7 @@ from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan
+from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
 from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
 from .transformers_support import (
     disable_cache_in_plain_forwards,
@@ -42,6 +43,7 @@ def compile_regional(
     keep_kv_cache: bool = False,
     nested: bool = False,
     verify: bool | None = None,
+    precompile: bool = False,
     **compile_kwargs: Any,
 ) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
@@ -71,6 +73,10 @@ def compile_regional(
         verify: compare the first call in each state (train/eval, grad on/off) with eager and raise
             ``CompiledMismatchError`` if they differ. ``None`` (default) checks with ``nested=True``
             only; ``True``/``False`` force it.
+        precompile: also save dynamo's traced code of each group with the compile cache, so a
+            restart that loads it runs the blocks without tracing (inductor only; a group whose
+            blocks differ in per-instance state is compiled the usual way, with a warning). The
+            plan's ``precompile_path`` says which path each group took (docs/cache.md).
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``fullgraph``, ``dynamic``, ``options``, ...).
 
@@ -127,9 +133,23 @@ def compile_regional(
     # one code object, one limit: sized for all its groups
     share_recompile_budget(plan.groups, set_by_user=set_by_user)
     cache_calls_eager = not keep_kv_cache and has_transformers_model(model)
-    for group in plan.groups:
+    labels = [g.class_name for g in plan.groups]
+    for index, group in enumerate(plan.groups):
         instances = [model.get_submodule(name) for name in group.names]
-        compile_in_place(instances, **group.compile_kwargs)
+        refusal = precompile_refusal(group.compile_kwargs, group.preflight) if precompile else None
+        if precompile and refusal is None:
+            label = group.class_name if labels.count(group.class_name) == 1 else f"{group.class_name}{index}"
+            region = PrecompiledRegion(label, region_fingerprint(instances[0], group.compile_kwargs),
+                                       group.compile_kwargs)
+            for module in instances:
+                _dynamo.set_compiled_call(module, functools.partial(region, module))
+            group.precompile = region
+        else:
+            compile_in_place(instances, **group.compile_kwargs)
+        if refusal is not None:
+            group.precompile = f"not precompiled: {refusal}"
+            warnings.warn(f"compile_regional(precompile=True): {group.class_name} {group.precompile}; "
+                          "a restart traces it again (its kernels still load from the cache)", stacklevel=2)
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name)
         if cache_calls_eager:

@@ -47,6 +47,17 @@ class BlockGroup:
     """What the guard preflight predicts for the group, set by ``compile_regional``."""
     budget: SharedBudget | None = None
     """The recompile budget the group shares with the groups that run its code object."""
+    precompile: Any = None
+    """With ``compile_regional(..., precompile=True)``: the group's ``PrecompiledRegion``, or
+    why it was compiled the usual way (a sentence)."""
+
+    @property
+    def precompile_path(self) -> str | None:
+        """How a restart compiles the group: ``"precompiled (no trace)"``, ``"traced (saved for
+        the next restart)"``, why not, or ``None`` without ``precompile=True``."""
+        if self.precompile is None or isinstance(self.precompile, str):
+            return self.precompile
+        return self.precompile.path
 
     # what the plan reports, read from those two records
     @property
@@ -238,7 +249,8 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
     if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
         predicted += group.predicted_eval_graphs
     flags, withdrawn = [], None
-    if graphs == 0:
+    precompiled = (group.precompile_path or "").startswith("precompiled")
+    if graphs == 0 and not precompiled:
         flags.append(
             "compiled nothing: the blocks ran eagerly (not called while the monitor "
             "recorded, or dynamo skipped them)"
@@ -273,6 +285,7 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
         flags=flags,
         withdrawn=withdrawn,
         shares_budget_with=list(group.shares_budget_with),
+        precompile=group.precompile_path,
     )
 
 
@@ -311,6 +324,8 @@ class GroupReport:
     withdrawn (also a note in the monitor's record)."""
     shares_budget_with: list[str] = field(default_factory=list)
     """Other groups sharing the blocks' code object and so the recompile limit."""
+    precompile: str | None = None
+    """:attr:`BlockGroup.precompile_path` when the report was made."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -339,6 +354,8 @@ class PlanReport:
                 f"measured {g.graphs}; {len(g.recompiles)} recompiles, {g.graph_break_count} "
                 f"graph breaks, {g.compile_seconds:.2f} s  {verdict}"
             )
+            if g.precompile:
+                lines.append(f"    restart: {g.precompile}")
             if g.withdrawn:
                 lines.append(f"    {g.withdrawn.split(': ', 1)[1]}")
             if g.shares_budget_with and g.recompiles:

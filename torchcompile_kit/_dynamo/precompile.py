@@ -1,0 +1,184 @@
+"""Dynamo's precompile cache: compiled regions that a restart runs without tracing.
+
+Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = [
+    "drop_class_guards",
+    "dynamo_cache_counters",
+    "dynamo_enabled",
+    "compile_starts",
+    "loaded_regions",
+    "precompile_supported",
+    "precompiled_regions",
+    "precompiling",
+    "remember_loaded_regions",
+    "remember_region",
+    "step_past_installed_names",
+]
+
+# The regions of this process whose entries a save carries (key -> record), and those a loaded
+# artifact carried: the region code (regional/precompiled.py) and the cache (cache/api.py) meet
+# here, below both.
+_COMPILED: dict[str, dict[str, Any]] = {}
+_LOADED: dict[str, dict[str, Any]] = {}
+
+
+# --- dynamo's precompile cache ----------------------------------------------------------------
+# Why: a restart re-traces every frame even when the mega-cache holds its graphs (warm ÷ cold
+# first step 0.06-0.12, docs/benchmarks.md). `torch._dynamo.config.caching_precompile` (private,
+# experimental; present on 2.10-2.15) also records dynamo's bytecode and guards per compiled code
+# object and saves them with the mega-cache (`torch.compiler.save_cache_artifacts`);
+# `torch.compile(fn)` looks an entry up, when it is called, by `sha256(fn.__qualname__ +
+# co_firstlineno)` (`_dynamo/package.py`, `CompilePackage.source_id_from_fn`), so a loaded entry
+# runs with no trace. The flag is on only while a region of ours is compiled, runs and is saved
+# (`precompiling()`), never around the user's own torch.compile calls: it drops the ID_MATCH,
+# CLOSURE_MATCH, WEAKREF_ALIVE and DICT_VERSION guards of everything compiled under it
+# (`_dynamo/guards.py`). The backward is lowered with the forward
+# (`torch._functorch.config.force_non_lazy_backward_lowering`), inside the scope, so its compiled
+# code joins the entry (without it a load says "Backend not found" and re-traces: measured, 2.13).
+# CLASS_MATCH guards cannot be serialized (the compile is then a "package bypass": nothing is
+# saved), so a region drops them (`drop_class_guards`) and carries the classes in its key instead
+# (regional/precompiled.py). Measured on a tiny Llama, inductor, CPU: warm first step 0.01-0.02 s
+# against 10-18 s cold on torch 2.10, 2.13 and 2.15, no frame traced, losses and gradients equal
+# bit for bit. Upstream: https://github.com/pytorch/pytorch/pull/155913 (caching_precompile,
+# DynamoCache), https://github.com/pytorch/pytorch/pull/162886 (saved with the mega-cache).
+# Can go when torch.compile offers a public warm start that keeps (or lets us check) these guards.
+
+
+def precompile_supported() -> bool:
+    """Whether this torch has dynamo's precompile cache and the eager-backward switch it needs."""
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    return hasattr(dynamo_config, "caching_precompile") and hasattr(
+        functorch_config, "force_non_lazy_backward_lowering"
+    )
+
+
+@contextlib.contextmanager
+def precompiling() -> Iterator[None]:
+    """``caching_precompile`` and eager backward lowering on, for this block only."""
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    if not _QUIET_GRAD_WARNING:
+        # torch reads every tensor's .grad to serialize its guards; the warning that raises for
+        # non-leaf tensors says nothing about the user's code (installed once, on first use)
+        warnings.filterwarnings("ignore", message=_GRAD_WARNING, module="torch._dynamo.guards")
+        _QUIET_GRAD_WARNING.append(True)
+    guards_log = logging.getLogger("torch._dynamo.guards")
+    guards_log.addFilter(_quiet_dropped_guards)
+    try:
+        with dynamo_config.patch(caching_precompile=True), functorch_config.patch(
+            force_non_lazy_backward_lowering=True
+        ):
+            yield
+    finally:
+        guards_log.removeFilter(_quiet_dropped_guards)
+
+
+def _quiet_dropped_guards(record: logging.LogRecord) -> bool:
+    # one WARNING per dropped guard (dozens per block): the region's key stands in for them
+    return "is dropped with caching_precompile" not in str(record.msg)
+
+
+_QUIET_GRAD_WARNING: list[bool] = []
+_GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def drop_class_guards(entries: Sequence[Any]) -> list[bool]:
+    """A ``guard_filter_fn`` keeping every guard but CLASS_MATCH (which cannot be serialized)."""
+    return [entry.guard_type != "CLASS_MATCH" for entry in entries]
+
+
+def dynamo_cache_counters() -> dict[str, int]:
+    """``counters["dynamo_cache"]``: ``dynamo_cache_hit`` / ``dynamo_cache_miss`` lookups so far."""
+    from torch._dynamo.utils import counters
+
+    found = counters["dynamo_cache"]
+    return {name: int(found.get(name, 0)) for name in ("dynamo_cache_hit", "dynamo_cache_miss")}
+
+
+
+def remember_region(record: dict[str, Any]) -> None:
+    """Note a region compiled under :func:`precompiling` (``{"label", "key", "fields"}``)."""
+    _COMPILED[record["key"]] = record
+
+
+def precompiled_regions() -> list[dict[str, Any]]:
+    """The regions :func:`remember_region` noted, for a save's header."""
+    return list(_COMPILED.values())
+
+
+def remember_loaded_regions(records: Sequence[dict[str, Any]]) -> None:
+    """Note the regions a loaded artifact carried, for a region that misses to say why."""
+    _LOADED.update({record["key"]: record for record in records})
+
+
+def loaded_regions() -> list[dict[str, Any]]:
+    """The regions :func:`remember_loaded_regions` noted."""
+    return list(_LOADED.values())
+
+
+def compile_starts() -> int:
+    """How many times dynamo started compiling since this was first asked (a start callback).
+
+    Why: a ``dynamo_cache_hit`` counts a lookup, also one whose entry torch then refuses (its own
+    source check or a failed guard); a region ran without a trace only when no compile started
+    during its call. ``counters["frames"]`` misses ``fullgraph=True`` compiles, dynamo's start
+    callbacks (``torch._dynamo.callback``, run by every frame compile) do not. Can go with the
+    section above.
+    """
+    from torch._dynamo.callback import callback_handler
+
+    if _count_start not in getattr(callback_handler, "start_callbacks", ()):
+        callback_handler.register_start_callback(_count_start)
+    return _STARTS[0]
+
+
+def dynamo_enabled() -> bool:
+    """Whether a compiled call runs compiled code now: not under ``set_stance("force_eager")``
+    (``eval_frame._stance``, private) nor ``torch._dynamo.config.disable``. Can go with the section
+    above."""
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo import eval_frame
+
+    stance = getattr(getattr(eval_frame, "_stance", None), "stance", "default")
+    return stance != "force_eager" and not dynamo_config.disable
+
+
+_STARTS = [0]
+
+
+def _count_start(_args: Any) -> None:
+    _STARTS[0] += 1
+
+
+def step_past_installed_names(scope: dict[str, Any]) -> None:
+    """Make the next trace's global names miss those a loaded entry installed in ``scope``.
+
+    Why: before torch 2.15 a trace names the globals it installs with a process-wide counter
+    (``bytecode_transformation.unique_id``), which starts at 0 in every process, so a trace after
+    an entry loaded from another process picks a name that entry already installed and fails
+    ("Name '__builtins_dict___0' already exists in scope": measured on 2.10 and 2.13 at the first
+    recompile after a precompiled load). torch 2.15 picks names free in the scope
+    (``unique_id_unbound_in``) and needs nothing. Can go when torch 2.15 is the floor.
+    """
+    from torch._dynamo import bytecode_transformation
+
+    if hasattr(bytecode_transformation, "unique_id_unbound_in"):
+        return
+    used = [int(m.group(1)) for name in list(scope) if name.startswith("__") and (m := re.search(r"_(\d+)$", name))]
+    if used:
+        start = max(max(used) + 1, next(bytecode_transformation._unique_id_counter))
+        bytecode_transformation._unique_id_counter = itertools.count(start)

@@ -1,0 +1,197 @@
+"""Precompiled regions: block groups whose compiled code a restart runs without tracing.
+
+A group compiled with ``compile_regional(..., precompile=True)`` runs through a root function of
+ours (undecorated, so transformers' decorated forwards load) under dynamo's precompile cache
+(``_dynamo.precompiling``). That cache keys an entry by the root's name and drops the guards on
+classes, functions and object identity, so the root's name carries a fingerprint of what those
+guards would have checked: every class inside the block and its source, the functions and values
+its modules hold, the block's config, its parameters and the compile options. A change anywhere is another key: torch's cache misses, the
+region is traced again, and a :class:`~torchcompile_kit.cache.CompileCacheWarning` names the
+field that differs from the loaded artifact's region (docs/cache.md, "Warm starts that skip dynamo").
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import re
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _dynamo
+from ..errors import CompileCacheWarning
+
+__all__ = ["PrecompiledRegion", "precompile_refusal", "region_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+
+def precompile_refusal(compile_kwargs: dict[str, Any], preflight: Any) -> str | None:
+    """Why a group cannot be precompiled safely here, or ``None`` when it can."""
+    if not _dynamo.precompile_supported():
+        return f"torch {torch.__version__} has no dynamo precompile cache"
+    backend = compile_kwargs.get("backend", "inductor")
+    if backend != "inductor":
+        return f"backend {backend!r}: only inductor's compiled code can be saved with dynamo's"
+    if preflight is not None and (preflight.warning or preflight.may_vary):
+        # the dropped identity guards are what keeps such blocks apart
+        return "its blocks differ in per-instance state (guard preflight)"
+    return None
+
+
+def region_fingerprint(module: nn.Module, compile_kwargs: dict[str, Any]) -> dict[str, str]:
+    """Digests of what the guards dropped by dynamo's precompile cache would have checked.
+
+    Example:
+        >>> region_fingerprint(torch.nn.Linear(2, 2), {})["classes"]  # doctest: +SKIP
+        'torch.nn.modules.linear.Linear'
+    """
+    classes = sorted({_class_name(type(m)) for m in module.modules()})
+    sources = [_class_source(type(m)) for m in module.modules()]
+    configs = [m.config for m in module.modules() if hasattr(m, "config")]
+    params = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.named_parameters()]
+    attributes = [
+        (name, key, _text(value))
+        for name, m in module.named_modules()
+        for key, value in vars(m).items()
+        if not key.startswith("_") and not isinstance(value, (torch.Tensor, nn.Module))
+    ]
+    return {
+        "classes": ", ".join(classes),
+        "attributes": _digest(attributes),
+        "source": _digest(sorted(set(sources))),
+        "config": _digest([_config_text(c) for c in configs[:1]]),
+        "parameters": _digest(params),
+        "compile options": _digest(sorted((k, _text(v)) for k, v in compile_kwargs.items())),
+    }
+
+
+class PrecompiledRegion:
+    """The compiled call of one block group: ``region(module, *args, **kwargs)``.
+
+    Compiled at its first call (so a cache loaded any time before the first step is found), under
+    dynamo's precompile cache, keyed by the group's fingerprint. :attr:`path` says what happened.
+    """
+
+    def __init__(self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any]) -> None:
+        self.label = label
+        self.fields = fields
+        self.key = f"{label}_{_digest(sorted(fields.items()))[:16]}"
+        self.compile_kwargs = compile_kwargs
+        self.path = "not compiled yet"
+        self._compiled: Any = None
+        self._hit = False
+        self._settled = False
+        self._root = _make_root(self.key)
+
+    def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with _dynamo.precompiling():
+            if self._compiled is None:
+                self._hit = self._compile()
+            if self._settled:
+                return self._compiled(module, *args, **kwargs)
+            before = _dynamo.compile_starts()
+            output = self._compiled(module, *args, **kwargs)
+            self._settle(traced=_dynamo.compile_starts() > before)
+            return output
+
+    def record(self) -> dict[str, Any]:
+        """What the artifact's header keeps of this region."""
+        return {"label": self.label, "key": self.key, "fields": self.fields}
+
+    def _compile(self) -> bool:
+        """``torch.compile`` the root (torch looks the saved entry up here); whether it found one."""
+        kwargs = dict(self.compile_kwargs)
+        options = dict(kwargs.pop("options", None) or {})
+        user_filter = options.get("guard_filter_fn")
+        options["guard_filter_fn"] = (
+            _dynamo.drop_class_guards
+            if user_filter is None
+            else lambda entries: [a and b for a, b in zip(user_filter(entries), _dynamo.drop_class_guards(entries))]
+        )
+        before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
+        self._compiled = torch.compile(self._root, options=options, **kwargs)
+        hit = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"] > before
+        if hit:  # the entry installed its globals in the root's module: a later trace must not clash
+            _dynamo.step_past_installed_names(self._root.__globals__)
+        return hit
+
+    def _settle(self, *, traced: bool) -> None:
+        """Say which path the region took, at its first call that ran compiled (or traced)."""
+        if not traced and (not self._hit or not _dynamo.dynamo_enabled()):
+            return  # nothing compiled and nothing ran compiled (dynamo off): ask again next call
+        self._settled = True
+        _dynamo.remember_region(self.record())
+        if not traced:
+            self.path = "precompiled (no trace)"
+        else:
+            self.path = (
+                "traced again: torch refused its saved entry (torch's log says why)"
+                if self._hit
+                else "traced (saved for the next restart)"
+            )
+            self._explain_miss()
+        logger.info("compile_regional: %s: %s", self.label, self.path)
+
+    def _explain_miss(self) -> None:
+        same = [r for r in _dynamo.loaded_regions() if r["label"] == self.label]
+        differs = sorted({f for r in same for f, v in r["fields"].items() if self.fields.get(f) != v})
+        if not differs:
+            return
+        self.path = f"traced again: its {', '.join(differs)} changed since the cache was saved"
+        warnings.warn(
+            f"compile_regional: the compile cache holds {self.label} compiled with another "
+            f"{' and '.join(differs)}; that entry is not used (it could run a stale graph) and "
+            "the blocks are traced again.",
+            CompileCacheWarning,
+            stacklevel=4,
+        )
+
+
+def _make_root(key: str) -> Any:
+    def region_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return _dynamo.eager_call(module, *args, **kwargs)
+
+    # dynamo's precompile cache keys an entry by the root's qualified name and first line
+    region_call.__qualname__ = region_call.__name__ = f"tck_region_{key}"
+    return region_call
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _class_source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):  # defined interactively: its name stands in
+        return _class_name(cls)
+
+
+def _config_text(config: Any) -> str:
+    if hasattr(config, "to_json_string"):
+        return config.to_json_string(use_diff=False)
+    return repr(config)
+
+
+def _text(value: Any) -> str:
+    """``value`` as text that is the same in every process (no object addresses)."""
+    if isinstance(value, functools.partial):
+        return f"partial({_text(value.func)}, {_text(value.args)}, {_text(value.keywords)})"
+    if isinstance(value, (list, tuple)):
+        return f"({', '.join(_text(v) for v in value)})"
+    if isinstance(value, dict):
+        return json.dumps({str(k): _text(v) for k, v in value.items()}, sort_keys=True)
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:16]
