@@ -135,3 +135,20 @@ def test_a_swapped_activation_function_is_traced_again_where_torchs_key_alone_ru
     control = _run("warm", model_dir, control_artifact, "swap,torch-key")
     assert control["path"] == "precompiled (no trace)" and control["frames"] == 0
     assert control["loss"] == first["loss"] != warm["loss"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [({"backend": "eager"}, "backend 'eager'"), ({"mode": "max-autotune-no-cudagraphs"}, "mode=")],
+)
+def test_a_group_that_cannot_be_precompiled_is_compiled_the_usual_way_and_says_why(kwargs, reason):
+    import torch
+
+    from torchcompile_kit import compile_regional, get_regional_plan
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with pytest.warns(UserWarning, match="not precompiled"):
+        compile_regional(model, blocks=torch.nn.Linear, precompile=True, **kwargs)
+    (group,) = get_regional_plan(model).groups
+    assert group.precompile_path.startswith("not precompiled") and reason in group.precompile_path
+    assert all(_dynamo.is_compiled_module(m) for m in model)  # compiled, with module.compile()

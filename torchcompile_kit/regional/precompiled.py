@@ -5,9 +5,10 @@ ours (undecorated, so transformers' decorated forwards load) under dynamo's prec
 (``_dynamo.precompiling``). That cache keys an entry by the root's name and drops the guards on
 classes, functions and object identity, so the root's name carries a fingerprint of what those
 guards would have checked: every class inside the block and its source, the functions and values
-its modules hold, the block's config, its parameters and the compile options. A change anywhere is another key: torch's cache misses, the
-region is traced again, and a :class:`~torchcompile_kit.cache.CompileCacheWarning` names the
-field that differs from the loaded artifact's region (docs/cache.md, "Warm starts that skip dynamo").
+its modules hold, the block's config, its parameters and the compile options. A change anywhere
+is another key: torch's cache misses, the region is traced again, and a
+:class:`~torchcompile_kit.errors.CompileCacheWarning` names the field that changed
+(docs/cache.md, "Warm starts that skip dynamo").
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def precompile_refusal(compile_kwargs: dict[str, Any], preflight: Any) -> str | 
     backend = compile_kwargs.get("backend", "inductor")
     if backend != "inductor":
         return f"backend {backend!r}: only inductor's compiled code can be saved with dynamo's"
+    if compile_kwargs.get("mode") not in (None, "default"):
+        # torch.compile takes mode= or options=, and the guard filter precompile needs is an option
+        return f"mode={compile_kwargs['mode']!r} cannot be combined with the guard filter it needs"
     if preflight is not None and (preflight.warning or preflight.may_vary):
         # the dropped identity guards are what keeps such blocks apart
         return "its blocks differ in per-instance state (guard preflight)"
@@ -109,12 +113,7 @@ class PrecompiledRegion:
         """``torch.compile`` the root (torch looks the saved entry up here); whether it found one."""
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
-        user_filter = options.get("guard_filter_fn")
-        options["guard_filter_fn"] = (
-            _dynamo.drop_class_guards
-            if user_filter is None
-            else lambda entries: [a and b for a, b in zip(user_filter(entries), _dynamo.drop_class_guards(entries))]
-        )
+        options["guard_filter_fn"] = _with_class_guards_dropped(options.get("guard_filter_fn"))
         before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
         self._compiled = torch.compile(self._root, options=options, **kwargs)
         hit = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"] > before
@@ -152,6 +151,16 @@ class PrecompiledRegion:
             CompileCacheWarning,
             stacklevel=4,
         )
+
+
+def _with_class_guards_dropped(user_filter: Any) -> Any:
+    if user_filter is None:
+        return _dynamo.drop_class_guards
+
+    def both(entries: Any) -> list[bool]:
+        return [a and b for a, b in zip(user_filter(entries), _dynamo.drop_class_guards(entries))]
+
+    return both
 
 
 def _make_root(key: str) -> Any:
