@@ -24,6 +24,8 @@ from torchcompile_kit.regional import compile as regional_compile
 
 
 def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
+    if model_dir == "llama":
+        return _llama(mode, artifact)
     sys.path.insert(0, model_dir)
     import tck_blocks
 
@@ -61,6 +63,34 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
     if mode == "cold":
         saved = tck.save_compile_cache(artifact)
         result["entries"] = saved.mega_cache_entries
+    return result
+
+
+def _llama(mode: str, artifact: str) -> dict:
+    """A tiny transformers Llama: its blocks and its pinned loss are precompiled regions."""
+    import transformers
+
+    if mode == "warm":
+        tck.load_compile_cache(artifact)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+    )
+    model = tck.compile_regional(transformers.LlamaForCausalLM(config), precompile=True)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    with tck.CompileMonitor() as monitor:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    grads = b"".join(p.grad.numpy().tobytes() for p in model.parameters() if p.grad is not None)
+    result = {
+        "path": tck.get_regional_plan(model).groups[0].precompile_path,
+        "frames": len(monitor.frames),
+        "loss": loss.item(),
+        "grads": hashlib.sha256(grads).hexdigest(),
+    }
+    if mode == "cold":
+        tck.save_compile_cache(artifact)
     return result
 
 

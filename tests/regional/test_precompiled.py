@@ -152,3 +152,13 @@ def test_a_group_that_cannot_be_precompiled_is_compiled_the_usual_way_and_says_w
     (group,) = get_regional_plan(model).groups
     assert group.precompile_path.startswith("not precompiled") and reason in group.precompile_path
     assert all(_dynamo.is_compiled_module(m) for m in model)  # compiled, with module.compile()
+
+
+def test_a_transformers_restart_traces_nothing_blocks_and_pinned_loss_alike(tmp_path):
+    pytest.importorskip("transformers")
+    cold = _run("cold", Path("llama"), tmp_path / "llama.tck")
+    assert cold["path"] == "traced (saved for the next restart)" and cold["frames"] >= 2
+    warm = _run("warm", Path("llama"), tmp_path / "llama.tck")
+    assert warm["path"] == "precompiled (no trace)"
+    assert warm["frames"] == 0  # the decoder layers and the compiled loss function: no trace
+    assert (warm["loss"], warm["grads"]) == (cold["loss"], cold["grads"])

@@ -161,7 +161,7 @@ def compile_regional(
                 compile_in_place([module], **compile_kwargs)
                 plan.remainder.append(name)
     if compile_loss:
-        for undo in set_explicit_loss_functions(model, compile=True, **compile_kwargs):
+        for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile, **compile_kwargs):
             register_undo(model, undo)
     if not keep_kv_cache:
         regions = [*plan.blocks, *plan.remainder]

@@ -28,7 +28,7 @@ from torch import nn
 from .. import _dynamo
 from ..errors import CompileCacheWarning
 
-__all__ = ["PrecompiledRegion", "precompile_refusal", "region_fingerprint"]
+__all__ = ["PrecompiledRegion", "function_fingerprint", "precompile_refusal", "region_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +76,31 @@ def region_fingerprint(module: nn.Module, compile_kwargs: dict[str, Any]) -> dic
     }
 
 
+def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, str]:
+    """:func:`region_fingerprint` of a plain function (a pinned loss): its name, source and the
+    compile options."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = _text(fn)
+    return {
+        "function": _text(fn),
+        "source": _digest([source]),
+        "compile options": _digest(sorted((k, _text(v)) for k, v in compile_kwargs.items())),
+    }
+
+
 class PrecompiledRegion:
-    """The compiled call of one block group: ``region(module, *args, **kwargs)``.
+    """The compiled call of one block group, ``region(module, *args, **kwargs)``, or of one function
+    (``call``: ``region(*args, **kwargs)`` runs ``call`` compiled).
 
     Compiled at its first call (so a cache loaded any time before the first step is found), under
     dynamo's precompile cache, keyed by the group's fingerprint. :attr:`path` says what happened.
     """
 
-    def __init__(self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any], call: Any = None
+    ) -> None:
         self.label = label
         self.fields = fields
         self.key = f"{label}_{_digest(sorted(fields.items()))[:16]}"
@@ -92,16 +109,16 @@ class PrecompiledRegion:
         self._compiled: Any = None
         self._hit = False
         self._settled = False
-        self._root = _make_root(self.key)
+        self._root = _make_root(self.key, call)
 
-    def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with _dynamo.precompiling():
             if self._compiled is None:
                 self._hit = self._compile()
             if self._settled:
-                return self._compiled(module, *args, **kwargs)
+                return self._compiled(*args, **kwargs)
             before = _dynamo.compile_starts()
-            output = self._compiled(module, *args, **kwargs)
+            output = self._compiled(*args, **kwargs)
             self._settle(traced=_dynamo.compile_starts() > before)
             return output
 
@@ -163,13 +180,17 @@ def _with_class_guards_dropped(user_filter: Any) -> Any:
     return both
 
 
-def _make_root(key: str) -> Any:
+def _make_root(key: str, call: Any) -> Any:
     def region_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return _dynamo.eager_call(module, *args, **kwargs)
 
+    def function_call(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    root = region_call if call is None else function_call
     # dynamo's precompile cache keys an entry by the root's qualified name and first line
-    region_call.__qualname__ = region_call.__name__ = f"tck_region_{key}"
-    return region_call
+    root.__qualname__ = root.__name__ = f"tck_region_{key}"
+    return root
 
 
 def _class_name(cls: type) -> str:

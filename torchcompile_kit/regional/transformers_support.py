@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .. import _dynamo
+from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
 __all__ = [
     "cache_calls_compiled",
@@ -78,9 +79,10 @@ def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
 
 
 def set_explicit_loss_functions(
-    model: nn.Module, *, compile: bool = False, **compile_kwargs: Any
+    model: nn.Module, *, compile: bool = False, precompile: bool = False, **compile_kwargs: Any
 ) -> list[Undo]:
-    """Pin each transformers model's ``loss_function``; return how to undo it (internal)."""
+    """Pin each transformers model's ``loss_function``; return how to undo it (internal). With
+    ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`."""
     import torch
 
     undo: list[Undo] = []
@@ -89,7 +91,11 @@ def set_explicit_loss_functions(
             continue
         previous = module.__dict__.get("_loss_function", None)
         loss = _resolved_loss(module)
-        module.loss_function = torch.compile(loss, **compile_kwargs) if compile else loss
+        if compile and precompile and precompile_refusal(compile_kwargs, None) is None:
+            fields = function_fingerprint(loss, compile_kwargs)
+            module.loss_function = PrecompiledRegion(f"loss_{loss.__name__}", fields, compile_kwargs, call=loss)
+        else:
+            module.loss_function = torch.compile(loss, **compile_kwargs) if compile else loss
 
         def restore(module: nn.Module = module, previous: Any = previous) -> None:
             if previous is None:
