@@ -156,7 +156,8 @@ def restart_path(metrics: Metrics) -> str | None:
     misses = stats.get("fxgraph_cache_miss", 0) + stats.get("autograd_cache_miss", 0)
     traced = f"dynamo traced {frames} frame{'s' * (frames != 1)}" if frames else "no frame traced"
     graphs = ("graphs from the cache" if hits and not misses
-              else f"{misses} graph(s) compiled again" if misses else "no cached graph used")
+              else f"{misses} graph(s) compiled again" if misses
+              else "no graph compiled" if not frames else "no cached graph used")
     rest = (
         f"{'re-traced' if frames else 'not re-traced'}, {graphs} ({traced}; FX-graph cache "
         f"{stats.get('fxgraph_cache_hit', 0)} hits / {stats.get('fxgraph_cache_miss', 0)} misses, "
