@@ -72,19 +72,16 @@ def precompiling() -> Iterator[None]:
     import torch._functorch.config as functorch_config
 
     if not _QUIET_GRAD_WARNING:
-        # torch reads every tensor's .grad to serialize its guards; the warning that raises for
-        # non-leaf tensors says nothing about the user's code (installed once, on first use)
+        # Installed once, on first use (not per region call): torch reads every tensor's .grad to
+        # serialize its guards, and the warning that raises for non-leaf tensors says nothing
+        # about the user's code; the dropped-guard records exist only under this scope.
         warnings.filterwarnings("ignore", message=_GRAD_WARNING, module="torch._dynamo.guards")
+        logging.getLogger("torch._dynamo.guards").addFilter(_quiet_dropped_guards)
         _QUIET_GRAD_WARNING.append(True)
-    guards_log = logging.getLogger("torch._dynamo.guards")
-    guards_log.addFilter(_quiet_dropped_guards)
-    try:
-        with dynamo_config.patch(caching_precompile=True), functorch_config.patch(
-            force_non_lazy_backward_lowering=True
-        ):
-            yield
-    finally:
-        guards_log.removeFilter(_quiet_dropped_guards)
+    with dynamo_config.patch(caching_precompile=True), functorch_config.patch(
+        force_non_lazy_backward_lowering=True
+    ):
+        yield
 
 
 def _quiet_dropped_guards(record: logging.LogRecord) -> bool:

@@ -4,6 +4,7 @@ that goes wrong is a ``CompileCacheWarning`` and a falsy result; rank 0 writes, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -184,10 +185,8 @@ def save_if_changed(
 
 def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
     regions = _dynamo.precompiled_regions()
-    if regions:  # dynamo's entries of the precompiled regions join the mega-cache
-        with _dynamo.precompiling():
-            mega = _dynamo.save_mega_cache()
-    else:
+    # dynamo's entries of the precompiled regions join the mega-cache
+    with _dynamo.precompiling() if regions else contextlib.nullcontext():
         mega = _dynamo.save_mega_cache()
     if mega is None:
         reason = (
@@ -312,8 +311,9 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     except Exception as err:  # noqa: BLE001 - e.g. disk full: a cold compile, not a crash
         return _not_loaded(result, f"could not be installed ({type(err).__name__}: {err})")
     result.loaded = True
-    result.precompiled_regions = [r["label"] for r in artifact.header["contents"].get("precompiled_regions", [])]
-    _dynamo.remember_loaded_regions(artifact.header["contents"].get("precompiled_regions", []))
+    regions = artifact.header["contents"].get("precompiled_regions", [])
+    result.precompiled_regions = [region["label"] for region in regions]
+    _dynamo.remember_loaded_regions(regions)
     result.counters_at_load = _dynamo.compile_cache_counters()
     if any(kernel.name.endswith(".so") for kernel in artifact.kernel_files):
         # After the install: the probe's own test libraries are among the installed kernels.

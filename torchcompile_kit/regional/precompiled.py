@@ -72,7 +72,7 @@ def region_fingerprint(module: nn.Module, compile_kwargs: dict[str, Any]) -> dic
         "source": _digest(sorted(set(sources))),
         "config": _digest([_config_text(c) for c in configs[:1]]),
         "parameters": _digest(params),
-        "compile options": _digest(sorted((k, _text(v)) for k, v in compile_kwargs.items())),
+        "compile options": _options_digest(compile_kwargs),
     }
 
 
@@ -86,7 +86,7 @@ def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, s
     return {
         "function": _text(fn),
         "source": _digest([source]),
-        "compile options": _digest(sorted((k, _text(v)) for k, v in compile_kwargs.items())),
+        "compile options": _options_digest(compile_kwargs),
     }
 
 
@@ -221,6 +221,10 @@ def _text(value: Any) -> str:
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _options_digest(compile_kwargs: dict[str, Any]) -> str:
+    return _digest(sorted((k, _text(v)) for k, v in compile_kwargs.items()))
 
 
 def _digest(value: Any) -> str:
