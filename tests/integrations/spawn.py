@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,14 @@ def _entry(rank: int, body, port: int, init_process_group: bool, args: tuple) ->
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         body(rank, WORLD, *args)
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # A passing rank ends here, without interpreter finalization: gloo's worker threads can
+    # still hold work whose teardown aborts the process at exit ("terminate called without an
+    # active exception", SIGABRT; seen once on torch 2.10 after the body had passed; upstream:
+    # https://github.com/pytorch/pytorch/pull/179291). A failing body raised above, as before.
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)
