@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "TorchCompileKitError": "errors",
     # regional compilation
+    "compile_model": "regional",
     "compile_regional": "regional",
     "fix_loss_function": "regional",
     "get_regional_plan": "regional",

@@ -6,7 +6,9 @@ batch shape). Prints one JSON line.
 ``TORCHINDUCTOR_CACHE_DIR`` set by the test. ``MODEL_DIR`` holds ``tck_blocks.py`` (the test writes,
 and edits, it). Variants: ``frozen`` (every block's ``up.bias`` frozen), ``config`` (another
 ``scale``), ``swap`` (every block's activation function gelu -> silu), ``torch-key`` (combinable: the
-region's fingerprint emptied, so torch's key alone decides: the control).
+region's fingerprint emptied, so torch's key alone decides: the control), ``unverified``
+(combinable: ``verify=False``, no first-call check after the load), ``install-fails`` (torch's
+install of the loaded entry raises a ``TypeError``, as it did for a LoRA block on torch 2.13).
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ from torchcompile_kit.regional import compile as regional_compile
 def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
     if model_dir == "llama":
         return _llama(mode, artifact)
+    if model_dir in ("gpt2-whole", "lora-regional"):
+        return _transformers(model_dir, mode, artifact)
+    if model_dir == "adamw-step":
+        return _optimizer_step(mode, artifact)
     sys.path.insert(0, model_dir)
     import tck_blocks
 
     if "torch-key" in variant:
         regional_compile.region_fingerprint = lambda module, kwargs: {}
+    if variant == "install-fails":  # torch's install of a loaded entry raising what it does not catch
+        from torch._dynamo import package
+
+        def install(self, backends):
+            raise TypeError("assigned grad expected to be a Tensor or None but got grad of type _Missing")
+
+        package.CompilePackage.install = install
     if mode == "warm":
         tck.load_compile_cache(artifact)
     torch.manual_seed(0)
@@ -42,7 +55,7 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
             block.act = torch.nn.functional.silu
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tck.compile_regional(model, precompile=True)
+        tck.compile_regional(model, precompile=True, verify=False if "unverified" in variant else None)
         with tck.CompileMonitor() as monitor:
             loss = model(torch.randn(4, 16, generator=torch.Generator().manual_seed(1)))
             loss.backward()
@@ -91,6 +104,81 @@ def _llama(mode: str, artifact: str) -> dict:
     }
     if mode == "cold":
         tck.save_compile_cache(artifact)
+    return result
+
+
+def _transformers(case: str, mode: str, artifact: str) -> dict:
+    """A tiny GPT-2 compiled whole (``compile_model``), or with a LoRA adapter pair
+    (``compile_peft``): one train step, then (LoRA) a batch that mixes the two adapters
+    (``adapter_names=``) against the eager model."""
+    import transformers
+
+    if mode == "warm":
+        tck.load_compile_cache(artifact)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, use_cache=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    if case == "gpt2-whole":
+        tck.compile_model(model, precompile=True)
+    else:
+        import peft
+
+        lora = dict(r=4, target_modules=["c_attn"], init_lora_weights=False, lora_dropout=0.0)
+        model = peft.get_peft_model(model, peft.LoraConfig(**lora))
+        model.add_adapter("other", peft.LoraConfig(**lora))
+        eager = __import__("copy").deepcopy(model)
+        tck.compile_peft(model, precompile=True)
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    with tck.CompileMonitor() as monitor:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    grads = b"".join(p.grad.numpy().tobytes() for p in model.parameters() if p.grad is not None)
+    result = {
+        "paths": {r["label"]: r["path"] for r in _dynamo.precompiled_regions()},
+        "frames": len(monitor.frames),
+        "dynamo_cache": _dynamo.dynamo_cache_counters(),
+        "loss": loss.item(),
+        "grads": hashlib.sha256(grads).hexdigest(),
+    }
+    if case != "gpt2-whole":  # a batch that mixes the adapters, against eager
+        model.eval(), eager.eval()
+        with torch.no_grad():
+            mixed = model(input_ids=ids, adapter_names=["default", "other"]).logits
+            reference = eager(input_ids=ids, adapter_names=["default", "other"]).logits
+        result["mixed_max_diff"] = (mixed - reference).abs().max().item()
+    if mode == "cold":
+        tck.save_compile_cache(artifact)
+    return result
+
+
+def _optimizer_step(mode: str, artifact: str) -> dict:
+    """torch.optim.AdamW's own step run through a precompiled region (what compile_optimizer would
+    need): three steps after the eager one that creates the state."""
+    from torchcompile_kit.regional.precompiled import PrecompiledRegion
+
+    if mode == "warm":
+        tck.load_compile_cache(artifact)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    region = PrecompiledRegion("AdamW_step", {"optimizer": "AdamW"}, {},
+                               call=lambda optimizer: type(optimizer).step(optimizer))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model(x).sum().backward()
+    opt.step()  # the state
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            model(x).pow(2).sum().backward()
+            region(opt)
+            opt.zero_grad()
+    weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    result = {"path": region.path, "weights": hashlib.sha256(weights).hexdigest()}
+    if mode == "cold":
+        result["entries"] = tck.save_compile_cache(artifact).mega_cache_entries
     return result
 
 

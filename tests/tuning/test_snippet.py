@@ -54,10 +54,10 @@ def test_fullgraph_only_without_measured_breaks():
     source = make_snippet(
         BY_NAME["full"], spec="pkg.models:build", steps_planned=9, fullgraph=False
     )
-    assert "model.compile(fullgraph=False)" in source
+    assert "compile_model(model, fullgraph=False, precompile=True)" in source
     assert "from pkg.models import build" in source and "steps_planned = 9" in source
     source = make_snippet(
-        BY_NAME["regional"], spec="pkg.models:build", steps_planned=9, transformers_model=True
+        BY_NAME["regional"], spec="pkg.models:build", steps_planned=9
     )
     # compile_regional pins and compiles the loss itself (compile_loss=True), as the bench ran it
     assert "fix_loss_function" not in source
@@ -68,9 +68,9 @@ def test_fullgraph_only_without_measured_breaks():
 def test_the_snippet_holds_the_lines_the_bench_ran(name):
     """One definition: the snippet's setup is the bench's (``apply_recipe`` runs these lines)."""
     recipe = RECIPES[name]
-    source = make_snippet(recipe, spec="pkg.models:build", steps_planned=9, transformers_model=True)
+    source = make_snippet(recipe, spec="pkg.models:build", steps_planned=9)
     overrides = {"fullgraph": True} if recipe.compile != "none" else {}
-    lines = setup_source(recipe, overrides=overrides, transformers_model=True)
+    lines = setup_source(recipe, overrides=overrides)
     assert "\n".join(lines) in source
     assert bool(lines) == (recipe.compile != "none" or recipe.optimizer != "as-is")
 

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from .precompile import dynamo_cache_counters
+
 __all__ = [
     "compile_cache_counters",
     "cpu_capability",
@@ -65,7 +67,8 @@ def load_mega_cache(data: bytes) -> dict[str, int] | None:
 
 
 def compile_cache_counters() -> dict[str, int]:
-    """Process-wide inductor FX-graph and AOTAutograd cache hits/misses since the last reset.
+    """Process-wide inductor FX-graph, AOTAutograd and dynamo precompile cache hits/misses since the
+    last reset.
 
     Why: the cache must report whether a load paid off; the counts come from
     ``torch._dynamo.utils.counters`` (private; names verified in torch 2.13
@@ -79,6 +82,7 @@ def compile_cache_counters() -> dict[str, int]:
         "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
         "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
         "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+        **dynamo_cache_counters(),
     }
 
 

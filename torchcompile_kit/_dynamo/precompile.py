@@ -14,6 +14,9 @@ from typing import Any
 
 __all__ = [
     "drop_class_guards",
+    "install_module_aliases",
+    "is_package_error",
+    "module_aliases",
     "dynamo_cache_counters",
     "dynamo_enabled",
     "compile_starts",
@@ -21,9 +24,11 @@ __all__ = [
     "precompile_supported",
     "precompiled_regions",
     "precompiling",
+    "refusals_logged",
     "remember_loaded_regions",
     "remember_region",
     "step_past_installed_names",
+    "without_precompile",
 ]
 
 # The regions of this process whose entries a save carries (key -> record), and those a loaded
@@ -84,6 +89,15 @@ def precompiling() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def without_precompile() -> Iterator[None]:
+    """``caching_precompile`` off for this block (a compile that must not look its entry up)."""
+    import torch._dynamo.config as dynamo_config
+
+    with dynamo_config.patch(caching_precompile=False):
+        yield
+
+
 def _quiet_dropped_guards(record: logging.LogRecord) -> bool:
     # one WARNING per dropped guard (dozens per block): the region's key stands in for them
     return "is dropped with caching_precompile" not in str(record.msg)
@@ -91,6 +105,13 @@ def _quiet_dropped_guards(record: logging.LogRecord) -> bool:
 
 _QUIET_GRAD_WARNING: list[bool] = []
 _GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def is_package_error(error: BaseException) -> bool:
+    """Whether ``error`` is torch's ``PackageError``: its precompile cache cannot save a frame."""
+    from torch._dynamo.exc import PackageError
+
+    return isinstance(error, PackageError)
 
 
 def drop_class_guards(entries: Sequence[Any]) -> list[bool]:
@@ -179,3 +200,60 @@ def step_past_installed_names(scope: dict[str, Any]) -> None:
     if used:
         start = max(max(used) + 1, next(bytecode_transformation._unique_id_counter))
         bytecode_transformation._unique_id_counter = itertools.count(start)
+
+
+def module_aliases(scope: dict[str, Any]) -> dict[str, str]:
+    """The modules a trace installed in ``scope`` under names of its own: ``{name: module name}``.
+
+    Why: when a graph's output rebuilds an object whose class lives in a module the root's globals
+    do not name (``collections.OrderedDict`` under transformers' ``ModelOutput``), the saved bytecode
+    loads the module through a global ``___module_<name>_<id>_c<n>``
+    (``PyCodegen.create_load_python_module``, ``install_global_by_id``), which the precompile entry
+    does not record, so a restart fails with ``NameError: name '___module_collections_…'`` (measured
+    on a GPT-2 compiled whole, 2.13 and 2.15). The region's record carries these names, and
+    :func:`install_module_aliases` puts them back before the load. Can go with the section above.
+    """
+    import types
+
+    return {
+        name: value.__name__
+        for name, value in list(scope.items())
+        if name.startswith("___module_") and isinstance(value, types.ModuleType)
+    }
+
+
+def install_module_aliases(scope: dict[str, Any], aliases: dict[str, str]) -> None:
+    """Bind each of :func:`module_aliases`' names in ``scope`` to its module in this process."""
+    import importlib
+
+    for name, module_name in aliases.items():
+        scope.setdefault(name, importlib.import_module(module_name))
+
+
+@contextlib.contextmanager
+def refusals_logged() -> Iterator[list[str]]:
+    """Collect why torch refused a saved entry while a ``torch.compile`` call looked it up.
+
+    Why: torch catches what fails while it installs a loaded entry and only logs it ("Failed to
+    load entry from dynamo cache" with the exception, ``eval_frame.py``; "Backend not found",
+    ``package.py``), then traces as if there were none. Can go with the section above.
+    """
+    found: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno < logging.WARNING or record.name not in _LOADERS:
+                return
+            error = record.exc_info[1] if record.exc_info else None
+            found.append(f"{type(error).__name__}: {error}" if error else record.getMessage())
+
+    handler = _Collect()  # on the parent: the two loggers propagate to it
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+
+
+_LOADERS = ("torch._dynamo.eval_frame", "torch._dynamo.package")

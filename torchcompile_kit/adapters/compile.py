@@ -6,6 +6,7 @@ what is only safe in some contexts; peft is imported lazily.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
@@ -13,7 +14,7 @@ from torch import nn
 from .. import _dynamo
 from .._checks import check_choice
 from ..diagnostics import check_verify_arg
-from ..regional import compile_regional, find_repeated_blocks, get_regional_plan
+from ..regional import compile_model, compile_regional, find_repeated_blocks, get_regional_plan
 from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
 from .guard import AdapterGuard
@@ -105,7 +106,7 @@ def compile_peft(
     Args:
         model: the uncompiled ``PeftModel``, with every adapter you will switch between loaded.
         regional: compile each repeated block (``compile_regional``); ``False`` compiles the whole
-            ``PeftModel`` in place with ``model.compile(**compile_kwargs)``.
+            ``PeftModel`` in place (``compile_model``).
         on_violation: see :func:`check_peft_compile_safety`; applies to the runtime guards too.
         hotswap_target_rank: prepare LoRA adapters for compiled hotswapping (peft's
             ``prepare_model_for_compiled_hotswap``, the largest rank you will swap in), so
@@ -118,8 +119,8 @@ def compile_peft(
         verify: compare the first forward in each adapter state with eager (outputs and adapter
             gradients) and raise ``CompiledMismatchError`` if they differ. ``None`` (default) and
             ``True`` check; ``False`` does not.
-        **compile_kwargs: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
-            ``dynamic``, ``options``).
+        **compile_kwargs: passed to ``compile_regional`` / ``compile_model`` (``precompile``)
+            and ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``).
 
     Returns:
         ``model`` itself, compiled.
@@ -164,7 +165,16 @@ def compile_peft(
         limit = max([limit, *(g.compile_kwargs.get("recompile_limit", limit) for g in plan.groups)]
                     ) if plan is not None else limit
     else:
-        model.compile(**compile_kwargs)
+        if compile_kwargs.pop("precompile", False):
+            warnings.warn(
+                "compile_peft(regional=False, precompile=True): a whole PeftModel is not "
+                "precompiled: torch saves its entry but cannot load it again (measured on torch "
+                "2.10, 2.13 and 2.15: objects in its guards that do not survive the save), so a "
+                "restart traces it again (its kernels still load from the cache). Use the "
+                "default regional=True to precompile its blocks.",
+                stacklevel=2,
+            )
+        compile_model(model, verify=False, **compile_kwargs)  # the guard below checks
     if facts.is_peft_model:
         record = PeftCompileRecord(
             regional=regional, hook_guards=hook_guards, generate=generate, recompile_limit=limit,

@@ -181,9 +181,12 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
     metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
     metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
+    regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
-    if plan is not None and any(group.precompile for group in plan.groups):
-        metrics.regions = {group.class_name: group.precompile_path for group in plan.groups}
+    for group in plan.groups if plan is not None else ():
+        if isinstance(group.precompile, str):  # refused (a sentence): no region of its own
+            regions[group.class_name] = group.precompile
+    metrics.regions = regions or None
     if loaded is not None:
         metrics.cache_load_s, metrics.cache_loaded = load_s, bool(loaded)
         metrics.cache_stats = loaded.cache_stats() if loaded else None  # FX-graph/AOT cache hits

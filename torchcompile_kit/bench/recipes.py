@@ -68,8 +68,8 @@ class Recipe:
     """``model.compile(...)`` (after ``fix_loss_function`` on a transformers model),
     ``compile_regional(model, ...)``, or nothing."""
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of that call besides the backend (``mode`` and ``options`` are dropped
-    with a backend other than inductor, which refuses them)."""
+    """Keyword arguments of that call besides the backend (``mode``, ``options`` and ``precompile``
+    are dropped with a backend other than inductor, which refuses them)."""
     optimizer: Literal["as-is", "compiled", "foreach_map", "fused"] = "as-is"
     """The run's optimizer as it is, under ``compile_optimizer`` (``impl="foreach_map"``), or
     rebuilt with ``fused=True`` (Adam/AdamW only)."""
@@ -102,21 +102,19 @@ def setup_source(
     *,
     backend: str = "inductor",
     overrides: dict[str, Any] | None = None,
-    transformers_model: bool = False,
 ) -> list[str]:
     """The recipe's setup as lines of Python acting on ``model`` and ``optimizer`` (imports first;
     empty for an eager recipe). ``backend`` is written unless ``"inductor"``; ``overrides`` are written
-    over the recipe's kwargs; with ``transformers_model`` a whole-model compile pins the loss first.
+    over the recipe's kwargs.
 
     Example:
-        >>> print("\\n".join(setup_source(RECIPES["full"], transformers_model=True)))
-        from torchcompile_kit import fix_loss_function
-        fix_loss_function(model)  # pins the loss: no graph break there
-        model.compile(fullgraph=True)
+        >>> print("\\n".join(setup_source(RECIPES["full"])))
+        from torchcompile_kit import compile_model
+        compile_model(model, fullgraph=True, precompile=True)
     """
     kwargs = {**recipe.compile_kwargs, **(overrides or {})}
     if backend != "inductor":
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "options")}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "options", "precompile")}
         if isinstance(kwargs.get("blocks"), dict):
             kwargs["blocks"] = {name: {k: v for k, v in kw.items() if k != "mode"} for name, kw in kwargs["blocks"].items()}
         kwargs["backend"] = backend
@@ -124,13 +122,11 @@ def setup_source(
     backend_kw = "" if backend == "inductor" else f", backend={backend!r}"
     imports: list[str] = []
     lines: list[str] = []
-    if recipe.compile == "model" and transformers_model:
-        imports.append("fix_loss_function")
-        lines.append("fix_loss_function(model)  # pins the loss: no graph break there")
     if recipe.world_size > 1:  # DDP's gradient hooks break the graph: its recipe has no fullgraph
         lines += ["from torch.nn.parallel import DistributedDataParallel", "model = DistributedDataParallel(model)"]
     if recipe.compile == "model":
-        lines.append(f"model.compile({args})")
+        imports.append("compile_model")
+        lines.append(f"compile_model(model, {args})")
     elif recipe.compile == "regional":
         imports.append("compile_regional")
         lines.append(f"compile_regional(model, {args})")
@@ -167,16 +163,7 @@ def apply_recipe(recipe: Recipe, ctx: RecipeContext) -> None:
             f"recipe {recipe.name!r} rebuilds the optimizer with fused=True, which needs Adam or "
             f"AdamW; the run's optimizer is {type(ctx.optimizer).__name__!r}: leave this recipe out"
         )
-    from torchcompile_kit.regional import has_transformers_model
-
-    source = "\n".join(
-        setup_source(
-            recipe,
-            backend=ctx.backend,
-            overrides=ctx.overrides,
-            transformers_model=has_transformers_model(ctx.model),
-        )
-    )
+    source = "\n".join(setup_source(recipe, backend=ctx.backend, overrides=ctx.overrides))
     namespace = {"torch": torch, "model": ctx.model, "optimizer": ctx.optimizer}
     exec(compile(source, f"<recipe {recipe.name}>", "exec"), namespace)  # noqa: S102 - our own lines
     ctx.model, ctx.optimizer = namespace["model"], namespace["optimizer"]
@@ -188,12 +175,13 @@ _WHOLE = {"fullgraph": True}
 def _recipes() -> list[Recipe]:
     dyn = {"group": "dynamic", "data": "longest", "baseline": "eager-longest"}
     full = {"compile": "model", "compile_kwargs": _WHOLE}
+    full_precompiled = {"compile": "model", "compile_kwargs": {**_WHOLE, "precompile": True}}
     regional = {"compile": "regional", "compile_kwargs": {**_WHOLE, "precompile": True}}
     return [
         # static shapes: every caption padded to the max length
         Recipe(name="eager", group="static", description="eager, pad to max (the baseline)"),
-        Recipe(name="full", group="static", description="model.compile(fullgraph=True) after fix_loss_function; cold, saves its cache",
-               save_cache=True, **full),
+        Recipe(name="full", group="static", description="compile_model(fullgraph=True, precompile=True): the whole model in place, the loss pinned; cold, saves its cache",
+               save_cache=True, **full_precompiled),
         Recipe(name="max-autotune", group="static", description="full compile, mode='max-autotune'",
                compile="model", compile_kwargs={**_WHOLE, "mode": "max-autotune"}, default=False),
         Recipe(name="reduce-overhead", group="static", description="full compile, mode='reduce-overhead' (CUDA graphs)",
@@ -220,8 +208,8 @@ def _recipes() -> list[Recipe]:
                compile="regional", compile_kwargs={"blocks": {"encoder": {"mode": "max-autotune"}, "decoder": {}}, **_WHOLE},
                requires=("encoder_decoder",), default=False, **dyn),
         # warm-up: cold compile ('full' above), warm from the saved cache, regional, nested
-        Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved",
-               cache_from="full", requires=("cache",), **full),
+        Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved: the model not traced",
+               cache_from="full", requires=("cache",), **full_precompiled),
         Recipe(name="regional", group="warm-up", description="compile_regional(precompile=True): each repeated block compiled once and reused, and the loss; saves its cache",
                save_cache=True, **regional),
         Recipe(name="regional-warm", group="warm-up", description="compile_regional(precompile=True), restarted with the cache 'regional' saved: blocks not traced",

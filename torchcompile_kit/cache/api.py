@@ -60,8 +60,8 @@ class CacheLoadResult:
     inductor_cache_dir: str = ""
     """The inductor cache dir the kernels went to."""
     precompiled_regions: list[str] = field(default_factory=list)
-    """Regions whose dynamo entries it carries (``compile_regional(..., precompile=True)``): each
-    runs without a trace when compiled again with the same fingerprint (its plan says so)."""
+    """Regions whose dynamo entries it carries (``precompile=True``): each runs without a trace
+    when compiled again with the same fingerprint (:meth:`region_paths` says whether it did)."""
     cpu_isa_probe_started: bool = False
     """Whether the load started inductor's CPU vector-ISA probe on a background thread.
 
@@ -85,6 +85,20 @@ class CacheLoadResult:
         now = _dynamo.compile_cache_counters()
         before = self.counters_at_load
         return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in now.items()}
+
+    def region_paths(self) -> dict[str, str]:
+        """How each precompiled region of this process compiled, by label: ``"precompiled (no
+        trace)"``, ``"traced again: ..."`` (why its entry was not used), ``"traced (saved for the
+        next restart)"``, or ``"not run yet"`` for a region the artifact carries that has not run.
+        Call it after the first step; ``cache_stats()`` has torch's counters.
+
+        Example:
+            >>> train_step(batch); result.region_paths()  # doctest: +SKIP
+            {'GPT2Block': 'precompiled (no trace)', 'loss_ForCausalLMLoss': 'precompiled (no trace)'}
+        """
+        paths = {record["label"]: "not run yet" for record in _dynamo.loaded_regions()}
+        paths.update({record["label"]: record["path"] for record in _dynamo.precompiled_regions()})
+        return paths
 
     def summary(self) -> str:
         """One line: what was loaded from where, or why not."""

@@ -3,13 +3,14 @@
 The topic's API.
 """
 
-from .compile import compile_in_place, compile_regional, uncompile
+from .compile import compile_in_place, compile_model, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .plan import BlockGroup, RegionalPlan, get_regional_plan
 from .transformers_support import cache_calls_compiled, fix_loss_function, has_transformers_model
 
 __all__ = [
     # top level UX
+    "compile_model",
     "compile_regional",
     "find_repeated_blocks",
     "fix_loss_function",

@@ -29,7 +29,7 @@ from .transformers_support import (
     set_explicit_loss_functions,
 )
 
-__all__ = ["compile_regional", "uncompile"]
+__all__ = ["compile_model", "compile_regional", "uncompile"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +100,7 @@ def compile_regional(
     _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_regional")
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
-    if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
-        warnings.warn(
-            f"{type(model).__name__} is already compiled (compile_regional or .compile() was "
-            "called before); nothing was done. Call torchcompile_kit.uncompile(model) first to "
-            "compile it again with other settings.",
-            stacklevel=2,
-        )
+    if _already_compiled(model):
         return model
     plan = find_repeated_blocks(model, blocks)
     if nested:
@@ -136,20 +130,9 @@ def compile_regional(
     labels = [g.class_name for g in plan.groups]
     for index, group in enumerate(plan.groups):
         instances = [model.get_submodule(name) for name in group.names]
-        refusal = precompile_refusal(group.compile_kwargs, group.preflight) if precompile else None
-        if precompile and refusal is None:
-            label = group.class_name if labels.count(group.class_name) == 1 else f"{group.class_name}{index}"
-            region = PrecompiledRegion(label, region_fingerprint(instances[0], group.compile_kwargs),
-                                       group.compile_kwargs)
-            for module in instances:
-                _dynamo.set_compiled_call(module, functools.partial(region, module))
-            group.precompile = region
-        else:
-            compile_in_place(instances, **group.compile_kwargs)
-        if refusal is not None:
-            group.precompile = f"not precompiled: {refusal}"
-            warnings.warn(f"compile_regional(precompile=True): {group.class_name} {group.precompile}; "
-                          "a restart traces it again (its kernels still load from the cache)", stacklevel=2)
+        label = group.class_name if labels.count(group.class_name) == 1 else f"{group.class_name}{index}"
+        group.precompile = _compile_modules(instances, label, precompile, group.preflight,
+                                            **group.compile_kwargs)
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name)
         if cache_calls_eager:
@@ -158,7 +141,7 @@ def compile_regional(
         for name in plan.eager:
             module = model.get_submodule(name)
             if any(True for _ in module.parameters()):
-                compile_in_place([module], **compile_kwargs)
+                _compile_modules([module], name, precompile, None, **compile_kwargs)
                 plan.remainder.append(name)
     if compile_loss:
         for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile, **compile_kwargs):
@@ -168,13 +151,97 @@ def compile_regional(
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
             register_undo(model, undo)
     register_undo(model, _warn_when_traced_whole(model, plan))
-    if verify:  # last, so its pre-hook sees the call as the other hooks left it
+    if verify or (verify is None and _loaded_any(plan.groups)):
+        # last, so its pre-hook sees the call as the other hooks left it; by default the first
+        # step after a precompiled load is checked: its entry ran no trace here
         verifier = FirstCallVerifier(model, recipe="compile_regional",
                                      backend=compile_kwargs.get("backend", "inductor"))
         register_undo(model, verifier.install_hooks())
     setattr(model, PLAN_ATTR, plan)
     logger.info("compile_regional: %s", plan.summary())
     return model
+
+
+def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | None = None,
+                  **compile_kwargs: Any) -> nn.Module:
+    """Compile the whole ``model`` in place (``model.compile()``) and return it.
+
+    On a transformers model the loss function is pinned first (:func:`fix_loss_function`), so the
+    step has no graph break at the loss. ``state_dict()`` keys are unchanged;
+    :func:`uncompile` undoes it.
+
+    Args:
+        model: the model; compiled in place.
+        precompile: also save dynamo's traced code with the compile cache, so a restart that
+            loads it runs the model without tracing (inductor only; docs/cache.md).
+        verify: compare the first call in each state with eager and raise
+            ``CompiledMismatchError`` on a difference. ``None`` (default): only the first call
+            after a precompiled entry was loaded.
+        **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, ...).
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` is not a bool or ``None``.
+        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
+
+    Example:
+        >>> model = compile_model(torch.nn.Linear(4, 2), backend="eager")
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
+    """
+    _check_model(model)
+    _warn_cuda_graphs_on_cpu(model, compile_kwargs)
+    verify = check_verify_arg(verify, recipe="compile_model")
+    if _already_compiled(model):
+        return model
+    for undo in set_explicit_loss_functions(model):
+        register_undo(model, undo)
+    region = _compile_modules([model], type(model).__name__, precompile, None,
+                              plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
+    if verify or (verify is None and getattr(region, "loaded", False)):
+        verifier = FirstCallVerifier(model, recipe="compile_model",
+                                     backend=compile_kwargs.get("backend", "inductor"))
+        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
+    return model
+
+
+def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, preflight: Any,
+                     plain: Callable[..., None] | None = None,
+                     **compile_kwargs: Any) -> PrecompiledRegion | str | None:
+    """Compile ``modules`` in place, through one :class:`PrecompiledRegion` when ``precompile``
+    and it can be, else with ``plain`` (:func:`compile_in_place`); returns the region, why it could
+    not be (a sentence, also warned), or ``None``."""
+    refusal = precompile_refusal(compile_kwargs, preflight) if precompile else None
+    if not precompile or refusal is not None:
+        (plain or compile_in_place)(modules, **compile_kwargs)
+        if refusal is None:
+            return None
+        warnings.warn(f"precompile=True: {label} not precompiled: {refusal}; a restart traces it "
+                      "again (its kernels still load from the cache)", stacklevel=3)
+        return f"not precompiled: {refusal}"
+    region = PrecompiledRegion(label, region_fingerprint(modules[0], compile_kwargs), compile_kwargs)
+    for module in modules:
+        _dynamo.set_compiled_call(module, functools.partial(region, module))
+    return region
+
+
+def _loaded_any(groups: list[Any]) -> bool:
+    return any(getattr(group.precompile, "loaded", False) for group in groups)
+
+
+def _already_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is compiled in place already (then say so: nothing is done)."""
+    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model):
+        return False
+    warnings.warn(
+        f"{type(model).__name__} is already compiled (compile_regional, compile_model or "
+        ".compile() was called before); nothing was done. Call torchcompile_kit.uncompile(model) "
+        "first to compile it again with other settings.",
+        stacklevel=3,
+    )
+    return True
 
 
 def uncompile(model: Any) -> Any:

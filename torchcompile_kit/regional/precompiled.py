@@ -108,31 +108,67 @@ class PrecompiledRegion:
         self.path = "not compiled yet"
         self._compiled: Any = None
         self._hit = False
+        self._refusal = ""
         self._settled = False
+        self._plain: Any = None  # a usual compile, once torch's precompile cache refused it
         self._root = _make_root(self.key, call)
 
+    @property
+    def loaded(self) -> bool:
+        """Whether a loaded compile cache holds this region's entry (its key)."""
+        return any(record["key"] == self.key for record in _dynamo.loaded_regions())
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with _dynamo.precompiling():
-            if self._compiled is None:
-                self._hit = self._compile()
-            if self._settled:
-                return self._compiled(*args, **kwargs)
-            before = _dynamo.compile_starts()
-            output = self._compiled(*args, **kwargs)
-            self._settle(traced=_dynamo.compile_starts() > before)
-            return output
+        if self._plain is not None:
+            return self._plain(*args, **kwargs)
+        try:
+            with _dynamo.precompiling():
+                if self._compiled is None:
+                    self._hit = self._compile()
+                if self._settled:
+                    return self._compiled(*args, **kwargs)
+                before = _dynamo.compile_starts()
+                output = self._compiled(*args, **kwargs)
+                self._settle(traced=_dynamo.compile_starts() > before)
+                return output
+        except Exception as error:
+            if not _dynamo.is_package_error(error):
+                raise
+            # torch's precompile cache refused a frame this call reached (measured: a graph break
+            # into a property of peft's PeftModel). It is raised before that frame runs: the
+            # region goes on as a usual compile and the call runs again, from its start.
+            self.path = f"not precompiled: torch cannot save a frame it reached ({error})"
+            self._warn(f"torch's precompile cache cannot save it ({error})", again="compiled the usual way")
+            self._plain = torch.compile(self._root, **self.compile_kwargs)
+            _dynamo.remember_region(self.record())
+            return self._plain(*args, **kwargs)
 
     def record(self) -> dict[str, Any]:
-        """What the artifact's header keeps of this region."""
-        return {"label": self.label, "key": self.key, "fields": self.fields}
+        """What the artifact's header keeps of this region (and the path it took here)."""
+        aliases = _dynamo.module_aliases(self._root.__globals__)
+        return {"label": self.label, "key": self.key, "fields": self.fields, "modules": aliases,
+                "path": self.path}
 
     def _compile(self) -> bool:
         """``torch.compile`` the root (torch looks the saved entry up here); whether it found one."""
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
         options["guard_filter_fn"] = _with_class_guards_dropped(options.get("guard_filter_fn"))
+        for record in _dynamo.loaded_regions():
+            if record["key"] == self.key:  # names the saved bytecode loads, torch does not restore
+                _dynamo.install_module_aliases(self._root.__globals__, record.get("modules", {}))
         before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
-        self._compiled = torch.compile(self._root, options=options, **kwargs)
+        with _dynamo.refusals_logged() as refusals:
+            try:
+                self._compiled = torch.compile(self._root, options=options, **kwargs)
+            except Exception as error:  # noqa: BLE001 - torch catches only a RuntimeError here
+                # installing the loaded entry failed (measured: a TypeError unpickling a LoRA
+                # block's guards on torch 2.10 and 2.13): compile as if there were none, without
+                # torch's precompile cache, which would find the same entry again
+                refusals.append(f"{type(error).__name__}: {error}")
+                with _dynamo.without_precompile():
+                    self._compiled = torch.compile(self._root, **self.compile_kwargs)
+        self._refusal = "; ".join(refusals)
         hit = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"] > before
         if hit:  # the entry installed its globals in the root's module: a later trace must not clash
             _dynamo.step_past_installed_names(self._root.__globals__)
@@ -143,17 +179,16 @@ class PrecompiledRegion:
         if not traced and (not self._hit or not _dynamo.dynamo_enabled()):
             return  # nothing compiled and nothing ran compiled (dynamo off): ask again next call
         self._settled = True
-        _dynamo.remember_region(self.record())
         if not traced:
             self.path = "precompiled (no trace)"
+        elif self._hit:
+            self.path = f"traced again: torch refused its saved entry ({self._refusal or 'see its log'})"
+            self._warn(f"torch refused that entry ({self._refusal or 'see its log'})")
         else:
-            self.path = (
-                "traced again: torch refused its saved entry (torch's log says why)"
-                if self._hit
-                else "traced (saved for the next restart)"
-            )
+            self.path = "traced (saved for the next restart)"
             self._explain_miss()
-        logger.info("compile_regional: %s: %s", self.label, self.path)
+        _dynamo.remember_region(self.record())
+        logger.info("precompiled region %s: %s", self.label, self.path)
 
     def _explain_miss(self) -> None:
         same = [r for r in _dynamo.loaded_regions() if r["label"] == self.label]
@@ -161,13 +196,12 @@ class PrecompiledRegion:
         if not differs:
             return
         self.path = f"traced again: its {', '.join(differs)} changed since the cache was saved"
-        warnings.warn(
-            f"compile_regional: the compile cache holds {self.label} compiled with another "
-            f"{' and '.join(differs)}; that entry is not used (it could run a stale graph) and "
-            "the blocks are traced again.",
-            CompileCacheWarning,
-            stacklevel=4,
-        )
+        self._warn(f"it was compiled with another {' and '.join(differs)}; that entry is not used "
+                   "(it could run a stale graph)")
+
+    def _warn(self, why: str, again: str = "traced again") -> None:
+        warnings.warn(f"compile cache: {self.label}: {why}; it is {again} (its kernels may still "
+                      "load from the cache).", CompileCacheWarning, stacklevel=5)
 
 
 def _with_class_guards_dropped(user_filter: Any) -> Any:

@@ -27,7 +27,6 @@ def make_snippet(
     fullgraph: bool = True,
     steps_planned: int,
     batch_size: int | None = None,
-    transformers_model: bool = False,
     sys_path: str | None = None,
     spec_optimizer: bool = False,
 ) -> str:
@@ -47,9 +46,7 @@ def make_snippet(
     """
     module, _, function = spec.rpartition(":")
     overrides = {"fullgraph": fullgraph} if recipe.compile != "none" and recipe.world_size == 1 else {}
-    setup = setup_source(
-        recipe, backend=backend, overrides=overrides, transformers_model=transformers_model
-    )
+    setup = setup_source(recipe, backend=backend, overrides=overrides)
     head = ["import torch"]
     if recipe.mark_dynamic or recipe.cache_from:
         names = ["mark_dynamic_batch"] * recipe.mark_dynamic + ["compile_cache"] * bool(recipe.cache_from)

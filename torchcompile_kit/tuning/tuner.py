@@ -170,13 +170,6 @@ def _device() -> Any:
 # --- outputs -------------------------------------------------------------------------------------
 
 
-def _is_transformers(loaded: ModelSpec | None) -> bool:
-    """Whether the model holds a transformers model (the captioner does: ``loaded`` is None)."""
-    if loaded is None:
-        return True
-    return any(type(m).__module__.startswith("transformers.") for m in loaded.model.modules())
-
-
 def _snippet(
     chosen: CandidateResult | None,
     plan: RunPlan,
@@ -197,7 +190,6 @@ def _snippet(
         fullgraph=chosen.graph_breaks == 0,
         steps_planned=plan.steps_planned,
         batch_size=PRESETS[plan.measure.preset].batch_size,
-        transformers_model=_is_transformers(loaded),
         spec_optimizer=loaded is not None and loaded.optimizer is not None,
     )
 
