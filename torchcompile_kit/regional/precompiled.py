@@ -19,7 +19,10 @@ import inspect
 import json
 import logging
 import re
+import sys
+import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -157,6 +160,10 @@ class PrecompiledRegion:
         for record in _dynamo.loaded_regions():
             if record["key"] == self.key:  # names the saved bytecode loads, torch does not restore
                 _dynamo.install_module_aliases(self._root.__globals__, record.get("modules", {}))
+        # installing a loaded entry loads its CPU kernels, which picks the vector ISA without a
+        # compile (so without dynamo's start-of-compile callback that waits for a background probe
+        # a cache load started): wait here, or inductor probes a second time at once
+        _dynamo.wait_for_cpu_isa_probe()
         before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
         with _dynamo.refusals_logged() as refusals:
             try:
@@ -221,9 +228,15 @@ def _make_root(key: str, call: Any) -> Any:
     def function_call(*args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
 
-    root = region_call if call is None else function_call
-    # dynamo's precompile cache keys an entry by the root's qualified name and first line
-    root.__qualname__ = root.__name__ = f"tck_region_{key}"
+    template = region_call if call is None else function_call
+    name = f"tck_region_{key}"
+    # A code object of its own per region: dynamo keeps its cache, and a loaded entry, on the code
+    # object, so two regions sharing one would take each other's entries (measured: the
+    # captioner's ViTLayer group ran GPT2Block's guards and was traced again). Its name is the key
+    # dynamo's precompile cache looks the entry up by (with the first line).
+    code = template.__code__.replace(co_name=name)
+    root = types.FunctionType(code, template.__globals__, name, None, template.__closure__)
+    root.__qualname__ = name
     return root
 
 
@@ -232,10 +245,28 @@ def _class_name(cls: type) -> str:
 
 
 def _class_source(cls: type) -> str:
+    """Digests of the source files of ``cls`` and of every base it inherits code from, with the
+    class names (torch's own classes are covered by the torch version in the artifact's header).
+
+    A whole file, not the class's lines: finding a class in a large module's source takes
+    ``inspect`` ~0.1 s (seconds for a whole transformers model), a file's digest microseconds,
+    and any edit of the file then misses, the safe direction."""
+    parts = []
+    for base in cls.__mro__:
+        if base is object or base.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        parts.append(f"{_class_name(base)}:{_file_digest(getattr(sys.modules.get(base.__module__), '__file__', None))}")
+    return ", ".join(parts)
+
+
+@functools.cache
+def _file_digest(path: str | None) -> str:
+    """sha256 of a source file, or ``"no file"`` (a class defined interactively: its name stands
+    in)."""
     try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):  # defined interactively: its name stands in
-        return _class_name(cls)
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else "no file"
+    except OSError:
+        return "unreadable"
 
 
 def _config_text(config: Any) -> str:
