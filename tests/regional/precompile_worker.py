@@ -6,8 +6,8 @@ batch shape). Prints one JSON line.
 ``TORCHINDUCTOR_CACHE_DIR`` set by the test. ``MODEL_DIR`` holds ``tck_blocks.py`` (the test writes,
 and edits, it). Variants: ``frozen`` (every block's ``up.bias`` frozen), ``config`` (another
 ``scale``), ``swap`` (every block's activation function gelu -> silu), ``torch-key`` (combinable: the
-region's fingerprint emptied, so torch's key alone decides: the control), ``unverified``
-(combinable: ``verify=False``, no first-call check after the load), ``install-fails`` (torch's
+region's fingerprint emptied, so torch's key alone decides: the control), ``verified``
+(combinable: ``verify=True``, the first call after the load checked against eager), ``install-fails`` (torch's
 install of the loaded entry raises a ``TypeError``, as it did for a LoRA block on torch 2.13).
 """
 
@@ -55,7 +55,7 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
             block.act = torch.nn.functional.silu
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tck.compile_regional(model, precompile=True, verify=False if "unverified" in variant else None)
+        tck.compile_regional(model, precompile=True, verify="verified" in variant)
         with tck.CompileMonitor() as monitor:
             loss = model(torch.randn(4, 16, generator=torch.Generator().manual_seed(1)))
             loss.backward()

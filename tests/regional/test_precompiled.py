@@ -141,12 +141,12 @@ def test_a_swapped_activation_function_is_traced_again_where_torchs_key_alone_ru
     # guard on the function's identity is one dynamo's precompile cache drops)
     control_artifact, control_cold = cold_torch_key
     assert control_cold["loss"] == first["loss"]
-    control = _run("warm", model_dir, control_artifact, "swap,torch-key,unverified")
+    control = _run("warm", model_dir, control_artifact, "swap,torch-key")
     assert control["path"] == "precompiled (no trace)" and control["frames"] == 0
     assert control["loss"] == first["loss"] != warm["loss"]
-    # the second line of defence: by default the first step after a precompiled load is checked
-    # against eager, and that stale graph is refused before its result is used
-    checked = _run("warm", model_dir, control_artifact, "swap,torch-key", ok=False)
+    # a second line of defence: with verify=True the first step after a precompiled load is
+    # checked against eager, and that stale graph is refused before its result is used
+    checked = _run("warm", model_dir, control_artifact, "swap,torch-key,verified", ok=False)
     assert "CompiledMismatchError" in checked["stderr"]
 
 

@@ -151,9 +151,7 @@ def compile_regional(
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
             register_undo(model, undo)
     register_undo(model, _warn_when_traced_whole(model, plan))
-    if verify or (verify is None and _loaded_any(plan.groups)):
-        # last, so its pre-hook sees the call as the other hooks left it; by default the first
-        # step after a precompiled load is checked: its entry ran no trace here
+    if verify:  # last, so its pre-hook sees the call as the other hooks left it
         verifier = FirstCallVerifier(model, recipe="compile_regional",
                                      backend=compile_kwargs.get("backend", "inductor"))
         register_undo(model, verifier.install_hooks())
@@ -174,9 +172,9 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         model: the model; compiled in place.
         precompile: also save dynamo's traced code with the compile cache, so a restart that
             loads it runs the model without tracing (inductor only; docs/cache.md).
-        verify: compare the first call in each state with eager and raise
-            ``CompiledMismatchError`` on a difference. ``None`` (default): only the first call
-            after a precompiled entry was loaded.
+        verify: compare the first call in each state with eager (also the first call that runs a
+            precompiled entry) and raise ``CompiledMismatchError`` on a difference; off by
+            default (``None``).
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, ...).
 
     Returns:
@@ -198,9 +196,9 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         return model
     for undo in set_explicit_loss_functions(model):
         register_undo(model, undo)
-    region = _compile_modules([model], type(model).__name__, precompile, None,
-                              plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
-    if verify or (verify is None and getattr(region, "loaded", False)):
+    _compile_modules([model], type(model).__name__, precompile, None,
+                     plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
+    if verify:
         verifier = FirstCallVerifier(model, recipe="compile_model",
                                      backend=compile_kwargs.get("backend", "inductor"))
         _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
@@ -225,10 +223,6 @@ def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, pre
     for module in modules:
         _dynamo.set_compiled_call(module, functools.partial(region, module))
     return region
-
-
-def _loaded_any(groups: list[Any]) -> bool:
-    return any(getattr(group.precompile, "loaded", False) for group in groups)
 
 
 def _already_compiled(model: nn.Module) -> bool:

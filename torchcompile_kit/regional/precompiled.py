@@ -116,11 +116,6 @@ class PrecompiledRegion:
         self._plain: Any = None  # a usual compile, once torch's precompile cache refused it
         self._root = _make_root(self.key, call)
 
-    @property
-    def loaded(self) -> bool:
-        """Whether a loaded compile cache holds this region's entry (its key)."""
-        return any(record["key"] == self.key for record in _dynamo.loaded_regions())
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._plain is not None:
             return self._plain(*args, **kwargs)
