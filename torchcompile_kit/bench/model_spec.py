@@ -7,7 +7,6 @@ process, which loads it again from the string.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._factory import import_factory, parse_factory
 from ..errors import TorchCompileKitError
 
 __all__ = [
@@ -59,49 +59,14 @@ def parse_model_spec(text: str) -> tuple[str, str]:
         >>> parse_model_spec("mypkg.models:build")
         ('mypkg.models', 'build')
     """
-    module, sep, function = str(text).rpartition(":")
-    if not sep or not module or not function or not function.isidentifier():
-        raise ModelSpecError(
-            f"--model {text!r} is not 'module:function'; pass e.g. --model mypkg.models:build "
-            "(a module importable from the current directory) or --model path/to/file.py:build"
-        )
-    return module, function
-
-
-def _import(module: str) -> Any:
-    if module.endswith(".py") or os.sep in module or "/" in module:
-        path = Path(module)
-        if not path.is_file():
-            raise ModelSpecError(f"--model: file {str(path)!r} does not exist")
-        name = f"_tck_user_model_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
-        return loaded
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # what `python -m` would do; console scripts do not
-    return importlib.import_module(module)
+    return parse_factory(text, error=ModelSpecError)
 
 
 def load_model_spec(text: str) -> ModelSpec:
     """Import ``module``, call ``function()`` and check what it returns: the :class:`ModelSpec`, or
     ``ModelSpecError`` saying what is wrong with the spec, the import, the call or its return."""
-    module_name, function_name = parse_model_spec(text)
-    try:
-        module = _import(module_name)
-    except ModelSpecError:
-        raise
-    except Exception as err:  # any import-time failure is the user's module's
-        raise ModelSpecError(
-            f"--model {text!r}: importing {module_name!r} failed with {type(err).__name__}: {err}. "
-            "Run from the directory that contains it, or pass a path: --model path/file.py:fn"
-        ) from err
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ModelSpecError(
-            f"--model {text!r}: module {module_name!r} has no callable {function_name!r}"
-        )
+    function = import_factory(text, error=ModelSpecError)
+    function_name = parse_model_spec(text)[1]
     try:
         returned = function()
     except Exception as err:

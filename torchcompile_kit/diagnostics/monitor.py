@@ -27,7 +27,7 @@ from .trace_records import (
     owner_of,
 )
 
-__all__ = ["CompileMonitor", "record_first_call_check"]
+__all__ = ["CompileMonitor", "note_running_monitors", "record_first_call_check"]
 
 _CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 _CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
@@ -43,6 +43,12 @@ def record_first_call_check(check: Any) -> None:
     """
     for monitor in _RUNNING:
         monitor._first_call_checks.append(check)
+
+
+def note_running_monitors(text: str) -> None:
+    """Add ``text`` to the notes of every running monitor (an event a recipe reports, internal)."""
+    for monitor in _RUNNING:
+        monitor.add_note(text)
 
 
 class CompileMonitor:

@@ -3,6 +3,7 @@
 The topic's API.
 """
 
+from .background import BackgroundCompile, get_background_compile
 from .compile import compile_in_place, compile_model, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .plan import BlockGroup, RegionalPlan, get_regional_plan
@@ -16,8 +17,10 @@ __all__ = [
     "fix_loss_function",
     "get_regional_plan",
     "uncompile",
-    # the plan
+    # the plan, and a background compile's options and record
+    "BackgroundCompile",
     "BlockGroup",
+    "get_background_compile",
     "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
     "cache_calls_compiled",

@@ -18,6 +18,7 @@ from .._checks import check_module
 from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
+from .background import BackgroundCompile, get_background_compile, start_background_compile
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
@@ -44,6 +45,7 @@ def compile_regional(
     nested: bool = False,
     verify: bool | None = None,
     precompile: bool = False,
+    background: bool | str | BackgroundCompile = False,
     **compile_kwargs: Any,
 ) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
@@ -77,6 +79,12 @@ def compile_regional(
             restart that loads it runs the blocks without tracing (inductor only; a group whose
             blocks differ in per-instance state is compiled the usual way, with a warning). The
             plan's ``precompile_path`` says which path each group took (docs/cache.md).
+        background: train eagerly at once while a worker process compiles the model (on its first
+            call's batch) and switch to compiled code at the first call after it is done
+            (``True``: a transformers model, rebuilt from its class and config;
+            ``"mypkg.models:build"``: a factory; :class:`BackgroundCompile`: options). Implies
+            ``precompile=True`` and ``verify=True`` at the switch; inductor only (docs/cache.md,
+            "Train while it compiles").
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``fullgraph``, ``dynamic``, ``options``, ...).
 
@@ -101,6 +109,18 @@ def compile_regional(
     verify = check_verify_arg(verify, recipe="compile_regional")
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
     if _already_compiled(model):
+        return model
+    if background:
+        options = dict(blocks=blocks, remainder=remainder, compile_loss=compile_loss,
+                       keep_kv_cache=keep_kv_cache, **compile_kwargs)
+        if nested:
+            raise ValueError("compile_regional(nested=True) cannot compile in the background: the "
+                             "hybrid is refused with inductor on CPU and unverified elsewhere")
+        start_background_compile(
+            model, background, recipe="regional", compile_kwargs=options,
+            compile_now=lambda: compile_regional(model, precompile=True, verify=True, **options),
+            undo=lambda: uncompile(model),
+        )
         return model
     plan = find_repeated_blocks(model, blocks)
     if nested:
@@ -161,7 +181,7 @@ def compile_regional(
 
 
 def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | None = None,
-                  **compile_kwargs: Any) -> nn.Module:
+                  background: bool | str | BackgroundCompile = False, **compile_kwargs: Any) -> nn.Module:
     """Compile the whole ``model`` in place (``model.compile()``) and return it.
 
     On a transformers model the loss function is pinned first (:func:`fix_loss_function`), so the
@@ -175,6 +195,7 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         verify: compare the first call in each state with eager (also the first call that runs a
             precompiled entry) and raise ``CompiledMismatchError`` on a difference; off by
             default (``None``).
+        background: train eagerly while a worker process compiles; see :func:`compile_regional`.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, ...).
 
     Returns:
@@ -193,6 +214,13 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
     _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_model")
     if _already_compiled(model):
+        return model
+    if background:
+        start_background_compile(
+            model, background, recipe="model", compile_kwargs=compile_kwargs,
+            compile_now=lambda: compile_model(model, precompile=True, verify=True, **compile_kwargs),
+            undo=lambda: uncompile(model),
+        )
         return model
     for undo in set_explicit_loss_functions(model):
         register_undo(model, undo)
@@ -227,7 +255,9 @@ def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, pre
 
 def _already_compiled(model: nn.Module) -> bool:
     """Whether ``model`` is compiled in place already (then say so: nothing is done)."""
-    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model):
+    pending = get_background_compile(model)
+    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model) and (
+            pending is None or pending.state not in ("waiting for the first call", "compiling")):
         return False
     warnings.warn(
         f"{type(model).__name__} is already compiled (compile_regional, compile_model or "

@@ -13,6 +13,7 @@ is another key: torch's cache misses, the region is traced again, and a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -23,6 +24,7 @@ import sys
 import types
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,7 +33,13 @@ from torch import nn
 from .. import _dynamo
 from ..errors import CompileCacheWarning
 
-__all__ = ["PrecompiledRegion", "function_fingerprint", "precompile_refusal", "region_fingerprint"]
+__all__ = [
+    "PrecompiledRegion",
+    "function_fingerprint",
+    "precompile_refusal",
+    "region_fingerprint",
+    "regions_created",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +123,8 @@ class PrecompiledRegion:
         self._settled = False
         self._plain: Any = None  # a usual compile, once torch's precompile cache refused it
         self._root = _make_root(self.key, call)
+        for created in _CREATING:
+            created.append(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._plain is not None:
@@ -204,6 +214,20 @@ class PrecompiledRegion:
     def _warn(self, why: str, again: str = "traced again") -> None:
         warnings.warn(f"compile cache: {self.label}: {why}; it is {again} (its kernels may still "
                       "load from the cache).", CompileCacheWarning, stacklevel=5)
+
+
+_CREATING: list[list[PrecompiledRegion]] = []
+
+
+@contextlib.contextmanager
+def regions_created() -> Iterator[list[PrecompiledRegion]]:
+    """The :class:`PrecompiledRegion` objects created inside the block (a compile call's regions)."""
+    created: list[PrecompiledRegion] = []
+    _CREATING.append(created)
+    try:
+        yield created
+    finally:
+        _CREATING.remove(created)
 
 
 def _with_class_guards_dropped(user_filter: Any) -> Any:

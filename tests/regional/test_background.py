@@ -1,0 +1,184 @@
+"""compile_regional / compile_model with ``background=``: training runs eagerly at once, a worker
+process compiles, the model switches to the worker's precompiled code at a call boundary; a worker
+that fails, hangs or compiled something else leaves training eager with one warning. Inductor
+compiles in the worker (seconds); counts and equalities are asserted, never times."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchcompile_kit import CompileMonitor, compile_model, compile_regional, get_regional_plan, uncompile
+from torchcompile_kit import _dynamo
+from torchcompile_kit.errors import CompileCacheWarning
+from torchcompile_kit.regional import BackgroundCompile, get_background_compile
+
+pytestmark = pytest.mark.skipif(not _dynamo.precompile_supported(), reason="no dynamo precompile cache")
+
+MODEL = '''
+import time
+
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, act="gelu"):
+        super().__init__()
+        self.up = torch.nn.Linear(16, 16)
+        self.act = getattr(torch.nn.functional, act)
+
+    def forward(self, x):
+        return x + self.act(self.up(x))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, act="gelu"):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(act) for _ in range(2)])
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).pow(2).mean()
+
+
+def build():
+    torch.manual_seed(0)
+    return Model()
+
+
+def build_silu():
+    return Model("silu")
+
+
+def crash():
+    raise RuntimeError("the factory broke")
+
+
+def hang():
+    time.sleep(600)
+'''
+
+
+@pytest.fixture
+def factory(tmp_path, monkeypatch):
+    (tmp_path / "tck_bg_model.py").write_text(textwrap.dedent(MODEL))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the worker imports the factory from the training process's cwd
+    import tck_bg_model
+
+    yield tck_bg_model
+    sys.modules.pop("tck_bg_model", None)
+
+
+def _train(model, ref=None, *, until, limit_s=300.0):
+    """SGD steps (eager reference beside it, on the same batches) until ``until(record)``."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01) if ref is not None else None
+    losses, ref_losses, started = [], [], time.perf_counter()
+    while not until(get_background_compile(model)) and time.perf_counter() - started < limit_s:
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(len(losses)))
+        loss = model(x)
+        loss.backward(), opt.step(), opt.zero_grad()
+        losses.append(loss.item())
+        if ref is not None:
+            ref_loss = ref(x)
+            ref_loss.backward(), ref_opt.step(), ref_opt.zero_grad()
+            ref_losses.append(ref_loss.item())
+        time.sleep(0.005)  # a training step's worth of time: the worker needs seconds
+    return losses, ref_losses
+
+
+def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(factory):
+    model = factory.build()
+    ref = copy.deepcopy(model)
+    with CompileMonitor() as monitor:
+        compile_regional(model, background="tck_bg_model:build")
+        assert get_regional_plan(model) is None  # nothing compiled in this process yet
+        losses, ref_losses = _train(model, ref, until=lambda r: r.stall_s is not None)
+        record = get_background_compile(model)
+        frames_at_switch = len(monitor.frames)
+        more, more_ref = _train(model, ref, until=lambda r: False, limit_s=0.5)
+    assert record.state == "compiled" and record.eager_steps >= 1
+    switch = record.switched_at_call - 1  # calls before it ran eagerly
+    assert switch == record.eager_steps and record.worker_s > 0 and record.stall_s > 0
+    # eager before the switch, bit for bit; compiled (inductor's numerics) after it
+    assert losses[:switch] == ref_losses[:switch]
+    torch.testing.assert_close(torch.tensor(losses[switch:] + more), torch.tensor(ref_losses[switch:] + more_ref))
+    (group,) = get_regional_plan(model).groups
+    assert group.precompile_path == "precompiled (no trace)"
+    assert frames_at_switch == 0 and len(monitor.frames) == 0  # the worker traced; this process never did
+    assert any("background compile: compiled from call" in note for note in monitor.notes)
+    assert not Path(record._job.parent).exists()  # its folder went with the switch
+    assert record._proc.poll() is not None  # the worker is gone
+
+
+@pytest.mark.parametrize(
+    ("background", "why"),
+    [
+        ("tck_bg_model:crash", "the worker failed (exit code 1)"),
+        (BackgroundCompile(factory="tck_bg_model:hang", timeout_s=1.0), "ran past timeout_s=1"),
+        ("tck_bg_model:build_silu", "compiled Block for another model state"),
+    ],
+    ids=["crash", "hang", "other-model"],
+)
+def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eager(factory, background, why):
+    model = factory.build()
+    with pytest.warns(CompileCacheWarning, match="training goes on eagerly") as caught:
+        compile_regional(model, background=background)
+        _train(model, until=lambda r: r.state.startswith("eager"), limit_s=120)
+    record = get_background_compile(model)
+    assert record.state.startswith("eager: ") and why in record.state, record.state
+    assert why in str(caught[0].message)
+    assert get_regional_plan(model) is None and not _dynamo.compiled_module_names(model)
+    assert record._proc.poll() is not None and not record._job.parent.exists()
+    if background == "tck_bg_model:crash":
+        assert "the factory broke" in record.state  # the worker's own error, in the reason
+
+
+def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_whole(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    import tiny_models
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_models.llama()
+    compile_model(model, background=True)
+    ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    started = time.perf_counter()
+    while get_background_compile(model).stall_s is None and time.perf_counter() - started < 300:
+        model(input_ids=ids, labels=ids).loss.backward()
+        time.sleep(0.01)
+    record = get_background_compile(model)
+    assert record.state == "compiled", record.state
+    assert isinstance(model, transformers.LlamaForCausalLM) and _dynamo.is_compiled_module(model)
+
+
+def test_what_the_worker_cannot_reproduce_is_refused_at_the_call(factory):
+    model = factory.build()
+    with pytest.raises(ValueError, match="has no config"):
+        compile_regional(model, background=True)
+    with pytest.raises(ValueError, match="backend='inductor'"):
+        compile_regional(model, background="tck_bg_model:build", backend="aot_eager")
+    with pytest.raises(ValueError, match="as JSON"):
+        compile_regional(model, background="tck_bg_model:build", options={"f": object()})
+
+
+def test_uncompile_before_the_switch_stops_the_worker(factory):
+    model = factory.build()
+    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang"))
+    model(torch.randn(4, 16)).backward()  # the first call starts the worker
+    record = get_background_compile(model)
+    assert record.state == "compiling" and record._proc.poll() is None
+    uncompile(model)
+    assert record.state == "eager: cancelled (uncompile)" and record._proc.poll() is not None
+    assert get_background_compile(model) is None
+    model(torch.randn(4, 16)).backward()  # eager, and no worker starts again
+    assert record._proc is not None and os.path.exists(str(record._job)) is False

@@ -1,0 +1,359 @@
+"""Train while it compiles: ``compile_regional(..., background=True)`` and ``compile_model``'s.
+
+The model trains eagerly from its first call. That call's batch, the model's recipe (its class and
+config, or a factory) and the state the graphs depend on go to a worker process, which rebuilds the
+model, compiles the same regions on that batch with ``precompile=True`` and saves a compile cache.
+At the first call after the worker is done, the model loads that cache and compiles in place: a
+warm start, each region's entry checked against the model's own fingerprint first (a mismatch
+keeps training eager, never a stale graph). docs/cache.md ("Train while it compiles").
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _dynamo
+from .._undo import register_undo
+from ..cache import load_compile_cache
+from ..diagnostics import note_running_monitors
+from ..errors import CompileCacheWarning
+from .precompiled import regions_created
+
+__all__ = ["BackgroundCompile", "get_background_compile", "start_background_compile"]
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "_torchcompile_kit_background"
+_RUNNING: list[BackgroundCompile] = []  # the workers to stop at exit
+
+
+@dataclass(kw_only=True)
+class BackgroundCompile:
+    """Options of a background compile, and what it did (``get_background_compile(model)``).
+
+    Pass ``background=BackgroundCompile(...)`` to ``compile_regional``/``compile_model`` to set the
+    options; ``background=True`` takes the defaults, ``background="mypkg.models:build"`` a factory.
+    """
+
+    factory: str | None = None
+    """``"module:function"`` (or ``"file.py:function"``) returning the model, or a tuple whose first
+    item is it (the ``--model`` contract of ``bench``); ``None`` rebuilds a transformers model from
+    its class and config."""
+    cpus: list[int] | None = None
+    """The CPUs the worker may run on (``os.sched_setaffinity``; its torch threads: as many), e.g.
+    the cores training does not use; ``None``: all."""
+    timeout_s: float = 3600.0
+    """A worker still running after this long is stopped and training stays eager."""
+    directory: str | None = None
+    """Where the worker's batch and artifact go (a temporary folder by default, removed after the
+    switch and at exit). Under ``torch.distributed`` every rank reads it: a shared filesystem
+    across machines."""
+    state: str = "waiting for the first call"
+    """``"compiling"``, ``"compiled"`` (switched), ``"eager: <why>"``."""
+    eager_steps: int = 0
+    """Grad-enabled training calls that ran eagerly (the first one included)."""
+    switched_at_call: int | None = None
+    """The model call at which it switched to compiled code (1-based), if it did."""
+    stall_s: float | None = None
+    """Seconds from the switch to the end of the first compiled call: the cache load, the compile
+    call, and that call (the entries installed, the first-call check, the call's own compute)."""
+    worker_s: float | None = None
+    """Seconds from starting the worker to seeing it done."""
+    _calls: int = field(default=0, repr=False)
+    _proc: Any = field(default=None, repr=False)
+    _job: Path | None = field(default=None, repr=False)
+    _owned_dir: bool = field(default=False, repr=False)
+    _started: float = field(default=0.0, repr=False)
+    _switch_started: float | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        """One line for a training log."""
+        if self.switched_at_call is not None:
+            return (f"background compile: compiled from call {self.switched_at_call} after "
+                    f"{self.eager_steps} eager steps (worker {self.worker_s:.1f} s, stall at the "
+                    f"switch {self.stall_s:.2f} s)")
+        return f"background compile: {self.state} ({self.eager_steps} eager steps so far)"
+
+
+def get_background_compile(model: nn.Module) -> BackgroundCompile | None:
+    """The :class:`BackgroundCompile` of ``model``, or ``None`` when it has none.
+
+    Example:
+        >>> get_background_compile(model).summary()  # doctest: +SKIP
+        'background compile: compiled from call 412 after 411 eager steps (worker 17.3 s, ...)'
+    """
+    return model.__dict__.get(_ATTR)
+
+
+def start_background_compile(
+    model: nn.Module,
+    background: bool | str | BackgroundCompile,
+    *,
+    recipe: str,
+    compile_kwargs: dict[str, Any],
+    compile_now: Callable[[], Any],
+    undo: Callable[[], Any],
+) -> BackgroundCompile:
+    """Set ``model`` up to train eagerly until a worker compiled ``recipe`` (``"regional"`` or
+    ``"model"``) with ``compile_kwargs``; ``compile_now()`` compiles it in place at the switch,
+    ``undo()`` undoes that when the worker's entries do not fit.
+    Raises ``ValueError`` for what the worker could not reproduce (internal)."""
+    options = background if isinstance(background, BackgroundCompile) else BackgroundCompile(
+        factory=background if isinstance(background, str) else None)
+    if options.factory is None and getattr(model, "config", None) is None:
+        raise ValueError(
+            f"background compile of {type(model).__name__}: the worker rebuilds a transformers "
+            "model from its class and config, and this model has no config; pass a factory that "
+            "builds it: background='mypkg.models:build' (returns the model)"
+        )
+    try:
+        json.dumps(compile_kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"background compile: the worker gets the compile options as JSON, and {compile_kwargs!r} "
+            f"is not ({err}); pass names (backend='inductor') rather than objects"
+        ) from err
+    if compile_kwargs.get("backend", "inductor") != "inductor":
+        raise ValueError(
+            f"background compile needs backend='inductor' (what the worker compiles reaches the "
+            f"training process as inductor's cache); got {compile_kwargs['backend']!r}"
+        )
+    model.__dict__[_ATTR] = options
+    register_undo(model, lambda: _cancel(model, options))
+    spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
+    # after each call, not before: a switch then compiles between two calls, and the next one
+    # runs with every hook the compile installs (a pre-hook added during a call does not run)
+    options._handle = model.register_forward_hook(  # type: ignore[attr-defined]
+        lambda module, args, kwargs, output: _after_call(module, args, kwargs, options, spec,
+                                                         compile_now, undo),
+        with_kwargs=True,
+    )
+    return options
+
+
+# --- the training side ------------------------------------------------------------------------
+
+
+def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
+                spec: dict[str, Any], compile_now: Callable[[], Any], undo: Callable[[], Any]) -> None:
+    if torch.compiler.is_compiling():
+        return
+    options._calls += 1
+    if options._switch_started is not None:  # the first compiled call has run
+        options.stall_s = time.perf_counter() - options._switch_started
+        options._switch_started = None
+        options._handle.remove()  # type: ignore[attr-defined]
+        logger.info(options.summary())
+        note_running_monitors(options.summary())
+        return
+    if options.state != "compiling" and options._job is not None:
+        return
+    if torch.is_grad_enabled() and model.training:
+        options.eager_steps += 1
+    if options._job is None:
+        _start(model, args, kwargs, options, spec)
+        return
+    status = _worker_status(options)
+    if status == "done":
+        _switch(model, options, compile_now, undo)
+    elif status != "running":
+        _give_up(model, options, status)
+
+
+def _start(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
+           spec: dict[str, Any]) -> None:
+    """Write the job (batch, state, recipe) and start the worker (rank 0 only under
+    ``torch.distributed``; every rank learns the folder)."""
+    rank = _rank()
+    folder = None
+    if rank in (None, 0):
+        if options.directory:
+            folder = Path(options.directory)
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            folder = Path(tempfile.mkdtemp(prefix="tck-background-"))
+            options._owned_dir = True
+    if rank is not None:
+        shared = [str(folder) if folder else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        folder = Path(shared[0])
+    options._job = folder / "job.json"
+    options.state = "compiling"
+    options._started = time.perf_counter()
+    if next((p.device.type for p in model.parameters()), "cpu") == "cpu":
+        # the switch loads CPU kernels, and inductor checks the CPU's vector ISA (about a second
+        # of child processes) before its first one: now, while training runs, not in the switch
+        _dynamo.start_cpu_isa_probe()
+    if rank not in (None, 0):
+        return
+    torch.save({"args": args, "kwargs": kwargs}, folder / "batch.pt")
+    autocast = (
+        {"device_type": "cuda", "dtype": str(torch.get_autocast_dtype("cuda"))}
+        if torch.is_autocast_enabled("cuda")
+        else {"device_type": "cpu", "dtype": str(torch.get_autocast_dtype("cpu"))}
+        if torch.is_autocast_enabled("cpu")
+        else None
+    )
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    job = {
+        **spec,
+        "parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
+        "training": model.training,
+        "grad": torch.is_grad_enabled(),
+        "autocast": autocast,
+        "device": str(device),
+        "batch": str(folder / "batch.pt"),
+        "artifact": str(folder / "compile-cache.tck"),
+        "cpus": options.cpus,
+        "cwd": os.getcwd(),
+    }
+    options._job.write_text(json.dumps(job))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
+    if options.cpus:
+        env["OMP_NUM_THREADS"] = str(len(options.cpus))
+    log = open(folder / "worker.log", "wb")  # noqa: SIM115 - the worker writes it until it ends
+    options._proc = subprocess.Popen(
+        [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(options._job)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    log.close()
+    if not _RUNNING:
+        atexit.register(_stop_all)
+    _RUNNING.append(options)
+    logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
+
+
+def _worker_status(options: BackgroundCompile) -> str:
+    """``"running"``, ``"done"`` or why it failed; the same answer on every rank (rank 0's)."""
+    status = "running"
+    if options._proc is not None:
+        code = options._proc.poll()
+        elapsed = time.perf_counter() - options._started
+        if code is None and elapsed > options.timeout_s:
+            _stop(options)
+            status = f"the worker ran past timeout_s={options.timeout_s:g} and was stopped"
+        elif code == 0:
+            status = "done"
+        elif code is not None:
+            tail = _log_tail(options)
+            status = f"the worker failed (exit code {code}): {tail}"
+    if _rank() is not None:  # every rank switches (or gives up) at the same call
+        shared = [status]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        status = shared[0]
+    return status
+
+
+def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[[], Any],
+            undo: Callable[[], Any]) -> None:
+    """Load the worker's cache and compile in place, if every region it will create is in it."""
+    started = time.perf_counter()
+    options.worker_s = started - options._started
+    options.state = "switching"
+    loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
+    keys = {region["key"] for region in _dynamo.loaded_regions()}
+    with regions_created() as regions:
+        compile_now()
+    missing = [r.label for r in regions if r.key not in keys]
+    if not loaded or missing or not regions:
+        undo()
+        why = (f"its cache did not load ({loaded.reason})" if not loaded
+               else "nothing was precompiled" if not regions
+               else f"it compiled {', '.join(missing)} for another model state (the fingerprint "
+                    "differs: parameters, config, classes or compile options)")
+        _give_up(model, options, why)
+        return
+    options.state = "compiled"
+    options.switched_at_call = options._calls + 1  # the next call runs compiled
+    options._switch_started = started
+    _cleanup(options)
+
+
+def _give_up(model: nn.Module, options: BackgroundCompile, why: str) -> None:
+    options.state = f"eager: {why}"
+    options._handle.remove()  # type: ignore[attr-defined]
+    _stop(options)
+    _cleanup(options)
+    message = f"background compile of {type(model).__name__}: {why}; training goes on eagerly."
+    warnings.warn(message, CompileCacheWarning, stacklevel=4)
+    note_running_monitors(message)
+
+
+# --- the worker process ---------------------------------------------------------------------------
+
+
+def _model_source(model: nn.Module, options: BackgroundCompile) -> dict[str, Any]:
+    if options.factory is not None:
+        return {"factory": options.factory}
+    config = model.config
+    return {"class": f"{type(model).__module__}:{type(model).__qualname__}",
+            "config_class": f"{type(config).__module__}:{type(config).__qualname__}",
+            "config": config.to_dict()}
+
+
+def _cancel(model: nn.Module, options: BackgroundCompile) -> None:
+    """``uncompile(model)``: no worker, no hook, no record (a switch undoing its own compile keeps
+    them: it gives up with its reason)."""
+    if options.state == "switching":
+        return
+    if options.state in ("waiting for the first call", "compiling"):
+        options.state = "eager: cancelled (uncompile)"
+        options._handle.remove()  # type: ignore[attr-defined]
+        _stop(options)
+        _cleanup(options)
+    model.__dict__.pop(_ATTR, None)
+
+
+def _stop(options: BackgroundCompile) -> None:
+    proc = options._proc
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the compile workers go with it
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if options in _RUNNING:
+        _RUNNING.remove(options)
+
+
+def _cleanup(options: BackgroundCompile) -> None:
+    if options in _RUNNING:
+        _RUNNING.remove(options)
+    if options._owned_dir and options._job is not None and _rank() in (None, 0):
+        shutil.rmtree(options._job.parent, ignore_errors=True)
+
+
+def _stop_all() -> None:
+    for options in list(_RUNNING):
+        _stop(options)
+        _cleanup(options)
+
+
+def _log_tail(options: BackgroundCompile) -> str:
+    try:
+        lines = (options._job.parent / "worker.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    return " | ".join(lines[-3:])[-600:] or "no output"
+
+
+def _rank() -> int | None:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None

@@ -1,0 +1,85 @@
+"""The worker of a background compile: ``python -m torchcompile_kit.regional.background_worker
+JOB.json`` rebuilds the model the job describes, compiles it as the training process will (with
+``precompile=True``), runs the job's batch through it (and backward, as training did) and saves
+the compile cache. Exit code 0 only when the artifact was written."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+from .._factory import import_factory
+from ..cache import save_compile_cache
+from .compile import compile_model, compile_regional
+
+
+def main(job_path: str) -> int:
+    job = json.loads(open(job_path).read())
+    if job["cpus"]:
+        os.sched_setaffinity(0, job["cpus"])
+        torch.set_num_threads(len(job["cpus"]))
+    os.chdir(job["cwd"])  # a factory's relative paths resolve as in the training process
+    model = _build(job["model"]).to(job["device"])
+    for name, param in model.named_parameters():
+        dtype, requires_grad = job["parameters"].get(name, (None, param.requires_grad))
+        if dtype is not None and str(param.dtype) != dtype:
+            param.data = param.data.to(getattr(torch, dtype.removeprefix("torch.")))
+        param.requires_grad_(requires_grad)
+    model.train(job["training"])
+    compile_fn = compile_regional if job["recipe"] == "regional" else compile_model
+    compile_fn(model, precompile=True, **job["compile_kwargs"])
+    batch = torch.load(job["batch"], map_location=job["device"], weights_only=False)
+    autocast = job["autocast"]
+    with torch.set_grad_enabled(job["grad"]), torch.autocast(
+        autocast["device_type"] if autocast else "cpu",
+        dtype=getattr(torch, autocast["dtype"].removeprefix("torch.")) if autocast else None,
+        enabled=autocast is not None,
+    ):
+        output = model(*batch["args"], **batch["kwargs"])
+    if job["grad"]:
+        _loss(output).backward()  # the backward graphs, as the training step compiles them
+    saved = save_compile_cache(job["artifact"], barrier=False)
+    if not saved:
+        print(f"the compile cache was not saved: {saved.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _build(source: dict[str, Any]) -> torch.nn.Module:
+    if "factory" in source:
+        built = import_factory(source["factory"], flag="background")()
+        return built[0] if isinstance(built, tuple) else built
+    model_class = _named(source["class"])
+    config = _named(source["config_class"]).from_dict(source["config"])
+    return model_class(config)
+
+
+def _named(text: str) -> Any:
+    module, _, qualname = text.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _loss(output: Any) -> torch.Tensor:
+    """A scalar whose backward runs every compiled backward graph of the step."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is not None:
+        return loss
+    tensors = [output] if isinstance(output, torch.Tensor) else [
+        t for t in (output.values() if isinstance(output, dict) else output)
+        if isinstance(t, torch.Tensor)
+    ]
+    return sum(t.float().sum() for t in tensors if t.requires_grad)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
