@@ -45,6 +45,15 @@ _POSITIVE_FLOAT = _number(float, minimum=0, strict=True)
 _SECONDS = _number(float, minimum=0, strict=False)
 
 
+def _pin(text: str) -> str:
+    """An argparse ``type=`` for ``--pin TRAIN:COMPILE`` (``MeasureConfig.pin``'s check)."""
+    try:
+        MeasureConfig(pin=text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchcompile-kit",
@@ -75,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-pair", action="store_true",
                        help="time each row alone, without its baseline's eager copy stepping beside it (half the "
                        "memory; × base then divides rows measured minutes apart: not robust to load)")
+    bench.add_argument("--pin", type=_pin, default=None, metavar="TRAIN:COMPILE",
+                       help="CPU lists, e.g. 0:1: every row trains on the TRAIN CPUs (as many torch threads), a "
+                       "background compile's worker runs on the COMPILE CPUs (default: all CPUs for everything)")
     bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
     # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
@@ -144,6 +156,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = MeasureConfig(
         preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
         backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps, paired=not args.no_pair,
+        pin=args.pin,
     )
     config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import tiny_models
@@ -14,6 +15,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from integrations.spawn import run_on_ranks
 from torchcompile_kit import (
     BucketBatchSampler,
+    get_regional_plan,
     PadToBucketCollator,
     compile_regional,
     uncompile,
@@ -133,6 +135,51 @@ def ddp_and_fsdp2_body(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_ddp_and_fsdp2_match_eager_on_two_ranks():
     run_on_ranks(ddp_and_fsdp2_body)
+
+
+def background_body(rank: int, world: int, cwd: str) -> None:
+    """compile_regional(background=True) under DDP: rank 0's worker compiles, every rank switches
+    at the same call (no rank waits in a collective for another), then trains compiled."""
+    import os
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchcompile_kit.regional import get_background_compile
+
+    os.chdir(cwd)
+    torch.manual_seed(0)
+    ref = tiny_models.gpt2()
+    model = compile_regional(copy.deepcopy(ref), background=True)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step, started = 0, time.perf_counter()
+    while get_background_compile(model).stall_s is None:  # the same answer on every rank
+        batch = local_rows(global_batch(step % 4), rank, world)
+        ddp(**batch).loss.backward()
+        opt.step(), opt.zero_grad()
+        step += 1
+        time.sleep(0.01)
+        assert time.perf_counter() - started < 300, "no switch in 300 s"
+    record = get_background_compile(model)
+    calls = [None] * world
+    dist.all_gather_object(calls, (record.state, record.switched_at_call, record.eager_steps))
+    assert calls[0] == calls[1] and calls[0][0] == "compiled", calls
+    assert (record._proc is not None) == (rank == 0)  # one worker for the job
+    group = get_regional_plan(model).groups[0]
+    assert group.precompile_path == "precompiled (no trace)", group.precompile_path
+    losses = []
+    for _ in range(2):  # compiled steps, in step on both ranks
+        loss = ddp(**local_rows(global_batch(0), rank, world)).loss
+        loss.backward(), opt.step(), opt.zero_grad()
+        losses.append(mean_over_ranks(loss).item())
+    assert all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.distributed
+def test_a_background_compile_switches_every_rank_at_the_same_call(tmp_path):
+    pytest.importorskip("transformers")
+    run_on_ranks(background_body, str(tmp_path))
 
 
 def test_discovery_finds_fsdp_renamed_blocks_outside_containers():

@@ -99,9 +99,32 @@ def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path |
     return path
 
 
+def _timeline_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path | None:
+    """Steps done against wall time, one line per row, when a row compiled in the background."""
+    ok = [r for r in rows if r.status == "ok" and r.metrics.step_ends_s]
+    if not any(r.metrics.background for r in ok):
+        return None
+    figure = _figure(8)
+    axes = figure.add_subplot(1, 1, 1)
+    for row in ok:
+        ends = row.metrics.step_ends_s
+        axes.plot([0.0, *ends], range(len(ends) + 1), label=row.name, lw=1.2)
+        switched = (row.metrics.background or {}).get("switched_at_call")
+        if switched and switched <= len(ends):
+            axes.plot(ends[switched - 1], switched, "o", color="black", ms=4)
+    axes.set_title(title, fontsize=10)
+    axes.set_xlabel("seconds from the first step (the dot: the switch to compiled code)")
+    axes.set_ylabel("steps done")
+    axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
 def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a run into ``out_dir``;
-    returns the files (none without matplotlib or ok rows)."""
+    """Write ``warmup.png``, ``throughput.png`` and ``speedup.png`` for a run into ``out_dir``, and
+    ``timeline.png`` (steps against wall time) when a row compiled in the background; returns the
+    files (none without matplotlib or ok rows)."""
     if not charts_available():
         return []
     out = Path(out_dir)
@@ -112,6 +135,7 @@ def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> lis
         _bar_chart(rows, "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
         _bar_chart(rows, "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
         _ratio_chart(rows, f"paired ratio to the baseline ({where})", out / "speedup.png"),
+        _timeline_chart(rows, f"steps done against wall time ({where})", out / "timeline.png"),
     ]
     return [path for path in written if path is not None]
 

@@ -40,6 +40,10 @@ class MeasureConfig:
     paired: bool = True
     """An eager copy of the model steps beside each compiled run in alternating blocks, so its
     ratio to eager holds when the machine's load changes (:mod:`.paired`)."""
+    pin: str | None = None
+    """``"TRAIN:COMPILE"`` CPU lists (``"0:1"``, ``"0,1:2,3"``): every row trains on the TRAIN
+    CPUs with as many torch threads, and a background compile's worker runs on the COMPILE ones
+    (a GPU machine's idle CPU); ``None``: all CPUs for everything."""
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -53,6 +57,28 @@ class MeasureConfig:
                 )
         if not self.steady_s >= 0:
             raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
+        if self.pin is not None:
+            self.pinned_cpus()
+
+    def pinned_cpus(self) -> tuple[list[int], list[int]] | None:
+        """``pin`` as ``(train CPUs, compile CPUs)``, or ``ValueError`` for a malformed one.
+
+        Example:
+            >>> MeasureConfig(pin="0:1").pinned_cpus()
+            ([0], [1])
+        """
+        if self.pin is None:
+            return None
+        try:
+            train, compile_ = (sorted({int(c) for c in side.split(",")}) for side in self.pin.split(":"))
+        except ValueError:
+            train = compile_ = []
+        if not train or not compile_ or set(train) & set(compile_):
+            raise ValueError(
+                f"MeasureConfig(pin={self.pin!r}): pass TRAIN:COMPILE CPU lists that do not overlap, "
+                "e.g. '0:1' (train on CPU 0, compile on CPU 1)"
+            )
+        return train, compile_
 
     def backend_or_default(self) -> str:
         """``backend``, else ``$TORCHCOMPILE_KIT_BENCH_BACKEND``, else ``"inductor"``."""

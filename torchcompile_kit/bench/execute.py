@@ -18,7 +18,7 @@ from typing import Any
 from .. import _dynamo
 from ..cache import load_compile_cache, save_compile_cache
 from ..diagnostics import CompileMonitor
-from ..regional import get_regional_plan
+from ..regional import get_background_compile, get_regional_plan
 from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
@@ -141,6 +141,14 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     settings.update(steps=steps, warmup_steps=warmup_steps)
     notes: list[str] = []
     cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
+    pinned = request.get("pin")
+    if pinned:  # the row trains on these CPUs; a background worker gets the others (MeasureConfig.pin)
+        import torch
+
+        os.sched_setaffinity(0, pinned[0])
+        torch.set_num_threads(len(pinned[0]))
+        if "background" in recipe.compile_kwargs and request["backend"] == "inductor":
+            request["compile_overrides"] = {**request["compile_overrides"], "background": {"cpus": pinned[1]}}
     started = time.perf_counter()
     _dynamo.import_compiler()  # in every row, so no timed phase below carries the import
     import_s = time.perf_counter() - started
@@ -181,6 +189,10 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
     metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
     metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
+    background = get_background_compile(ctx.model)
+    if background is not None:
+        metrics.background = {name: getattr(background, name) for name in (
+            "state", "eager_steps", "switched_at_call", "worker_s", "stall_s")}
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
     for group in plan.groups if plan is not None else ():

@@ -123,6 +123,7 @@ def measure_training(
         torch.cuda.reset_peak_memory_stats(device)
     losses: list[float] = []
     times: list[float] = []
+    ends: list[float] = []
     real_tokens: list[int] = []
     computed_tokens: list[int] = []
     sums = [0, 0]  # real, computed tokens over every step
@@ -134,7 +135,8 @@ def measure_training(
         loss = step(batch)
         losses.append(float(loss))  # also a sync point: the step has finished
         sync()
-        return time.perf_counter() - began
+        ends.append(time.perf_counter())
+        return ends[-1] - began
 
     def timed_step(total: int) -> float:
         batch = next(batches)
@@ -198,6 +200,7 @@ def measure_training(
         peak_memory_mb=peak if paired is not None else peak_memory_mb(device),
         losses=losses,
         step_times_s=times,
+        step_ends_s=[end - start for end in ends],
         step_tokens=computed_tokens,
         cpu_steal=steal_share(cpu_start, cpu_end),
         cpu_steal_steady=steal_share(cpu_warm, cpu_end) if warmup_steps and times else None,

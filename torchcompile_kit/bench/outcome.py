@@ -46,6 +46,9 @@ class Metrics:
     """The loss of every step, for the comparison with the loss reference."""
     step_times_s: list[float] = field(default_factory=list)
     """Each timed steady step, seconds."""
+    step_ends_s: list[float] = field(default_factory=list)
+    """When each of the row's steps (warm-up and steady) ended, seconds from the start of the
+    first: the row's steps-against-wall-time curve (paired rows: the baseline's blocks in it)."""
     step_tokens: list[int] = field(default_factory=list)
     """The computed (padded) tokens of each timed steady step."""
     steady_s: float | None = None
@@ -90,6 +93,9 @@ class Metrics:
     """Warm rows: torch's FX-graph/AOTAutograd cache hits after the run."""
     cache_saved: bool | None = None
     """Cold rows that save: the cache was written."""
+    background: dict[str, Any] | None = None
+    """``background=`` rows: the :class:`~torchcompile_kit.regional.BackgroundCompile` record
+    (``state``, ``eager_steps``, ``switched_at_call``, ``worker_s``, ``stall_s``)."""
     regions: dict[str, str] | None = None
     """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's
     ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""

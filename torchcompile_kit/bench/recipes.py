@@ -114,11 +114,14 @@ def setup_source(
     """
     kwargs = {**recipe.compile_kwargs, **(overrides or {})}
     if backend != "inductor":
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "options", "precompile")}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "options", "precompile", "background")}
         if isinstance(kwargs.get("blocks"), dict):
             kwargs["blocks"] = {name: {k: v for k, v in kw.items() if k != "mode"} for name, kw in kwargs["blocks"].items()}
         kwargs["backend"] = backend
-    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    args = ", ".join(
+        f"{k}=BackgroundCompile(cpus={v['cpus']!r})" if k == "background" and isinstance(v, dict) else f"{k}={v!r}"
+        for k, v in kwargs.items()
+    )
     backend_kw = "" if backend == "inductor" else f", backend={backend!r}"
     imports: list[str] = []
     lines: list[str] = []
@@ -144,6 +147,8 @@ def setup_source(
             ")",
         ]
     head = [f"from torchcompile_kit import {', '.join(sorted(imports))}"] if imports else []
+    if "BackgroundCompile(" in args:
+        head.append("from torchcompile_kit.regional import BackgroundCompile")
     return head + lines
 
 
@@ -214,6 +219,8 @@ def _recipes() -> list[Recipe]:
                save_cache=True, **regional),
         Recipe(name="regional-warm", group="warm-up", description="compile_regional(precompile=True), restarted with the cache 'regional' saved: blocks not traced",
                cache_from="regional", requires=("cache",), **regional),
+        Recipe(name="regional-background", group="warm-up", description="compile_regional(background=True): trains eagerly at once while a worker process compiles, then switches to the worker's precompiled blocks",
+               compile="regional", compile_kwargs={**_WHOLE, "background": True}, default=False),
         Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (loss and remainder eager)",
                compile="regional", compile_kwargs={"compile_loss": False, **_WHOLE}, default=False),
         Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the loss, and the embeddings, final norm and LM head compiled too",

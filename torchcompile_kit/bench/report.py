@@ -13,7 +13,14 @@ from typing import Any
 from .outcome import Metrics, RecipeResult
 from .results import BenchResults
 
-__all__ = ["format_comparison", "format_results", "render_table", "restart_path", "warm_start_lines"]
+__all__ = [
+    "background_lines",
+    "format_comparison",
+    "format_results",
+    "render_table",
+    "restart_path",
+    "warm_start_lines",
+]
 
 # (column label, metric key, format)
 _COLUMNS: list[tuple[str, str, str]] = [
@@ -135,6 +142,7 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
         out += [f"  {note}" for note in notes]
         if group == "warm-up":
             out += [f"  {line}" for line in warm_start_lines(rows, document.rows)]
+            out += [f"  {line}" for line in background_lines(rows, document.rows)]
     return "\n".join(out)
 
 
@@ -209,6 +217,52 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
             f"{c.first_step_s:.2f} s; warm ÷ cold {warm_total / c.first_step_s:.3f}{build}"
             + (f"; path: {path}" if path else "") + caveat
         )
+    return lines
+
+
+def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
+    """For each ``background=`` row: when it switched, the stall against the cold compile of the
+    same recipe, and the time to reach each step ÷ the better of ``eager`` and that cold row
+    (unpaired rows only: a paired row's clock runs its baseline's blocks too).
+
+    Example:
+        >>> bg = RecipeResult(name="regional-background", status="ok", metrics=Metrics(
+        ...     step_ends_s=[1.0, 2.0, 2.5], background={"state": "compiled", "eager_steps": 2,
+        ...     "switched_at_call": 3, "worker_s": 2.0, "stall_s": 0.3}))
+        >>> cold = RecipeResult(name="regional", status="ok", metrics=Metrics(
+        ...     first_step_s=10.0, step_ends_s=[10.0, 10.5, 11.0]))
+        >>> eager = RecipeResult(name="eager", status="ok", metrics=Metrics(step_ends_s=[1.0, 2.0, 3.0]))
+        >>> background_lines([bg], [eager, cold, bg])[0]  # doctest: +NORMALIZE_WHITESPACE
+        'regional-background: compiled from step 3 after 2 eager steps (worker 2.0 s; stall at the switch 0.30 s = 0.030 of the cold compile of regional); time to reach step n ÷ the better of eager and regional, steps 1–3: at most 1.000 (step 1), at least 0.833 (step 3)'
+    """
+    by_name = {row.name: row for row in all_rows if row.status == "ok"}
+    lines = []
+    for row in rows:
+        record = row.metrics.background if row.status == "ok" else None
+        if not record:
+            continue
+        cold = by_name.get(row.name.removesuffix("-background"))
+        if record.get("switched_at_call") is None:
+            lines.append(f"{row.name}: {record['state']} ({record['eager_steps']} eager steps)")
+            continue
+        text = (f"{row.name}: compiled from step {record['switched_at_call']} after "
+                f"{record['eager_steps']} eager steps (worker {record['worker_s']:.1f} s; stall at the "
+                f"switch {record['stall_s']:.2f} s")
+        if cold is not None and cold.metrics.first_step_s:
+            text += f" = {record['stall_s'] / cold.metrics.first_step_s:.3f} of the cold compile of {cold.name}"
+        text += ")"
+        eager = by_name.get("eager")
+        curves = [r.metrics for r in (row, eager, cold) if r is not None]
+        if len(curves) == 3 and all(m.step_ends_s and m.paired is None for m in curves):
+            mine, *others = (m.step_ends_s for m in curves)
+            n = min(len(mine), *(len(o) for o in others))
+            ratios = [mine[i] / min(o[i] for o in others) for i in range(n)]
+            worst, best = max(range(n), key=ratios.__getitem__), min(range(n), key=ratios.__getitem__)
+            text += (f"; time to reach step n ÷ the better of eager and {cold.name}, steps 1–{n}: at most "
+                     f"{ratios[worst]:.3f} (step {worst + 1}), at least {ratios[best]:.3f} (step {best + 1})")
+        elif eager is not None and cold is not None:
+            text += "; time to reach each step: run the three rows with --no-pair to compare"
+        lines.append(text)
     return lines
 
 

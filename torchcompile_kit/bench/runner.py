@@ -94,6 +94,7 @@ def run_recipe_isolated(
         "compile_overrides": dict(compile_overrides or {}),
         "plan_steps": plan_steps,
         "steady_s": config.steady_s,
+        "pin": config.pinned_cpus(),
         "check": check,
         "pair_with": pair_with,
         "cache_dir": str((out / "caches").resolve()),
