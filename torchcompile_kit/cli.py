@@ -47,6 +47,8 @@ _SECONDS = _number(float, minimum=0, strict=False)
 
 def _pin(text: str) -> str:
     """An argparse ``type=`` for ``--pin TRAIN:COMPILE`` (``MeasureConfig.pin``'s check)."""
+    from .bench.config import MeasureConfig
+
     try:
         MeasureConfig(pin=text)
     except ValueError as err:

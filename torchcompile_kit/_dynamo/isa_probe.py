@@ -5,6 +5,7 @@ Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +36,10 @@ def _isa_probe_fn() -> Callable[[], Any]:
     return valid_vec_isa_list
 
 
-def start_cpu_isa_probe() -> threading.Thread | None:
-    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread.
+def start_cpu_isa_probe(cpus: list[int] | None = None) -> threading.Thread | None:
+    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned,
+    with the compilers and children it starts, to ``cpus`` when given: a background compile keeps
+    it off the CPUs training runs on).
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
     the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
@@ -62,6 +65,8 @@ def start_cpu_isa_probe() -> threading.Thread | None:
             return None
 
         def run() -> None:
+            if cpus:
+                os.sched_setaffinity(0, cpus)  # this thread only (Linux), and what it starts
             try:
                 probe()
             except Exception:

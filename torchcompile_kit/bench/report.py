@@ -233,7 +233,7 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
         ...     first_step_s=10.0, step_ends_s=[10.0, 10.5, 11.0]))
         >>> eager = RecipeResult(name="eager", status="ok", metrics=Metrics(step_ends_s=[1.0, 2.0, 3.0]))
         >>> background_lines([bg], [eager, cold, bg])[0]  # doctest: +NORMALIZE_WHITESPACE
-        'regional-background: compiled from step 3 after 2 eager steps (worker 2.0 s; stall at the switch 0.30 s = 0.030 of the cold compile of regional); time to reach step n ÷ the better of eager and regional, steps 1–3: at most 1.000 (step 1), at least 0.833 (step 3)'
+        'regional-background: compiled from step 3 after 2 eager steps (worker 2.0 s; handoff of the first batch 0.000 s; stall at the switch 0.30 s = 0.030 of the cold compile of regional); time to reach step n ÷ the better of eager and regional, steps 1–3: at most 1.000 (step 1), at least 0.833 (step 3)'
     """
     by_name = {row.name: row for row in all_rows if row.status == "ok"}
     lines = []
@@ -246,8 +246,8 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
             lines.append(f"{row.name}: {record['state']} ({record['eager_steps']} eager steps)")
             continue
         text = (f"{row.name}: compiled from step {record['switched_at_call']} after "
-                f"{record['eager_steps']} eager steps (worker {record['worker_s']:.1f} s; stall at the "
-                f"switch {record['stall_s']:.2f} s")
+                f"{record['eager_steps']} eager steps (worker {record['worker_s']:.1f} s; handoff of the "
+                f"first batch {record.get('handoff_s') or 0.0:.3f} s; stall at the switch {record['stall_s']:.2f} s")
         if cold is not None and cold.metrics.first_step_s:
             text += f" = {record['stall_s'] / cold.metrics.first_step_s:.3f} of the cold compile of {cold.name}"
         text += ")"

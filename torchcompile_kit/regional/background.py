@@ -75,8 +75,11 @@ class BackgroundCompile:
     """Seconds from the switch to the end of the first compiled call: the cache load, the compile
     call, and that call (the entries installed, the first-call check, the call's own compute)."""
     worker_s: float | None = None
-    """Seconds from starting the worker to seeing it done."""
+    """Seconds from starting the worker (at the compile call) to seeing it done."""
+    handoff_s: float | None = None
+    """Seconds the first call spent handing its batch and state to the worker."""
     _calls: int = field(default=0, repr=False)
+    _handle: Any = field(default=None, repr=False)
     _proc: Any = field(default=None, repr=False)
     _job: Path | None = field(default=None, repr=False)
     _owned_dir: bool = field(default=False, repr=False)
@@ -138,10 +141,11 @@ def start_background_compile(
     model.__dict__[_ATTR] = options
     register_undo(model, lambda: _cancel(model, options))
     spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
+    _spawn(model, options, spec)
     # after each call, not before: a switch then compiles between two calls, and the next one
     # runs with every hook the compile installs (a pre-hook added during a call does not run)
     options._handle = model.register_forward_hook(  # type: ignore[attr-defined]
-        lambda module, args, kwargs, output: _after_call(module, args, kwargs, options, spec,
+        lambda module, args, kwargs, output: _after_call(module, args, kwargs, options,
                                                          compile_now, undo),
         with_kwargs=True,
     )
@@ -152,7 +156,7 @@ def start_background_compile(
 
 
 def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
-                spec: dict[str, Any], compile_now: Callable[[], Any], undo: Callable[[], Any]) -> None:
+                compile_now: Callable[[], Any], undo: Callable[[], Any]) -> None:
     if torch.compiler.is_compiling():
         return
     options._calls += 1
@@ -163,12 +167,12 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         logger.info(options.summary())
         note_running_monitors(options.summary())
         return
-    if options.state != "compiling" and options._job is not None:
+    if options.state not in ("waiting for the first call", "compiling"):
         return
     if torch.is_grad_enabled() and model.training:
         options.eager_steps += 1
-    if options._job is None:
-        _start(model, args, kwargs, options, spec)
+    if options.state == "waiting for the first call":
+        _send_batch(model, args, kwargs, options)
         return
     status = _worker_status(options)
     if status == "done":
@@ -177,67 +181,67 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         _give_up(model, options, status)
 
 
-def _start(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
-           spec: dict[str, Any]) -> None:
-    """Write the job (batch, state, recipe) and start the worker (rank 0 only under
-    ``torch.distributed``; every rank learns the folder)."""
-    rank = _rank()
-    folder = None
-    if rank in (None, 0):
-        if options.directory:
-            folder = Path(options.directory)
-            folder.mkdir(parents=True, exist_ok=True)
-        else:
-            folder = Path(tempfile.mkdtemp(prefix="tck-background-"))
-            options._owned_dir = True
-    if rank is not None:
-        shared = [str(folder) if folder else None]
-        torch.distributed.broadcast_object_list(shared, src=0)
-        folder = Path(shared[0])
-    options._job = folder / "job.json"
-    options.state = "compiling"
-    options._started = time.perf_counter()
+def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -> None:
+    """At the compile call: start the worker (rank 0 only), which imports torch and builds the
+    model while training gets its first batch, and the ISA probe the switch will need."""
     if next((p.device.type for p in model.parameters()), "cpu") == "cpu":
         # the switch loads CPU kernels, and inductor checks the CPU's vector ISA (about a second
-        # of child processes) before its first one: now, while training runs, not in the switch
-        _dynamo.start_cpu_isa_probe()
-    if rank not in (None, 0):
+        # of child processes, more with an empty inductor dir) before its first one: now, on the
+        # worker's CPUs, not in the switch
+        _dynamo.start_cpu_isa_probe(cpus=options.cpus)
+    if _rank(at_start=True) not in (None, 0):
         return
-    torch.save({"args": args, "kwargs": kwargs}, folder / "batch.pt")
-    autocast = (
-        {"device_type": "cuda", "dtype": str(torch.get_autocast_dtype("cuda"))}
-        if torch.is_autocast_enabled("cuda")
-        else {"device_type": "cpu", "dtype": str(torch.get_autocast_dtype("cpu"))}
-        if torch.is_autocast_enabled("cpu")
-        else None
-    )
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    job = {
-        **spec,
-        "parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
-        "training": model.training,
-        "grad": torch.is_grad_enabled(),
-        "autocast": autocast,
-        "device": str(device),
-        "batch": str(folder / "batch.pt"),
-        "artifact": str(folder / "compile-cache.tck"),
-        "cpus": options.cpus,
-        "cwd": os.getcwd(),
-    }
-    options._job.write_text(json.dumps(job))
+    if options.directory:
+        folder = Path(options.directory)
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="tck-background-"))
+        options._owned_dir = True
+    options._job = folder / "job.json"
+    (folder / "model.json").write_text(json.dumps({**spec, "cwd": os.getcwd(), "cpus": options.cpus}))
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
     if options.cpus:
         env["OMP_NUM_THREADS"] = str(len(options.cpus))
-    log = open(folder / "worker.log", "wb")  # noqa: SIM115 - the worker writes it until it ends
-    options._proc = subprocess.Popen(
-        [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(options._job)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    log.close()
+    with open(folder / "worker.log", "wb") as log:
+        options._proc = subprocess.Popen(
+            [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(folder)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    if options.cpus:  # at once, not in the worker: its imports would run on the training CPUs
+        os.sched_setaffinity(options._proc.pid, options.cpus)
+    options._started = time.perf_counter()
     if not _RUNNING:
         atexit.register(_stop_all)
     _RUNNING.append(options)
     logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
+
+
+def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile) -> None:
+    """At the end of the first call: its batch and the state the graphs depend on, for the
+    worker (rank 0; every rank learns the folder)."""
+    if _rank() is not None:
+        shared = [str(options._job) if options._job else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        options._job = Path(shared[0])
+        options._started = options._started or time.perf_counter()
+    options.state = "compiling"
+    if options._proc is None:
+        return
+    began = time.perf_counter()
+    folder = options._job.parent
+    torch.save({"args": args, "kwargs": kwargs}, folder / "batch.pt")
+    autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
+                     for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
+    job = {
+        "parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
+        "training": model.training,
+        "grad": torch.is_grad_enabled(),
+        "autocast": autocast,
+        "device": str(next((p.device for p in model.parameters()), torch.device("cpu"))),
+    }
+    (folder / "job.tmp").write_text(json.dumps(job))
+    os.replace(folder / "job.tmp", options._job)  # the worker waits for this file, whole
+    options.handoff_s = time.perf_counter() - began
 
 
 def _worker_status(options: BackgroundCompile) -> str:
@@ -268,10 +272,10 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     options.worker_s = started - options._started
     options.state = "switching"
     loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
-    keys = {region["key"] for region in _dynamo.loaded_regions()}
+    keys = set(json.loads(options._job.with_name("regions.json").read_text()).values())
     with regions_created() as regions:
         compile_now()
-    missing = [r.label for r in regions if r.key not in keys]
+    missing = sorted({r.label for r in regions if r.key not in keys})
     if not loaded or missing or not regions:
         undo()
         why = (f"its cache did not load ({loaded.reason})" if not loaded
@@ -354,6 +358,10 @@ def _log_tail(options: BackgroundCompile) -> str:
     return " | ".join(lines[-3:])[-600:] or "no output"
 
 
-def _rank() -> int | None:
+def _rank(*, at_start: bool = False) -> int | None:
+    """This process's rank under ``torch.distributed``; at the compile call, before the process
+    group may exist, the launcher's ``RANK`` (torchrun, accelerate, mp.spawn set it)."""
     dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ["RANK"]) if at_start and "RANK" in os.environ else None

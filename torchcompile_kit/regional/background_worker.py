@@ -1,7 +1,9 @@
 """The worker of a background compile: ``python -m torchcompile_kit.regional.background_worker
-JOB.json`` rebuilds the model the job describes, compiles it as the training process will (with
-``precompile=True``), runs the job's batch through it (and backward, as training did) and saves
-the compile cache. Exit code 0 only when the artifact was written."""
+FOLDER`` rebuilds the model ``FOLDER/model.json`` describes and compiles it as the training
+process will (with ``precompile=True``); once the training process's first call has written
+``job.json`` and ``batch.pt`` (its parameters' state, grad mode, autocast), it runs that batch
+through the model (and backward, as training did) and saves the compile cache. Exit code 0 only
+when the artifact was written; it ends by itself if the training process is gone."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import importlib
 import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,24 +20,37 @@ import torch
 from .._factory import import_factory
 from ..cache import save_compile_cache
 from .compile import compile_model, compile_regional
+from .precompiled import regions_created
 
 
-def main(job_path: str) -> int:
-    job = json.loads(open(job_path).read())
-    if job["cpus"]:
-        os.sched_setaffinity(0, job["cpus"])
-        torch.set_num_threads(len(job["cpus"]))
-    os.chdir(job["cwd"])  # a factory's relative paths resolve as in the training process
-    model = _build(job["model"]).to(job["device"])
+def main(folder: str) -> int:
+    root = Path(folder)
+    spec = json.loads((root / "model.json").read_text())
+    if spec["cpus"]:  # the training process pinned this process at its start
+        torch.set_num_threads(len(spec["cpus"]))
+    os.chdir(spec["cwd"])  # a factory's relative paths resolve as in the training process
+    model = _build(spec["model"])
+    parent = os.getppid()
+    while not (root / "job.json").exists():  # the training process's first call writes it
+        if os.getppid() != parent:
+            print("the training process ended before its first call", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    job = json.loads((root / "job.json").read_text())
+    model.to(job["device"])
     for name, param in model.named_parameters():
         dtype, requires_grad = job["parameters"].get(name, (None, param.requires_grad))
         if dtype is not None and str(param.dtype) != dtype:
             param.data = param.data.to(getattr(torch, dtype.removeprefix("torch.")))
         param.requires_grad_(requires_grad)
     model.train(job["training"])
-    compile_fn = compile_regional if job["recipe"] == "regional" else compile_model
-    compile_fn(model, precompile=True, **job["compile_kwargs"])
-    batch = torch.load(job["batch"], map_location=job["device"], weights_only=False)
+    compile_fn = compile_regional if spec["recipe"] == "regional" else compile_model
+    with regions_created() as regions:
+        compile_fn(model, precompile=True, **spec["compile_kwargs"])
+    # every region's key, run or not (a loss the model computes itself never runs): the training
+    # process compiles only when its own regions have the same keys
+    (root / "regions.json").write_text(json.dumps({region.label: region.key for region in regions}))
+    batch = torch.load(root / "batch.pt", map_location=job["device"], weights_only=False)
     autocast = job["autocast"]
     with torch.set_grad_enabled(job["grad"]), torch.autocast(
         autocast["device_type"] if autocast else "cpu",
@@ -43,7 +60,7 @@ def main(job_path: str) -> int:
         output = model(*batch["args"], **batch["kwargs"])
     if job["grad"]:
         _loss(output).backward()  # the backward graphs, as the training step compiles them
-    saved = save_compile_cache(job["artifact"], barrier=False)
+    saved = save_compile_cache(root / "compile-cache.tck", barrier=False)
     if not saved:
         print(f"the compile cache was not saved: {saved.reason}", file=sys.stderr)
         return 1
