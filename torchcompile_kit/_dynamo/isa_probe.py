@@ -36,10 +36,10 @@ def _isa_probe_fn() -> Callable[[], Any]:
     return valid_vec_isa_list
 
 
-def start_cpu_isa_probe(cpus: list[int] | None = None) -> threading.Thread | None:
-    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned,
-    with the compilers and children it starts, to ``cpus`` when given: a background compile keeps
-    it off the CPUs training runs on).
+def start_cpu_isa_probe(cpus: list[int] | None = None, nice: int = 0) -> threading.Thread | None:
+    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned to
+    ``cpus`` and at niceness ``nice``, with the compilers and children it starts: a background
+    compile keeps it off the CPUs and out of the time training runs on).
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
     the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
@@ -65,8 +65,10 @@ def start_cpu_isa_probe(cpus: list[int] | None = None) -> threading.Thread | Non
             return None
 
         def run() -> None:
-            if cpus:
-                os.sched_setaffinity(0, cpus)  # this thread only (Linux), and what it starts
+            if cpus:  # this thread only (Linux), and what it starts
+                os.sched_setaffinity(0, cpus)
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
             try:
                 probe()
             except Exception:

@@ -175,6 +175,7 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
             min_steady_s=float(request.get("steady_s") or 0.0),
             max_steps=int(request["plan_steps"]) if request.get("plan_steps") else None,
             baseline=_paired_baseline(recipe, request, preset, device),
+            keep_going=_until_switched(ctx.model),
         )
     if metrics.paired is not None:  # whether each block's two sides stepped on the same samples
         metrics.paired.update(
@@ -208,6 +209,14 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         metrics.check = _check(request, ctx, initial, first, device)
     metrics.notes = notes
     return metrics
+
+
+def _until_switched(model: Any) -> Any:
+    """A background compile's row goes on until the model switched to compiled code (or gave up)."""
+    record = get_background_compile(model)
+    if record is None:
+        return None
+    return lambda: record.stall_s is None and not record.state.startswith("eager")
 
 
 def _set_up(

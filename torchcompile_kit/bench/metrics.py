@@ -103,6 +103,7 @@ def measure_training(
     max_steps: int | None = None,
     baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]] | None = None,
     block_steps: int | None = None,
+    keep_going: Callable[[], bool] | None = None,
 ) -> Metrics:
     """Run ``warmup_steps + steps`` training steps (``step(batch) -> loss``) and measure them.
 
@@ -111,7 +112,9 @@ def measure_training(
     measures one moment of a shared machine, not its mean), at most ``max_steps``. With ``baseline``
     (``() -> (step, batches)``, an eager copy built after the warm-up) the steady steps are paired:
     the two step in alternating blocks of ``block_steps`` on the same batches (:mod:`.paired`).
-    ``on_step(index, total, phase)`` reports progress. Returns the run's :class:`~.outcome.Metrics`.
+    ``on_step(index, total, phase)`` reports progress; while ``keep_going()`` says so the steady
+    steps go on past ``steps`` (a background compile's row: until it switched), at most
+    ``max_steps``. Returns the run's :class:`~.outcome.Metrics`.
     """
     import torch
 
@@ -189,6 +192,8 @@ def measure_training(
         if len(times) == total - warmup_steps and times:
             other = sum(map(sum, paired["base_s"])) if paired else 0.0
             total += _extra_steps(times, min_steady_s, max_steps, other_s=other)
+            if keep_going is not None and keep_going() and (max_steps is None or len(times) < max_steps):
+                total += 1
     median = statistics.median(times) if times else None
     cpu_end, machine_end = cpu_times(), cpu_snapshot()
     return Metrics(

@@ -41,6 +41,7 @@ __all__ = ["BackgroundCompile", "get_background_compile", "start_background_comp
 logger = logging.getLogger(__name__)
 
 _ATTR = "_torchcompile_kit_background"
+_PROBE_AFTER_S = 2.0  # seconds of training before the ISA probe starts (see _after_call)
 _RUNNING: list[BackgroundCompile] = []  # the workers to stop at exit
 
 
@@ -59,6 +60,9 @@ class BackgroundCompile:
     cpus: list[int] | None = None
     """The CPUs the worker may run on (``os.sched_setaffinity``; its torch threads: as many), e.g.
     the cores training does not use; ``None``: all."""
+    nice: int = 19
+    """The worker's niceness (0–19), its compilers' too: at 19 it takes only the CPU time training
+    leaves (measured on 2 shared cores: at 0, its compile made each eager step ~40× slower)."""
     timeout_s: float = 3600.0
     """A worker still running after this long is stopped and training stays eager."""
     directory: str | None = None
@@ -80,6 +84,8 @@ class BackgroundCompile:
     """Seconds the first call spent handing its batch and state to the worker."""
     _calls: int = field(default=0, repr=False)
     _handle: Any = field(default=None, repr=False)
+    _first_call_at: float = field(default=0.0, repr=False)
+    _probe_started: bool = field(default=False, repr=False)
     _proc: Any = field(default=None, repr=False)
     _job: Path | None = field(default=None, repr=False)
     _owned_dir: bool = field(default=False, repr=False)
@@ -88,6 +94,8 @@ class BackgroundCompile:
 
     def summary(self) -> str:
         """One line for a training log."""
+        if self.switched_at_call is not None and self.stall_s is None:
+            return f"background compile: compiled from call {self.switched_at_call} (not run yet)"
         if self.switched_at_call is not None:
             return (f"background compile: compiled from call {self.switched_at_call} after "
                     f"{self.eager_steps} eager steps (worker {self.worker_s:.1f} s, stall at the "
@@ -172,8 +180,17 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
     if torch.is_grad_enabled() and model.training:
         options.eager_steps += 1
     if options.state == "waiting for the first call":
+        options._first_call_at = time.perf_counter()
         _send_batch(model, args, kwargs, options)
         return
+    if not options._probe_started and time.perf_counter() - options._first_call_at > _PROBE_AFTER_S:
+        # the switch loads CPU kernels, and inductor checks the CPU's vector ISA (a second or more
+        # of compilers and child processes) before its first one: during training, on the
+        # worker's CPUs, not in the switch; not at the start, where each fork of the training
+        # process (milliseconds, with the GIL held) is a large share of the time trained so far
+        options._probe_started = True
+        if next((p.device.type for p in model.parameters()), "cpu") == "cpu":
+            _dynamo.start_cpu_isa_probe(cpus=options.cpus, nice=options.nice)
     status = _worker_status(options)
     if status == "done":
         _switch(model, options, compile_now, undo)
@@ -183,12 +200,7 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
 
 def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -> None:
     """At the compile call: start the worker (rank 0 only), which imports torch and builds the
-    model while training gets its first batch, and the ISA probe the switch will need."""
-    if next((p.device.type for p in model.parameters()), "cpu") == "cpu":
-        # the switch loads CPU kernels, and inductor checks the CPU's vector ISA (about a second
-        # of child processes, more with an empty inductor dir) before its first one: now, on the
-        # worker's CPUs, not in the switch
-        _dynamo.start_cpu_isa_probe(cpus=options.cpus)
+    model while training gets its first batch."""
     if _rank(at_start=True) not in (None, 0):
         return
     if options.directory:
@@ -207,7 +219,9 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
             [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(folder)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-    if options.cpus:  # at once, not in the worker: its imports would run on the training CPUs
+    # at once, not in the worker: its imports would run at training's priority and CPUs
+    os.setpriority(os.PRIO_PROCESS, options._proc.pid, options.nice)
+    if options.cpus:
         os.sched_setaffinity(options._proc.pid, options.cpus)
     options._started = time.perf_counter()
     if not _RUNNING:

@@ -27,6 +27,11 @@ class Cost:
     """Seconds per steady step of the planned run (recompile spikes left out)."""
     measured_step_s: float | None = None
     """Mean seconds of the timed steady steps, when ``step_s`` was scaled to the run's tokens."""
+    eager_steps: float | None = None
+    """A background compile: the steps trained eagerly (at ``eager_step_s``) while its worker
+    compiles; ``overhead_s`` is then the stall at the switch beyond a compiled step."""
+    eager_step_s: float | None = None
+    """Seconds per eager step before that switch."""
 
     @property
     def overhead_s(self) -> float:
@@ -93,13 +98,21 @@ def step_for_tokens(steps: Sequence[tuple[float, int]], tokens: float) -> float 
 
 
 def predicted_total(cost: Cost, steps_planned: int) -> float:
-    """``compile_s + recompile_s + steps_planned * step_s``.
+    """``compile_s + recompile_s + steps_planned * step_s``; a background compile's first
+    ``eager_steps`` at ``eager_step_s`` (and its overhead only once it switched).
 
     Example:
         >>> predicted_total(Cost(compile_s=30.0, recompile_s=0.0, step_s=0.1), 1000)
         130.0
+        >>> predicted_total(Cost(compile_s=0.5, recompile_s=0.0, step_s=0.1, eager_steps=100,
+        ...                      eager_step_s=0.2), 1000)
+        110.5
     """
-    return cost.overhead_s + steps_planned * cost.step_s
+    if cost.eager_steps is None:
+        return cost.overhead_s + steps_planned * cost.step_s
+    if steps_planned <= cost.eager_steps:
+        return steps_planned * cost.eager_step_s
+    return cost.eager_steps * cost.eager_step_s + cost.overhead_s + (steps_planned - cost.eager_steps) * cost.step_s
 
 
 def break_even_steps(cost: Cost, eager: Cost) -> float:
@@ -111,6 +124,10 @@ def break_even_steps(cost: Cost, eager: Cost) -> float:
         >>> break_even_steps(Cost(compile_s=30.0, recompile_s=0.0, step_s=0.1), eager)
         300
     """
+    if cost.eager_steps is not None:  # as eager until the switch, then the stall to win back
+        if cost.step_s >= eager.step_s:
+            return math.inf
+        return math.ceil(cost.eager_steps + cost.overhead_s / (eager.step_s - cost.step_s) - 1e-9)
     extra = cost.overhead_s - eager.overhead_s
     if extra <= 0 and cost.step_s <= eager.step_s:
         return 0

@@ -1,5 +1,6 @@
 """The recipes ``tune`` measures (names of ``bench.RECIPES`` rows), most promising first: eager, the
-shortest compiles, one-more-compile variants, ``nested`` and ``buckets``, then warm restarts.
+shortest compiles, one-more-compile variants, ``nested`` and ``buckets``, then warm restarts and
+the background compile (after ``regional``, whose compiled step it reuses).
 """
 
 from __future__ import annotations
@@ -18,5 +19,6 @@ CANDIDATES: tuple[str, ...] = (
     "buckets",
     "full-warm",
     "regional-warm",
+    "regional-background",
 )
 """The recipes ``tune`` considers, in the order it runs them (each a key of the bench's ``RECIPES``)."""

@@ -28,6 +28,22 @@ def cost_of(result: CandidateResult) -> Cost:
     )
 
 
+def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None) -> Cost:
+    """A background candidate: eager steps while its worker compiled, the stall at the switch,
+    then the compiled recipe's steps (``compiled``: the same graphs' measured candidate, if any)."""
+    record = result.metrics.background or {}
+    if record.get("stall_s") is None:
+        raise ValueError(f"its background compile did not switch ({record.get('state')})")
+    if compiled is None:  # its own compiled steps, after the switching one
+        after = result.metrics.step_times_s[-max(1, len(result.metrics.step_times_s) // 4):]
+        compiled = Cost(compile_s=0.0, recompile_s=0.0, step_s=sorted(after)[len(after) // 2])
+    return Cost(
+        compile_s=max(0.0, record["stall_s"] - compiled.step_s), recompile_s=0.0,
+        step_s=compiled.step_s, eager_steps=record["worker_s"] / eager.step_s,
+        eager_step_s=eager.step_s,
+    )
+
+
 def _costs(results: list[CandidateResult], steps_planned: int) -> None:
     """Fill compile/step seconds, totals, speedups and break-evens of the measured candidates."""
     eager = next((r for r in results if r.name == "eager" and r.status == "ok"), None)
@@ -36,11 +52,17 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
         if result.status != "ok":
             continue
         try:
-            cost = cost_of(result)
+            if result.metrics.background is not None and eager_cost is not None:
+                same = next((r for r in results if r.name == result.name.removesuffix("-background")
+                             and r.status == "ok" and r.step_s), None)
+                cost = _background_cost(result, eager_cost, None if same is None else Cost(
+                    compile_s=0.0, recompile_s=0.0, step_s=same.step_s))
+            else:
+                cost = cost_of(result)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
             result.status, result.reason = "failed", f"no timing in the run's metrics ({err!r})"
             continue
-        ratio = paired_ratio(result.metrics) if eager_cost is not None else None
+        ratio = paired_ratio(result.metrics) if eager_cost is not None and cost.eager_steps is None else None
         slow = fast = None
         if ratio is not None:
             # the planned run's tokens against the timed steps', as the run's own line says

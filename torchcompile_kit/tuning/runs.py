@@ -102,7 +102,9 @@ def measure_candidate(
         check=CHECK_HOOK if candidate.compile != "none" else None,
         on_event=progress,
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
-        pair_with="eager" if plan.measure.paired and candidate.name != "eager" else None,
+        # (a background compile's steps change speed at its switch: timed alone)
+        pair_with="eager" if plan.measure.paired and candidate.name != "eager"
+        and "background" not in candidate.compile_kwargs else None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
