@@ -82,15 +82,15 @@ class BackgroundCompile:
     """Seconds from starting the worker (at the compile call) to seeing it done."""
     handoff_s: float | None = None
     """Seconds the first call spent handing its batch and state to the worker."""
-    _calls: int = field(default=0, repr=False)
-    _handle: Any = field(default=None, repr=False)
-    _first_call_at: float = field(default=0.0, repr=False)
-    _probe_started: bool = field(default=False, repr=False)
-    _proc: Any = field(default=None, repr=False)
-    _job: Path | None = field(default=None, repr=False)
-    _owned_dir: bool = field(default=False, repr=False)
-    _started: float = field(default=0.0, repr=False)
-    _switch_started: float | None = field(default=None, repr=False)
+    _calls: int = field(default=0, init=False, repr=False)
+    _handle: Any = field(default=None, init=False, repr=False)
+    _first_call_at: float = field(default=0.0, init=False, repr=False)
+    _probe_started: bool = field(default=False, init=False, repr=False)
+    _proc: Any = field(default=None, init=False, repr=False)
+    _job: Path | None = field(default=None, init=False, repr=False)
+    _owned_dir: bool = field(default=False, init=False, repr=False)
+    _started: float = field(default=0.0, init=False, repr=False)
+    _switch_started: float | None = field(default=None, init=False, repr=False)
 
     def summary(self) -> str:
         """One line for a training log."""
