@@ -121,6 +121,24 @@ def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(
     assert record._proc.poll() is not None  # the worker is gone
 
 
+def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
+    """CPU kernels are built for a thread count, and a cache saved for another is refused: a worker
+    pinned to one CPU compiles for training's two threads (it compiled for one, and the switch
+    refused its cache)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = factory.build()
+        cpus = [min(os.sched_getaffinity(0))]
+        compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build", cpus=cpus))
+        _train(model, until=lambda r: r.stall_s is not None or r.state.startswith("eager"))
+    finally:
+        torch.set_num_threads(threads)
+    record = get_background_compile(model)
+    assert record.state == "compiled", record.state
+    assert get_regional_plan(model).groups[0].precompile_path == "precompiled (no trace)"
+
+
 @pytest.mark.parametrize(
     ("background", "why"),
     [

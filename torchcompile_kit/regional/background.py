@@ -210,10 +210,11 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
         folder = Path(tempfile.mkdtemp(prefix="tck-background-"))
         options._owned_dir = True
     options._job = folder / "job.json"
-    (folder / "model.json").write_text(json.dumps({**spec, "cwd": os.getcwd(), "cpus": options.cpus}))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
-    if options.cpus:
-        env["OMP_NUM_THREADS"] = str(len(options.cpus))
+    # the worker compiles for training's thread count (CPU kernels are built for it, and a cache
+    # saved for another count is refused), whatever CPUs it runs on
+    threads = torch.get_num_threads()
+    (folder / "model.json").write_text(json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "OMP_NUM_THREADS": str(threads)}
     with open(folder / "worker.log", "wb") as log:
         options._proc = subprocess.Popen(
             [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(folder)],

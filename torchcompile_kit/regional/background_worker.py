@@ -26,8 +26,7 @@ from .precompiled import regions_created
 def main(folder: str) -> int:
     root = Path(folder)
     spec = json.loads((root / "model.json").read_text())
-    if spec["cpus"]:  # the training process pinned this process at its start
-        torch.set_num_threads(len(spec["cpus"]))
+    torch.set_num_threads(spec["threads"])  # the kernels are built for the training process's
     os.chdir(spec["cwd"])  # a factory's relative paths resolve as in the training process
     model = _build(spec["model"])
     parent = os.getppid()
