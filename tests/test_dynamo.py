@@ -7,7 +7,9 @@ as an older torch would, then checking the helper that depends on it.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +122,28 @@ def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
     switched = _dynamo.feature_paths()
     assert switched["per-call recompile_limit"].startswith("refused by name")
     assert switched["isolated regions"].startswith("shared budget")
+
+
+def test_a_known_isa_answer_fills_inductors_probe_without_building_and_a_wrong_one_is_ignored():
+    """A background compile's training process takes the worker's ISA answer: inductor's probe
+    cache is filled with the same ISAs, no base test library built; an answer the CPU's flags do
+    not give exactly is ignored and inductor checks for itself."""
+    import json
+    import subprocess
+
+    worker = str(Path(__file__).with_name("isa_probe_worker.py"))
+
+    def run(*args):
+        done = subprocess.run([sys.executable, worker, *args], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    own = run("probe")
+    if not own["isas"]:
+        pytest.skip("inductor finds no vector ISA on this CPU")
+    assert own["builds"] >= 1  # what the answer saves: inductor builds a test library per ISA
+    primed = run("known", json.dumps(own["isas"]))
+    assert primed["isas"] == own["isas"]
+    assert primed["builds"] < own["builds"]  # only sub-features (AVX-512 BF16, ...) are built
+    ignored = run("known", json.dumps(own["isas"] + ["not-an-isa"]))
+    assert ignored["isas"] == own["isas"] and ignored["builds"] >= own["builds"]  # its own check

@@ -12,7 +12,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_isa_probe_stats", "start_cpu_isa_probe", "wait_for_cpu_isa_probe"]
+__all__ = ["cpu_isa_probe_stats", "probed_cpu_isas", "start_cpu_isa_probe", "wait_for_cpu_isa_probe"]
 
 
 # --- inductor's CPU vector-ISA probe ----------------------------------------------------------
@@ -24,6 +24,11 @@ __all__ = ["cpu_isa_probe_stats", "start_cpu_isa_probe", "wait_for_cpu_isa_probe
 # ten child Pythons. The wait is the children's, not ours, so it can run beside the model build
 # that comes before the first compile. Can go when inductor caches the probe across processes or
 # makes it cheap.
+# A process that knows another process's answer on this machine (a background compile's worker
+# probed before it compiled) skips the builds: inductor's own `config.cpp.vec_isa_ok=True` answers
+# each base ISA's check without building (sub-features such as AVX-512 BF16 are still built and
+# checked), scoped to the probe, and only when the ISAs that setting admits are exactly the
+# worker's (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/config.py, vec_isa_ok).
 
 _isa_probe_lock = threading.Lock()
 _isa_probe: threading.Thread | None = None
@@ -36,10 +41,20 @@ def _isa_probe_fn() -> Callable[[], Any]:
     return valid_vec_isa_list
 
 
-def start_cpu_isa_probe(cpus: list[int] | None = None, nice: int = 0) -> threading.Thread | None:
+def probed_cpu_isas() -> list[str]:
+    """The vector ISAs inductor's probe finds valid in this process (it runs the probe if it has
+    not run), e.g. ``["avx512", "avx2"]``: what :func:`start_cpu_isa_probe` takes as ``known``."""
+    return [str(isa) for isa in _isa_probe_fn()()]
+
+
+def start_cpu_isa_probe(
+    cpus: list[int] | None = None, nice: int = 0, known: list[str] | None = None
+) -> threading.Thread | None:
     """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned to
     ``cpus`` and at niceness ``nice``, with the compilers and children it starts: a background
-    compile keeps it off the CPUs and out of the time training runs on).
+    compile keeps it off the CPUs and out of the time training runs on). ``known``: another
+    process's :func:`probed_cpu_isas` on this machine; when the ISAs the CPU's flags admit are
+    exactly those, no test library is built for them (their sub-features still are).
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
     the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
@@ -70,7 +85,8 @@ def start_cpu_isa_probe(cpus: list[int] | None = None, nice: int = 0) -> threadi
             if nice:
                 os.setpriority(os.PRIO_PROCESS, 0, nice)
             try:
-                probe()
+                if known is None or not _probe_as_known(probe, known):
+                    probe()
             except Exception:
                 logger.debug(
                     "background CPU ISA probe failed; inductor will probe itself", exc_info=True
@@ -82,6 +98,24 @@ def start_cpu_isa_probe(cpus: list[int] | None = None, nice: int = 0) -> threadi
         _isa_probe = threading.Thread(target=run, name="tck-cpu-isa-probe", daemon=True)
         _isa_probe.start()
         return _isa_probe
+
+
+def _probe_as_known(probe: Callable[[], Any], known: list[str]) -> bool:
+    """Fill inductor's probe cache with ``known`` if the CPU's flags admit exactly those ISAs."""
+    from torch._inductor import config, cpu_vec_isa
+
+    with config.patch({"cpp.vec_isa_ok": True}):
+        if [str(isa) for isa in probe.__wrapped__()] == known:  # type: ignore[attr-defined]
+            probe()  # cached for the process, with the same list
+            return True
+    # each ISA class caches its own answer (functools.cache on __bool__ and its checks): forget
+    # those given under the setting, so that inductor's own check starts from nothing
+    for isa_class in vars(cpu_vec_isa).values():
+        if isinstance(isa_class, type) and issubclass(isa_class, cpu_vec_isa.VecISA):
+            for member in vars(isa_class).values():
+                if hasattr(member, "cache_clear"):
+                    member.cache_clear()
+    return False
 
 
 def _wait_before_compiling(_args: Any) -> None:

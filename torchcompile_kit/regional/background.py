@@ -41,7 +41,6 @@ __all__ = ["BackgroundCompile", "get_background_compile", "start_background_comp
 logger = logging.getLogger(__name__)
 
 _ATTR = "_torchcompile_kit_background"
-_PROBE_AFTER_S = 2.0  # seconds of training before the ISA probe starts (see _after_call)
 _RUNNING: list[BackgroundCompile] = []  # the workers to stop at exit
 
 
@@ -58,11 +57,13 @@ class BackgroundCompile:
     item is it (the ``--model`` contract of ``bench``); ``None`` rebuilds a transformers model from
     its class and config."""
     cpus: list[int] | None = None
-    """The CPUs the worker may run on (``os.sched_setaffinity``; its torch threads: as many), e.g.
-    the cores training does not use; ``None``: all."""
+    """The CPUs the worker may run on (``os.sched_setaffinity``), e.g. the cores training does not
+    use; ``None``: all (it compiles for training's thread count either way: CPU kernels are built
+    for one)."""
     nice: int = 19
-    """The worker's niceness (0–19), its compilers' too: at 19 it takes only the CPU time training
-    leaves (measured on 2 shared cores: at 0, its compile made each eager step ~40× slower)."""
+    """The worker's niceness (0–19), its compilers' too. It does not protect training on CPU: a
+    model on the CPU whose threads use every core it may run on still slows down many times while
+    the worker compiles beside it (measured, docs/cache.md); give the worker ``cpus`` of its own."""
     timeout_s: float = 3600.0
     """A worker still running after this long is stopped and training stays eager."""
     directory: str | None = None
@@ -84,7 +85,6 @@ class BackgroundCompile:
     """Seconds the first call spent handing its batch and state to the worker."""
     _calls: int = field(default=0, init=False, repr=False)
     _handle: Any = field(default=None, init=False, repr=False)
-    _first_call_at: float = field(default=0.0, init=False, repr=False)
     _probe_started: bool = field(default=False, init=False, repr=False)
     _proc: Any = field(default=None, init=False, repr=False)
     _job: Path | None = field(default=None, init=False, repr=False)
@@ -180,18 +180,10 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
     if torch.is_grad_enabled() and model.training:
         options.eager_steps += 1
     if options.state == "waiting for the first call":
-        options._first_call_at = time.perf_counter()
         _send_batch(model, args, kwargs, options)
         return
-    if not options._probe_started and time.perf_counter() - options._first_call_at > _PROBE_AFTER_S:
-        # the switch loads CPU kernels, and inductor checks the CPU's vector ISA (a second or more
-        # of compilers and child processes) before its first one: during training, on the
-        # worker's CPUs, not in the switch; not at the start, where each fork of the training
-        # process (milliseconds, with the GIL held) is a large share of the time trained so far
-        options._probe_started = True
-        if next((p.device.type for p in model.parameters()), "cpu") == "cpu":
-            _dynamo.start_cpu_isa_probe(cpus=options.cpus, nice=options.nice)
     status = _worker_status(options)
+    _start_isa_probe(model, options, at_switch=status == "done")
     if status == "done":
         _switch(model, options, compile_now, undo)
     elif status != "running":
@@ -203,6 +195,7 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
     model while training gets its first batch."""
     if _rank(at_start=True) not in (None, 0):
         return
+    _warn_if_sharing_cores(model, options)
     if options.directory:
         folder = Path(options.directory)
         folder.mkdir(parents=True, exist_ok=True)
@@ -229,6 +222,23 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
         atexit.register(_stop_all)
     _RUNNING.append(options)
     logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
+
+
+def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
+    """A CPU model whose torch threads leave no core of their own to the worker: say what that
+    costs."""
+    on_cpu = next((p.device.type for p in model.parameters()), "cpu") == "cpu"
+    cores = os.sched_getaffinity(0) | set(options.cpus or ())
+    if on_cpu and torch.get_num_threads() >= len(cores):
+        warnings.warn(
+            f"background compile: training's {torch.get_num_threads()} torch threads leave none of "
+            f"the CPUs {sorted(cores)} to the worker; while it compiles, eager steps may run many "
+            "times slower (measured: up to 48x on 2 cores, docs/cache.md). Give it CPUs of its own: "
+            "BackgroundCompile(cpus=[...]) with fewer training threads (torch.set_num_threads) on "
+            "the other cores.",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile) -> None:
@@ -278,6 +288,22 @@ def _worker_status(options: BackgroundCompile) -> str:
         torch.distributed.broadcast_object_list(shared, src=0)
         status = shared[0]
     return status
+
+
+def _start_isa_probe(model: nn.Module, options: BackgroundCompile, *, at_switch: bool) -> None:
+    """The switch loads CPU kernels, and inductor checks the CPU's vector ISA before its first one
+    (compilers and child Pythons: a second or more, with the GIL taken from training now and then).
+    The worker checks it before it compiles and writes its answer (``isa.json``); with it, this
+    process fills inductor's answer as soon as it is there, without building anything (on the
+    worker's CPUs); at the switch without the worker's answer, inductor's own check."""
+    if options._probe_started or next((p.device.type for p in model.parameters()), "cpu") != "cpu":
+        return
+    answer = options._job.with_name("isa.json")
+    if not at_switch and not answer.exists():
+        return
+    options._probe_started = True
+    known = json.loads(answer.read_text()) if answer.exists() else None
+    _dynamo.start_cpu_isa_probe(cpus=options.cpus, nice=options.nice, known=known)
 
 
 def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[[], Any],
