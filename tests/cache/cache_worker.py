@@ -41,6 +41,21 @@ def train_step() -> float:
     return float(loss.detach())
 
 
+ISA_CHECKS: list[str] = []  # inductor's CPU-ISA test libraries this process built or loaded
+
+
+def _count_isa_checks() -> None:
+    from torch._inductor import cpu_vec_isa
+
+    real = cpu_vec_isa.VecISA.check_build
+
+    def check_build(self, code):
+        ISA_CHECKS.append(str(self))
+        return real(self, code)
+
+    cpu_vec_isa.VecISA.check_build = check_build
+
+
 def counters() -> dict[str, int]:
     from torchcompile_kit import _dynamo
 
@@ -50,10 +65,12 @@ def counters() -> dict[str, int]:
 def cold(out: str) -> dict:
     import torchcompile_kit as tck
 
+    _count_isa_checks()
     loss = train_step()
     saved = tck.save_compile_cache(out)
     return {
         "loss": loss,
+        "isa_checks": len(ISA_CHECKS),
         "counters": counters(),
         "saved": bool(saved),
         "entries": saved.mega_cache_entries,
@@ -65,6 +82,7 @@ def warm(src: str) -> dict:
     import torchcompile_kit as tck
     from torchcompile_kit import _dynamo
 
+    _count_isa_checks()
     with tck.compile_cache(src, save_on_exit=False) as cache:
         loss = train_step()  # compiles at once: dynamo's start callback waits for the probe
         probe_finished = _dynamo.wait_for_cpu_isa_probe(timeout=0)
@@ -80,6 +98,7 @@ def warm(src: str) -> dict:
         "isa_probe_started": loaded.cpu_isa_probe_started,
         "isa_probe_finished": probe_finished,
         "isa_probe": _dynamo.cpu_isa_probe_stats(),
+        "isa_checks": len(ISA_CHECKS),
     }
     memory_saved = tck.save_compile_cache("memory://tck-test/cc.tck")
     memory_loaded = tck.load_compile_cache("memory://tck-test/cc.tck")

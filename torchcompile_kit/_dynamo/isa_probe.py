@@ -41,10 +41,14 @@ def _isa_probe_fn() -> Callable[[], Any]:
     return valid_vec_isa_list
 
 
-def probed_cpu_isas() -> list[str]:
-    """The vector ISAs inductor's probe finds valid in this process (it runs the probe if it has
-    not run), e.g. ``["avx512", "avx2"]``: what :func:`start_cpu_isa_probe` takes as ``known``."""
-    return [str(isa) for isa in _isa_probe_fn()()]
+def probed_cpu_isas(*, run: bool = True) -> list[str] | None:
+    """The vector ISAs inductor's probe finds valid in this process, e.g. ``["avx512", "avx2"]``:
+    what :func:`start_cpu_isa_probe` takes as ``known``. It runs the probe if it has not run, or
+    with ``run=False`` returns ``None`` then."""
+    probe = _isa_probe_fn()
+    if not run and not probe.cache_info().currsize:
+        return None
+    return [str(isa) for isa in probe()]
 
 
 def start_cpu_isa_probe(

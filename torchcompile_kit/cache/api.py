@@ -226,6 +226,9 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
         "kernel_files": len(kernels),
         "kernel_bytes": kernel_bytes,
         "precompiled_regions": regions,
+        # inductor's CPU-ISA answer on the saving machine: a load on one whose CPU's flags admit
+        # the same ISAs skips building their test libraries (see _dynamo/isa_probe.py)
+        "cpu_vec_isas": _dynamo.probed_cpu_isas(run=False),
     }
     data = pack(
         environment=current_environment(),
@@ -331,7 +334,8 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
     result.counters_at_load = _dynamo.compile_cache_counters()
     if any(kernel.name.endswith(".so") for kernel in artifact.kernel_files):
         # After the install: the probe's own test libraries are among the installed kernels.
-        result.cpu_isa_probe_started = _dynamo.start_cpu_isa_probe() is not None
+        known = artifact.header["contents"].get("cpu_vec_isas")
+        result.cpu_isa_probe_started = _dynamo.start_cpu_isa_probe(known=known) is not None
     logger.info(result.summary())
     return result
 
