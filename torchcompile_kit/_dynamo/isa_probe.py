@@ -24,11 +24,13 @@ __all__ = ["cpu_isa_probe_stats", "probed_cpu_isas", "start_cpu_isa_probe", "wai
 # ten child Pythons. The wait is the children's, not ours, so it can run beside the model build
 # that comes before the first compile. Can go when inductor caches the probe across processes or
 # makes it cheap.
-# A process that knows another process's answer on this machine (a background compile's worker
-# probed before it compiled) skips the builds: inductor's own `config.cpp.vec_isa_ok=True` answers
-# each base ISA's check without building (sub-features such as AVX-512 BF16 are still built and
-# checked), scoped to the probe, and only when the ISAs that setting admits are exactly the
-# worker's (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/config.py, vec_isa_ok).
+# A process that knows another process's answer on this machine (a compile cache's saver, a
+# background compile's worker) skips the builds: for the length of the probe, inductor's own
+# `config.cpp.vec_isa_ok=True` answers each ISA's base check and every other test build (AVX-512
+# BF16, VNNI, AMX) is taken as passing; the answer is kept only if it is exactly the known one, ISA
+# names and compiler flags alike (a check that failed there shows as a missing ISA or flag), else
+# every ISA object's cached answer is forgotten and inductor checks for itself
+# (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/config.py, vec_isa_ok).
 
 _isa_probe_lock = threading.Lock()
 _isa_probe: threading.Thread | None = None
@@ -41,24 +43,29 @@ def _isa_probe_fn() -> Callable[[], Any]:
     return valid_vec_isa_list
 
 
-def probed_cpu_isas(*, run: bool = True) -> list[str] | None:
-    """The vector ISAs inductor's probe finds valid in this process, e.g. ``["avx512", "avx2"]``:
-    what :func:`start_cpu_isa_probe` takes as ``known``. It runs the probe if it has not run, or
-    with ``run=False`` returns ``None`` then."""
+def probed_cpu_isas(*, run: bool = True) -> list[list[str]] | None:
+    """The vector ISAs inductor's probe finds valid in this process with their compiler flags,
+    e.g. ``[["avx512", "-mavx512f ..."], ["avx2", "-mavx2 ..."]]``: what
+    :func:`start_cpu_isa_probe` takes as ``known``. It runs the probe if it has not run, or with
+    ``run=False`` returns ``None`` then."""
     probe = _isa_probe_fn()
     if not run and not probe.cache_info().currsize:
         return None
-    return [str(isa) for isa in probe()]
+    return _answer(probe())
+
+
+def _answer(isas: list[Any]) -> list[list[str]]:
+    return [[str(isa), isa.build_arch_flags()] for isa in isas]
 
 
 def start_cpu_isa_probe(
-    cpus: list[int] | None = None, nice: int = 0, known: list[str] | None = None
+    cpus: list[int] | None = None, nice: int = 0, known: list[list[str]] | None = None
 ) -> threading.Thread | None:
     """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned to
     ``cpus`` and at niceness ``nice``, with the compilers and children it starts: a background
     compile keeps it off the CPUs and out of the time training runs on). ``known``: another
-    process's :func:`probed_cpu_isas` on this machine; when the ISAs the CPU's flags admit are
-    exactly those, no test library is built for them (their sub-features still are).
+    process's :func:`probed_cpu_isas` on this machine; when this CPU's flags give exactly that
+    answer, no test library is built.
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
     the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
@@ -104,21 +111,29 @@ def start_cpu_isa_probe(
         return _isa_probe
 
 
-def _probe_as_known(probe: Callable[[], Any], known: list[str]) -> bool:
-    """Fill inductor's probe cache with ``known`` if the CPU's flags admit exactly those ISAs."""
+def _probe_as_known(probe: Callable[[], Any], known: list[list[str]]) -> bool:
+    """Fill inductor's probe cache with ``known`` if this CPU's flags give exactly that answer."""
     from torch._inductor import config, cpu_vec_isa
 
-    with config.patch({"cpp.vec_isa_ok": True}):
-        if [str(isa) for isa in probe.__wrapped__()] == known:  # type: ignore[attr-defined]
-            probe()  # cached for the process, with the same list
-            return True
-    # each ISA class caches its own answer (functools.cache on __bool__ and its checks): forget
-    # those given under the setting, so that inductor's own check starts from nothing
+    real_check_build = cpu_vec_isa.VecISA.check_build
+    cpu_vec_isa.VecISA.check_build = lambda self, code: True  # type: ignore[method-assign]
+    try:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            if _answer(probe.__wrapped__()) == known:  # type: ignore[attr-defined]
+                probe()  # cached for the process: the same ISA objects, the same answers
+                return True
+    finally:
+        cpu_vec_isa.VecISA.check_build = real_check_build  # type: ignore[method-assign]
+    # forget what was answered under the stand-ins: each ISA class's cached checks, and the
+    # sub-feature flags its checks set on the shared ISA objects
     for isa_class in vars(cpu_vec_isa).values():
         if isinstance(isa_class, type) and issubclass(isa_class, cpu_vec_isa.VecISA):
             for member in vars(isa_class).values():
                 if hasattr(member, "cache_clear"):
                     member.cache_clear()
+    for isa in cpu_vec_isa.supported_vec_isa_list:
+        for name in [name for name in vars(isa) if name.startswith("_is_") and name.endswith("_supported")]:
+            delattr(isa, name)
     return False
 
 
