@@ -215,6 +215,19 @@ def test_a_transformers_model_compiled_whole_or_with_lora_restarts_without_a_tra
         assert warm["mixed_max_diff"] < 1e-5 and cold["mixed_max_diff"] < 1e-5
 
 
+def test_a_second_run_in_the_same_cache_dir_without_a_load_traces_again_and_never_crashes(tmp_path):
+    """save_compile_cache also leaves torch's own precompile entries in the inductor cache dir, and
+    torch looks them up at torch.compile time: a second run that loads no artifact found the GPT-2's
+    whole-model entry there, without the module aliases its bytecode needs, and crashed at its first
+    call (NameError: ___module_collections_…). Only an entry a checked artifact brought in loads."""
+    pytest.importorskip("transformers")
+    first = _run("cold", Path("gpt2-whole"), tmp_path / "first.tck")
+    again = _run("cold", Path("gpt2-whole"), tmp_path / "again.tck")  # same inductor dir, no load
+    assert set(again["paths"].values()) == {"traced (saved for the next restart)"}, again["paths"]
+    assert again["dynamo_cache"].get("dynamo_cache_hit", 0) == 0
+    assert (again["loss"], again["grads"]) == (first["loss"], first["grads"])
+
+
 def test_a_whole_peft_model_is_not_precompiled_and_says_why():
     """torch saves a whole PeftModel's entry and then refuses it on every torch of the window (the
     restart would trace it anyway): compile_peft says so and compiles it the usual way."""
@@ -239,3 +252,30 @@ def test_torch_cannot_reload_an_optimizer_step_so_compile_optimizer_is_not_preco
     warm = _run("warm", Path("adamw-step"), tmp_path / "cc.tck")
     assert warm["path"].startswith("traced again: torch refused its saved entry"), warm["path"]
     assert warm["weights"] == cold["weights"]
+
+
+def test_a_llama_compiled_whole_trains_with_precompile_on_every_torch():
+    """compile_model(precompile=True) on a transformers Llama: torch 2.10's precompile cache fails
+    on its own guards at the first trace (an AssertionError in torch/_guards.py, which crashed the
+    first call): the model is compiled the usual way, says why, and computes eager's loss."""
+    pytest.importorskip("transformers")
+    import tiny_models
+    import torch
+
+    from torchcompile_kit import compile_model
+    from torchcompile_kit.regional.precompiled import regions_created
+
+    model = tiny_models.llama()
+    ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    eager_loss = model(input_ids=ids, labels=ids).loss
+    with regions_created() as regions:
+        compile_model(model, precompile=True)  # inductor: only its code can be precompiled
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    (region,) = regions
+    if version_at_least("torch", "2.11"):
+        assert region.path == "traced (saved for the next restart)", region.path
+    else:
+        assert region.path.startswith("not precompiled: torch cannot save a frame it reached "
+                                      "(Guarded object must be identical"), region.path

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import re
 import warnings
 from collections.abc import Iterator, Sequence
@@ -14,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "drop_class_guards",
+    "forget_unvetted_entry",
     "install_module_aliases",
     "is_package_error",
     "module_aliases",
@@ -107,11 +109,42 @@ _QUIET_GRAD_WARNING: list[bool] = []
 _GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
 
 
+def forget_unvetted_entry(fn: Any) -> bool:
+    """Delete torch's on-disk precompile entry for ``fn`` (``DynamoCache``, in the inductor cache
+    dir, keyed by the function's qualified name and first line only); whether there was one.
+
+    torch looks an entry up there at ``torch.compile`` time whatever wrote it: a run that saved a
+    cache earlier, or another torch version sharing the directory. Only an entry that came in
+    through a checked artifact may load (its header vouches for it, and it carries the module
+    aliases the saved bytecode needs: without them a torch 2.15 Llama compiled whole failed with
+    ``NameError: ___module_collections_…`` at its first call). torch 2.10 to 2.15 keep an entry
+    in ``<cache dir>/dynamo/<source id>/`` (torch/_dynamo/package.py, ``DiskDynamoStore``)."""
+    import shutil
+
+    from torch._dynamo.package import CompilePackage, DynamoCache
+
+    path = os.path.join(DynamoCache.path_prefix(), CompilePackage.source_id_from_fn(fn))
+    if not os.path.exists(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 def is_package_error(error: BaseException) -> bool:
-    """Whether ``error`` is torch's ``PackageError``: its precompile cache cannot save a frame."""
+    """Whether ``error`` is torch's precompile cache failing to save a frame: its ``PackageError``,
+    or an assertion of torch's own guard code. The latter is measured on torch 2.10 only, for a
+    transformers Llama compiled whole (``Guarded object must be identical, None or ephemeral``,
+    raised from ``torch/_guards.py`` while the first trace builds the guards it would save); 2.13
+    and 2.15 compile it. Can go when the floor is torch >= 2.13."""
     from torch._dynamo.exc import PackageError
 
-    return isinstance(error, PackageError)
+    if isinstance(error, PackageError):
+        return True
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    innermost = traceback.tb_frame.f_code.co_filename if traceback is not None else ""
+    return isinstance(error, AssertionError) and innermost.endswith(os.path.join("torch", "_guards.py"))
 
 
 def drop_class_guards(entries: Sequence[Any]) -> list[bool]:

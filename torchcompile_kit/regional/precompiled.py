@@ -143,10 +143,12 @@ class PrecompiledRegion:
             if not _dynamo.is_package_error(error):
                 raise
             # torch's precompile cache refused a frame this call reached (measured: a graph break
-            # into a property of peft's PeftModel). It is raised before that frame runs: the
-            # region goes on as a usual compile and the call runs again, from its start.
-            self.path = f"not precompiled: torch cannot save a frame it reached ({error})"
-            self._warn(f"torch's precompile cache cannot save it ({error})", again="compiled the usual way")
+            # into a property of peft's PeftModel; a Llama's guards on torch 2.10). It is raised
+            # before that frame runs: the region goes on as a usual compile and the call runs
+            # again, from its start.
+            why = str(error).strip()
+            self.path = f"not precompiled: torch cannot save a frame it reached ({why})"
+            self._warn(f"torch's precompile cache cannot save it ({why})", again="compiled the usual way")
             self._plain = torch.compile(self._root, **self.compile_kwargs)
             _dynamo.remember_region(self.record())
             return self._plain(*args, **kwargs)
@@ -162,9 +164,11 @@ class PrecompiledRegion:
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
         options["guard_filter_fn"] = _with_class_guards_dropped(options.get("guard_filter_fn"))
-        for record in _dynamo.loaded_regions():
-            if record["key"] == self.key:  # names the saved bytecode loads, torch does not restore
-                _dynamo.install_module_aliases(self._root.__globals__, record.get("modules", {}))
+        loaded = next((record for record in _dynamo.loaded_regions() if record["key"] == self.key), None)
+        if loaded is not None:  # names the saved bytecode loads, torch does not restore
+            _dynamo.install_module_aliases(self._root.__globals__, loaded.get("modules", {}))
+        else:  # torch would load what an earlier run left in its cache dir, unchecked
+            _dynamo.forget_unvetted_entry(self._root)
         # installing a loaded entry loads its CPU kernels, which picks the vector ISA without a
         # compile (so without dynamo's start-of-compile callback that waits for a background probe
         # a cache load started): wait here, or inductor probes a second time at once
