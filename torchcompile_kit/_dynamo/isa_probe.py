@@ -68,9 +68,9 @@ def start_cpu_isa_probe(
     answer, no test library is built.
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
-    the answer cached; no setting changes. The probe must not run twice at once (inductor's ISA
-    objects edit their own compiler flags while they check them), so every dynamo compile first
-    waits for a running probe: a start-of-compile callback
+    the answer cached; no setting changes outside the probe. The probe must not run twice at once
+    (inductor's ISA objects edit their own compiler flags while they check them), so every dynamo
+    compile first waits for a running probe: a start-of-compile callback
     (``torch._dynamo.callback.CompilationCallbackHandler``, registered once per process and a
     no-op once the probe is done). The probe therefore overlaps what runs before the first
     compile (building the model, the data), not the compile itself.
