@@ -5,7 +5,6 @@ Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -58,14 +57,10 @@ def _answer(isas: list[Any]) -> list[list[str]]:
     return [[str(isa), isa.build_arch_flags()] for isa in isas]
 
 
-def start_cpu_isa_probe(
-    cpus: list[int] | None = None, nice: int = 0, known: list[list[str]] | None = None
-) -> threading.Thread | None:
-    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread (pinned to
-    ``cpus`` and at niceness ``nice``, with the compilers and children it starts: a background
-    compile keeps it off the CPUs and out of the time training runs on). ``known``: another
-    process's :func:`probed_cpu_isas` on this machine; when this CPU's flags give exactly that
-    answer, no test library is built.
+def start_cpu_isa_probe(known: list[list[str]] | None = None) -> threading.Thread | None:
+    """Run inductor's once-per-process CPU vector-ISA probe now, on a background thread.
+    ``known``: another process's :func:`probed_cpu_isas` on this machine (a compile cache carries
+    its saver's); when this CPU's flags give exactly that answer, no test library is built.
 
     It calls the very function inductor calls at its first CPU kernel, earlier, so inductor finds
     the answer cached; no setting changes outside the probe. The probe must not run twice at once
@@ -91,10 +86,6 @@ def start_cpu_isa_probe(
             return None
 
         def run() -> None:
-            if cpus:  # this thread only (Linux), and what it starts
-                os.sched_setaffinity(0, cpus)
-            if nice:
-                os.setpriority(os.PRIO_PROCESS, 0, nice)
             try:
                 if known is None or not _probe_as_known(probe, known):
                     probe()

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _dynamo
 from .._undo import register_undo
 from ..cache import load_compile_cache
 from ..diagnostics import note_running_monitors
@@ -85,7 +84,6 @@ class BackgroundCompile:
     """Seconds the first call spent handing its batch and state to the worker."""
     _calls: int = field(default=0, init=False, repr=False)
     _handle: Any = field(default=None, init=False, repr=False)
-    _probe_started: bool = field(default=False, init=False, repr=False)
     _proc: Any = field(default=None, init=False, repr=False)
     _job: Path | None = field(default=None, init=False, repr=False)
     _owned_dir: bool = field(default=False, init=False, repr=False)
@@ -183,7 +181,6 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         _send_batch(model, args, kwargs, options)
         return
     status = _worker_status(options)
-    _start_isa_probe(model, options, at_switch=status == "done")
     if status == "done":
         _switch(model, options, compile_now, undo)
     elif status != "running":
@@ -227,7 +224,7 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
 def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
     """A CPU model whose torch threads leave no core of their own to the worker: say what that
     costs."""
-    on_cpu = next((p.device.type for p in model.parameters()), "cpu") == "cpu"
+    on_cpu = _device(model).type == "cpu"
     cores = os.sched_getaffinity(0) | set(options.cpus or ())
     if on_cpu and torch.get_num_threads() >= len(cores):
         warnings.warn(
@@ -262,7 +259,7 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
         "training": model.training,
         "grad": torch.is_grad_enabled(),
         "autocast": autocast,
-        "device": str(next((p.device for p in model.parameters()), torch.device("cpu"))),
+        "device": str(_device(model)),
     }
     (folder / "job.tmp").write_text(json.dumps(job))
     os.replace(folder / "job.tmp", options._job)  # the worker waits for this file, whole
@@ -288,22 +285,6 @@ def _worker_status(options: BackgroundCompile) -> str:
         torch.distributed.broadcast_object_list(shared, src=0)
         status = shared[0]
     return status
-
-
-def _start_isa_probe(model: nn.Module, options: BackgroundCompile, *, at_switch: bool) -> None:
-    """The switch loads CPU kernels, and inductor checks the CPU's vector ISA before its first one
-    (compilers and child Pythons: a second or more, with the GIL taken from training now and then).
-    The worker checks it before it compiles and writes its answer (``isa.json``); with it, this
-    process fills inductor's answer as soon as it is there, without building anything (on the
-    worker's CPUs); at the switch without the worker's answer, inductor's own check."""
-    if options._probe_started or next((p.device.type for p in model.parameters()), "cpu") != "cpu":
-        return
-    answer = options._job.with_name("isa.json")
-    if not at_switch and not answer.exists():
-        return
-    options._probe_started = True
-    known = json.loads(answer.read_text()) if answer.exists() else None
-    _dynamo.start_cpu_isa_probe(cpus=options.cpus, nice=options.nice, known=known)
 
 
 def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[[], Any],
@@ -397,6 +378,10 @@ def _log_tail(options: BackgroundCompile) -> str:
     except OSError:
         return "no output"
     return " | ".join(lines[-3:])[-600:] or "no output"
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _rank(*, at_start: bool = False) -> int | None:

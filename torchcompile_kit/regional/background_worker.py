@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from .. import _dynamo
 from .._factory import import_factory
 from ..cache import save_compile_cache
 from .compile import compile_model, compile_regional
@@ -37,9 +36,6 @@ def main(folder: str) -> int:
             return 1
         time.sleep(0.05)
     job = json.loads((root / "job.json").read_text())
-    if torch.device(job["device"]).type == "cpu":  # training skips its own check with this answer
-        (root / "isa.tmp").write_text(json.dumps(_dynamo.probed_cpu_isas()))
-        os.replace(root / "isa.tmp", root / "isa.json")
     model.to(job["device"])
     for name, param in model.named_parameters():
         dtype, requires_grad = job["parameters"].get(name, (None, param.requires_grad))
