@@ -104,15 +104,22 @@ def test_user_model_buckets_need_the_lengths(in_process, tmp_path):
 
 
 def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, monkeypatch):
+    """... and its own temp dir, gone after the row: inductor keeps its precompiled C++ header
+    there, which a row must not inherit from another row or an earlier run on the machine."""
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
+    monkeypatch.setenv("TCK_TEST_NOTE", str(tmp_path / "temp-dir.txt"))
     events = []
+    spec = "tests.bench.user_models:tiny_lm_noting_its_temp_dir"
     result = run_recipe_isolated(
-        "mark-dynamic", spec="tests.bench.user_models:tiny_lm",
+        "mark-dynamic", spec=spec,
         config=MeasureConfig(steps=2, warmup_steps=1, backend="eager"), out_dir=tmp_path, on_event=events.append,
     )
     assert result.status == "ok", result.error
     assert result.metrics.graphs == 1 and result.metrics.recompiles == 0
-    assert result.settings["model"] == "tests.bench.user_models:tiny_lm"
+    assert result.settings["model"] == spec
+    own_temp = tmp_path / "_work" / "mark-dynamic" / "tmp"
+    assert (tmp_path / "temp-dir.txt").read_text() == str(own_temp.resolve())
+    assert not own_temp.exists()
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
     request = json.loads((tmp_path / "_work" / "mark-dynamic" / "request.json").read_text())
     assert request["backend"] == "eager" and (tmp_path / "logs" / "mark-dynamic.log").is_file()

@@ -115,3 +115,13 @@ def make_medium_batch(step: int) -> dict[str, torch.Tensor]:
 def medium_lm():
     torch.manual_seed(0)
     return MediumLM(), make_medium_batch
+
+
+def tiny_lm_noting_its_temp_dir():
+    """``tiny_lm`` that writes the temp dir its process got to the file ``$TCK_TEST_NOTE`` names."""
+    import os
+    import tempfile
+
+    with open(os.environ["TCK_TEST_NOTE"], "w") as note:
+        note.write(tempfile.gettempdir())
+    return tiny_lm()

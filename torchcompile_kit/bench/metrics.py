@@ -4,6 +4,8 @@ the comparisons across recipes (:func:`compare`); the fields are :class:`~.outco
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import statistics
 import time
@@ -90,6 +92,24 @@ def peak_memory_mb(device: Any) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 
 
+@contextlib.contextmanager
+def _collector_seconds() -> Iterator[list[float]]:
+    """Seconds Python's cyclic garbage collector ran in the block (``[seconds]``, filled at exit)."""
+    spent, started = [0.0], []
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            spent[0] += time.perf_counter() - started.pop()
+
+    gc.callbacks.append(note)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(note)
+
+
 def measure_training(
     step: Callable[[dict[str, Any]], Any],
     batches: Iterator[dict[str, Any]],
@@ -157,10 +177,12 @@ def measure_training(
     start = time.perf_counter()
     if before_first_step is not None:
         before_first_step()
-    first_step_s = None
+    first_step_s = first_step_gc_s = None
     for index in range(warmup_steps):
-        seconds = run(next(batches))
-        first_step_s = seconds if index == 0 else first_step_s
+        with _collector_seconds() as collected:
+            seconds = run(next(batches))
+        if index == 0:
+            first_step_s, first_step_gc_s = seconds, collected[0]
         if on_step is not None:
             on_step(index + 1, warmup_steps + steps, "warm-up")
     sync()
@@ -199,6 +221,7 @@ def measure_training(
     return Metrics(
         warmup_s=warmup_s,
         first_step_s=first_step_s,
+        first_step_gc_s=first_step_gc_s,
         steps_per_s=1 / median if median else None,
         tokens_per_s=statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
         padding=1 - sums[0] / sums[1] if sums[1] else None,

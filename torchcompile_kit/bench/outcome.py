@@ -33,6 +33,9 @@ class Metrics:
     recipes that compile every shape up front, that too): the reference post's warm-up time."""
     first_step_s: float | None = None
     """The first of those steps alone."""
+    first_step_gc_s: float | None = None
+    """Seconds Python's garbage collector ran during the first step (a full collection of a large
+    process heap takes a few tenths of a second, in whichever step it falls)."""
     steps_per_s: float | None = None
     """1 / the median steady step."""
     tokens_per_s: float | None = None

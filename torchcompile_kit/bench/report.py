@@ -211,11 +211,13 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
         caveat = (f" — NOT QUOTABLE, derived from a row measured under load ({' | '.join(unquotable)});"
                   f" re-run on a quiet machine") if unquotable else ""
         path = restart_path(w)
+        collector = (f"; of its first step, {w.first_step_gc_s:.2f} s was Python's garbage collector"
+                     if (w.first_step_gc_s or 0.0) >= 0.01 else "")  # a pause of any step, not the cache's
         lines.append(
             f"{row.name}: cache load {w.cache_load_s or 0.0:.2f} s + first step "
             f"{w.first_step_s:.2f} s = {warm_total:.2f} s; cold first step ({cold.name}) "
             f"{c.first_step_s:.2f} s; warm ÷ cold {warm_total / c.first_step_s:.3f}{build}"
-            + (f"; path: {path}" if path else "") + caveat
+            + (f"; path: {path}" if path else "") + collector + caveat
         )
     return lines
 

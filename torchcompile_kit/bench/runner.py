@@ -1,7 +1,9 @@
 """Run one recipe in its own fresh process, so no recipe's warm caches flatter another.
 
 ``run_recipe_isolated`` starts ``python -m torchcompile_kit.bench.execute REQUEST.json`` with an
-empty inductor (and Triton) cache dir of its own under ``out_dir/_work/<recipe>``; warm-start
+empty inductor (and Triton) cache dir and temp dir of its own under ``out_dir/_work/<recipe>`` (the
+temp dir is where inductor keeps its precompiled C++ header, which a row must not inherit from
+another, nor from earlier runs on the machine); warm-start
 recipes load the artifact their cold recipe saved in ``out_dir/caches``. The child reports progress
 as JSON lines on stdout and its result as JSON; its stderr goes to ``out_dir/logs/<recipe>.log``.
 A recipe that raises, crashes or times out is a ``failed`` result, never an exception here.
@@ -82,6 +84,7 @@ def run_recipe_isolated(
     work = out / "_work" / recipe
     shutil.rmtree(work, ignore_errors=True)
     (work / "inductor").mkdir(parents=True)
+    (work / "tmp").mkdir()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "caches").mkdir(parents=True, exist_ok=True)
     request = {
@@ -108,6 +111,7 @@ def run_recipe_isolated(
     else:
         result = _run_children(request, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event)
     result.wall_s = time.perf_counter() - started
+    shutil.rmtree(work / "tmp", ignore_errors=True)
     if result.status != "skipped":
         shutil.rmtree(work / "inductor", ignore_errors=True)  # kernels are big; the log stays
     return result
@@ -117,6 +121,7 @@ def _child_env(work: Path, rank: int, world_size: int, port: int) -> dict[str, s
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = str((work / "inductor").resolve())
     env["TRITON_CACHE_DIR"] = str((work / "inductor" / "triton").resolve())
+    env["TMPDIR"] = str((work / "tmp").resolve())
     # the user's modules (--model) import in the child as they did here
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
