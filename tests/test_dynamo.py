@@ -124,6 +124,20 @@ def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
     assert switched["isolated regions"].startswith("shared budget")
 
 
+def test_a_kernel_built_while_loading_built_kernels_is_correct_without_the_precompiled_header():
+    """While a compile cache's kernels load, inductor gets a plain header for its C++ prelude; a
+    kernel that is built there after all (none is expected) compiles the same code without it."""
+    def f(x):
+        return (x.sin() * 2 + x.cos()).sum(dim=-1)
+
+    x = torch.randn(4, 33)
+    asked = _dynamo.header_precompiles()
+    with _dynamo.fresh_inductor_cache(), _dynamo.loading_built_kernels():
+        out = torch.compile(f, backend="inductor")(x)
+    assert _dynamo.header_precompiles() == asked
+    torch.testing.assert_close(out, f(x))
+
+
 def test_a_known_isa_answer_fills_inductors_probe_without_building_and_a_wrong_one_is_ignored():
     """A warm start or a background compile's switch takes another process's ISA answer:
     inductor's probe cache is filled with the same ISAs and compiler flags and no test library is

@@ -68,6 +68,7 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
         "loss": loss.item(),
         "grads": hashlib.sha256(grads).hexdigest(),
         "warnings": [str(w.message) for w in caught if "compile cache" in str(w.message)],
+        "header_precompiles": _dynamo.header_precompiles(),  # inductor's C++ prelude, made or checked
     }
     if mode == "warm" and not variant:  # a new shape after a precompiled start: a trace beside it
         with tck.CompileMonitor() as again:

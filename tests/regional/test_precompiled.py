@@ -96,6 +96,7 @@ def test_the_cold_run_traces_once_and_saves_the_dynamo_entry(cold):
     assert result["path"] == "traced (saved for the next restart)"
     assert result["dynamo_cache"]["dynamo_cache_miss"] >= 1
     assert result["entries"].get("precompile", 0) >= 1
+    assert result["header_precompiles"] >= 1  # its C++ compiles used inductor's precompiled header
 
 
 def test_a_restart_runs_the_blocks_without_a_trace_and_equal_to_the_cold_run(cold):
@@ -105,6 +106,8 @@ def test_a_restart_runs_the_blocks_without_a_trace_and_equal_to_the_cold_run(col
     assert warm["dynamo_cache"]["dynamo_cache_hit"] == 2 and warm["frames"] == 0
     assert (warm["loss"], warm["grads"]) == (first["loss"], first["grads"])  # bit for bit
     assert warm["warnings"] == []
+    # its kernels came built: no precompiled C++ header made or checked (seconds where none exists)
+    assert warm["header_precompiles"] == 0
     assert warm["second_shape_frames"] >= 1  # a new shape after it is traced beside the loaded entry
 
 

@@ -174,7 +174,10 @@ class PrecompiledRegion:
         # a cache load started): wait here, or inductor probes a second time at once
         _dynamo.wait_for_cpu_isa_probe()
         before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
-        with _dynamo.refusals_logged() as refusals:
+        # a loaded entry brings its kernels built: loading them needs no precompiled C++ header
+        # (seconds on a machine that never compiled; _dynamo.loading_built_kernels)
+        loading = _dynamo.loading_built_kernels() if loaded is not None else contextlib.nullcontext()
+        with _dynamo.refusals_logged() as refusals, loading:
             try:
                 self._compiled = torch.compile(self._root, options=options, **kwargs)
             except Exception as error:  # noqa: BLE001 - torch catches only a RuntimeError here
