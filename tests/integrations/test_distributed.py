@@ -139,7 +139,8 @@ def test_ddp_and_fsdp2_match_eager_on_two_ranks():
 
 def background_body(rank: int, world: int, cwd: str) -> None:
     """compile_regional(background=True) under DDP: rank 0's worker compiles, every rank switches
-    at the same call (no rank waits in a collective for another), then trains compiled."""
+    at the same call (no rank waits in a collective for another), then trains compiled; a rank
+    slower to load at the switch still finds the worker's files (rank 0 removed them under it)."""
     import os
     import time
 
@@ -147,7 +148,12 @@ def background_body(rank: int, world: int, cwd: str) -> None:
 
     from torchcompile_kit.regional import get_background_compile
 
+    from torchcompile_kit.regional import background
+
     os.chdir(cwd)
+    if rank == 1:  # the slower rank at the switch: rank 0 must not remove the worker's files first
+        load = background.load_compile_cache
+        background.load_compile_cache = lambda path: (time.sleep(1.0), load(path))[1]
     torch.manual_seed(0)
     ref = tiny_models.gpt2()
     model = compile_regional(copy.deepcopy(ref), background=True)

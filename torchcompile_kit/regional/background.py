@@ -294,14 +294,22 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     options.worker_s = started - options._started
     options.state = "switching"
     loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
-    keys = set(json.loads(options._job.with_name("regions.json").read_text()).values())
+    why = None if loaded else f"its cache did not load ({loaded.reason})"
+    try:
+        keys = set(json.loads(options._job.with_name("regions.json").read_text()).values())
+    except (OSError, ValueError) as err:
+        keys, why = set(), why or f"its regions.json could not be read ({err})"
+    if _rank() is not None:  # rank 0 removes the worker's folder next: every rank has read it
+        torch.distributed.barrier()
+    if why is not None:
+        _give_up(model, options, why)
+        return
     with regions_created() as regions:
         compile_now()
     missing = sorted({r.label for r in regions if r.key not in keys})
-    if not loaded or missing or not regions:
+    if missing or not regions:
         undo()
-        why = (f"its cache did not load ({loaded.reason})" if not loaded
-               else "nothing was precompiled" if not regions
+        why = ("nothing was precompiled" if not regions
                else f"it compiled {', '.join(missing)} for another model state (the fingerprint "
                     "differs: parameters, config, classes or compile options)")
         _give_up(model, options, why)
