@@ -61,7 +61,7 @@ def test_a_warm_start_line_names_the_collectors_share_of_the_first_step():
         cache_load_s=0.05, first_step_s=0.55, first_step_gc_s=0.31))
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "of its first step, 0.31 s was Python's garbage collector" in line
-    warm.metrics.first_step_gc_s = 0.001
+    warm.metrics.first_step_gc_s = 0.03  # young-generation collections: not worth a word
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "garbage collector" not in line
 

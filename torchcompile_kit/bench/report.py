@@ -212,7 +212,7 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
                   f" re-run on a quiet machine") if unquotable else ""
         path = restart_path(w)
         collector = (f"; of its first step, {w.first_step_gc_s:.2f} s was Python's garbage collector"
-                     if (w.first_step_gc_s or 0.0) >= 0.01 else "")  # a pause of any step, not the cache's
+                     if (w.first_step_gc_s or 0.0) >= 0.05 else "")  # a pause of any step, not the cache's
         lines.append(
             f"{row.name}: cache load {w.cache_load_s or 0.0:.2f} s + first step "
             f"{w.first_step_s:.2f} s = {warm_total:.2f} s; cold first step ({cold.name}) "
