@@ -62,7 +62,6 @@ def fresh_inductor_cache() -> Iterator[str]:
         torch.compiler.reset()
 
 
-
 # --- inductor's precompiled C++ header -----------------------------------------------------------
 # Why: before inductor loads a CPU kernel library not yet loaded in the process, it makes sure its
 # C++ prelude has a precompiled header (`codecache._precompile_header`, functools.cache'd per
