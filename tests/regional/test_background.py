@@ -188,6 +188,11 @@ def test_what_the_worker_cannot_reproduce_is_refused_at_the_call(factory):
         compile_regional(model, background="tck_bg_model:build", backend="aot_eager")
     with pytest.raises(ValueError, match="as JSON"):
         compile_regional(model, background="tck_bg_model:build", options={"f": object()})
+    for start_after_s in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="start_after_s"):
+            compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build",
+                                                                 start_after_s=start_after_s))
+    assert get_background_compile(model) is None  # nothing set up by a refused call
 
 
 def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
@@ -213,8 +218,8 @@ def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
 
 def test_uncompile_before_the_switch_stops_the_worker(factory):
     model = factory.build()
-    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang"))
-    model(torch.randn(4, 16)).backward()  # the first call starts the worker
+    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
+    model(torch.randn(4, 16)).backward()  # the first call hands its batch over and starts the worker
     record = get_background_compile(model)
     assert record.state == "compiling" and record._proc.poll() is None
     uncompile(model)
@@ -222,3 +227,18 @@ def test_uncompile_before_the_switch_stops_the_worker(factory):
     assert get_background_compile(model) is None
     model(torch.randn(4, 16)).backward()  # eager, and no worker starts again
     assert record._proc is not None and os.path.exists(str(record._job)) is False
+
+
+def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(factory):
+    model = factory.build()
+    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0.5))
+    record = get_background_compile(model)
+    assert record._proc is None  # not at the compile call: its start would slow the first step
+    model(torch.randn(4, 16)).backward()
+    assert record._proc is None and record._job.exists()  # the first call's job, no worker yet
+    time.sleep(0.6)
+    model(torch.randn(4, 16)).backward()
+    assert record._proc is not None and record._proc.poll() is None
+    uncompile(model)
+    assert record._proc.poll() is not None
+

@@ -1,8 +1,9 @@
 """Train while it compiles: ``compile_regional(..., background=True)`` and ``compile_model``'s.
 
 The model trains eagerly from its first call. That call's batch, the model's recipe (its class and
-config, or a factory) and the state the graphs depend on go to a worker process, which rebuilds the
-model, compiles the same regions on that batch with ``precompile=True`` and saves a compile cache.
+config, or a factory) and the state the graphs depend on go to a worker process, started
+``start_after_s`` of training later, which rebuilds the model, compiles the same regions on that
+batch with ``precompile=True`` and saves a compile cache.
 At the first call after the worker is done, the model loads that cache and compiles in place: a
 warm start, each region's entry checked against the model's own fingerprint first (a mismatch
 keeps training eager, never a stale graph). docs/cache.md ("Train while it compiles").
@@ -63,8 +64,14 @@ class BackgroundCompile:
     """The worker's niceness (0–19), its compilers' too. It does not protect training on CPU: a
     model on the CPU whose threads use every core it may run on still slows down many times while
     the worker compiles beside it (measured, docs/cache.md); give the worker ``cpus`` of its own."""
+    start_after_s: float = 1.0
+    """Seconds of training after the first call (whose batch the worker compiles) before the worker
+    starts. A process that starts and imports torch slows the steps beside it for a moment, even
+    on a CPU of its own (measured on this project's 2-vCPU VM: ~20 ms on a 0.1 s CPU step): paid
+    in the first step, that is a 15-20% slower start than eager; a second into training, ~2%. It
+    delays the switch by as much."""
     timeout_s: float = 3600.0
-    """A worker still running after this long is stopped and training stays eager."""
+    """A worker still running this long after it started is stopped and training stays eager."""
     directory: str | None = None
     """Where the worker's batch and artifact go (a temporary folder by default, removed after the
     switch and at exit). Under ``torch.distributed`` every rank reads it: a shared filesystem
@@ -79,7 +86,7 @@ class BackgroundCompile:
     """Seconds from the switch to the end of the first compiled call: the cache load, the compile
     call, and that call (the entries installed, the first-call check, the call's own compute)."""
     worker_s: float | None = None
-    """Seconds from starting the worker (at the compile call) to seeing it done."""
+    """Seconds from starting the worker to seeing it done."""
     handoff_s: float | None = None
     """Seconds the first call spent handing its batch and state to the worker."""
     _calls: int = field(default=0, init=False, repr=False)
@@ -88,6 +95,8 @@ class BackgroundCompile:
     _job: Path | None = field(default=None, init=False, repr=False)
     _owned_dir: bool = field(default=False, init=False, repr=False)
     _started: float = field(default=0.0, init=False, repr=False)
+    _handed_at: float = field(default=0.0, init=False, repr=False)
+    _job_ready: bool = field(default=False, init=False, repr=False)  # and no worker started yet
     _switch_started: float | None = field(default=None, init=False, repr=False)
 
     def summary(self) -> str:
@@ -126,6 +135,9 @@ def start_background_compile(
     Raises ``ValueError`` for what the worker could not reproduce (internal)."""
     options = background if isinstance(background, BackgroundCompile) else BackgroundCompile(
         factory=background if isinstance(background, str) else None)
+    if not options.start_after_s >= 0:
+        raise ValueError(f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
+                         "training before the worker starts, 0 or more (0: at the end of the first call)")
     if options.factory is None and getattr(model, "config", None) is None:
         raise ValueError(
             f"background compile of {type(model).__name__}: the worker rebuilds a transformers "
@@ -147,7 +159,7 @@ def start_background_compile(
     model.__dict__[_ATTR] = options
     register_undo(model, lambda: _cancel(model, options))
     spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
-    _spawn(model, options, spec)
+    _prepare(model, options, spec)
     # after each call, not before: a switch then compiles between two calls, and the next one
     # runs with every hook the compile installs (a pre-hook added during a call does not run)
     options._handle = model.register_forward_hook(  # type: ignore[attr-defined]
@@ -179,6 +191,9 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         options.eager_steps += 1
     if options.state == "waiting for the first call":
         _send_batch(model, args, kwargs, options)
+    if options._job_ready and time.perf_counter() - options._handed_at >= options.start_after_s:
+        _start_worker(model, options)
+    if options._calls == 1:
         return
     status = _worker_status(options)
     if status == "done":
@@ -187,9 +202,8 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         _give_up(model, options, status)
 
 
-def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -> None:
-    """At the compile call: start the worker (rank 0 only), which imports torch and builds the
-    model while training gets its first batch."""
+def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -> None:
+    """At the compile call: the worker's folder and what it builds (rank 0 only)."""
     if _rank(at_start=True) not in (None, 0):
         return
     _warn_if_sharing_cores(model, options)
@@ -204,6 +218,16 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
     # saved for another count is refused), whatever CPUs it runs on
     threads = torch.get_num_threads()
     (folder / "model.json").write_text(json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}))
+    if not _RUNNING:
+        atexit.register(_stop_all)
+    _RUNNING.append(options)  # its folder goes at exit even if no worker started
+
+
+def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
+    """``start_after_s`` after the first call (rank 0): the worker, with its job in its folder."""
+    options._job_ready = False
+    folder = options._job.parent
+    threads = json.loads((folder / "model.json").read_text())["threads"]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "OMP_NUM_THREADS": str(threads)}
     with open(folder / "worker.log", "wb") as log:
         options._proc = subprocess.Popen(
@@ -215,9 +239,6 @@ def _spawn(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -
     if options.cpus:
         os.sched_setaffinity(options._proc.pid, options.cpus)
     options._started = time.perf_counter()
-    if not _RUNNING:
-        atexit.register(_stop_all)
-    _RUNNING.append(options)
     logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
 
 
@@ -241,13 +262,14 @@ def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None
 def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile) -> None:
     """At the end of the first call: its batch and the state the graphs depend on, for the
     worker (rank 0; every rank learns the folder)."""
+    starts_the_worker = options._job is not None  # set up at the compile call: rank 0
     if _rank() is not None:
         shared = [str(options._job) if options._job else None]
         torch.distributed.broadcast_object_list(shared, src=0)
         options._job = Path(shared[0])
         options._started = options._started or time.perf_counter()
     options.state = "compiling"
-    if options._proc is None:
+    if not starts_the_worker:
         return
     began = time.perf_counter()
     folder = options._job.parent
@@ -262,8 +284,10 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
         "device": str(_device(model)),
     }
     (folder / "job.tmp").write_text(json.dumps(job))
-    os.replace(folder / "job.tmp", options._job)  # the worker waits for this file, whole
-    options.handoff_s = time.perf_counter() - began
+    os.replace(folder / "job.tmp", options._job)
+    options._handed_at = time.perf_counter()
+    options.handoff_s = options._handed_at - began
+    options._job_ready = True
 
 
 def _worker_status(options: BackgroundCompile) -> str:

@@ -1,9 +1,9 @@
 """The worker of a background compile: ``python -m torchcompile_kit.regional.background_worker
 FOLDER`` rebuilds the model ``FOLDER/model.json`` describes and compiles it as the training
-process will (with ``precompile=True``); once the training process's first call has written
-``job.json`` and ``batch.pt`` (its parameters' state, grad mode, autocast), it runs that batch
-through the model (and backward, as training did) and saves the compile cache. Exit code 0 only
-when the artifact was written; it ends by itself if the training process is gone."""
+process will (with ``precompile=True``), runs the training process's first batch (``batch.pt``)
+through it in the state ``job.json`` records (its parameters' dtypes and ``requires_grad``, grad
+mode, autocast), backward too as training did, and saves the compile cache. Exit code 0 only when
+the artifact was written."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import importlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,6 @@ def main(folder: str) -> int:
     torch.set_num_threads(spec["threads"])  # the kernels are built for the training process's
     os.chdir(spec["cwd"])  # a factory's relative paths resolve as in the training process
     model = _build(spec["model"])
-    parent = os.getppid()
-    while not (root / "job.json").exists():  # the training process's first call writes it
-        if os.getppid() != parent:
-            print("the training process ended before its first call", file=sys.stderr)
-            return 1
-        time.sleep(0.05)
     job = json.loads((root / "job.json").read_text())
     model.to(job["device"])
     for name, param in model.named_parameters():
