@@ -236,26 +236,26 @@ def test_overlapping_intervals_are_called_indistinguishable():
     assert "not distinguishable from" in reason and "either will do" in reason
 
 
-def background(worker_s, stall_s):
+def background(worker_s, stall_s, start_after_s=1.0):
     """A background candidate's run: eager steps, then the switch, then compiled steps."""
     return CandidateResult(
         name="regional-background", description="", status="ok", verdict="pass",
         metrics=Metrics(
             warmup_s=0.5, warmup_steps=WARMUP, steps_per_s=1 / 0.06, step_times_s=[0.1] * 300 + [0.05] * 20,
             background={"state": "compiled", "eager_steps": 300, "switched_at_call": 301,
-                        "worker_s": worker_s, "stall_s": stall_s},
+                        "start_after_s": start_after_s, "worker_s": worker_s, "stall_s": stall_s},
         ),
     )
 
 
 @pytest.mark.parametrize(
     ("steps_planned", "expected"),
-    # eager 0.1 s/step, regional 30 s + 0.05 s/step; background: eager for its worker's 30 s, a
-    # 0.55 s stall (0.5 s beyond a compiled step), then regional's steps
+    # eager 0.1 s/step, regional 30 s + 0.05 s/step; background: eager for 30 s (1 s before its
+    # worker started, 29 s while it compiled), a 0.55 s stall (0.5 s beyond a compiled step), then regional's steps
     [(100, "eager"), (299, "eager"), (400, "regional-background"), (100_000, "regional-background")],
 )
 def test_a_background_compile_is_eager_until_its_worker_is_done_then_the_compiled_recipe(steps_planned, expected):
-    ranked, best = rank_candidates([*field()[:2], background(worker_s=30.0, stall_s=0.55)], steps_planned)
+    ranked, best = rank_candidates([*field()[:2], background(worker_s=29.0, stall_s=0.55)], steps_planned)
     assert best.name == expected
     bg = result_of(ranked, "regional-background")
     eager_total = steps_planned * 0.1

@@ -193,7 +193,8 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     background = get_background_compile(ctx.model)
     if background is not None:
         metrics.background = {name: getattr(background, name) for name in (
-            "state", "eager_steps", "switched_at_call", "worker_s", "stall_s", "handoff_s")}
+            "state", "eager_steps", "switched_at_call", "start_after_s", "worker_s", "stall_s",
+            "handoff_s")}
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
     for group in plan.groups if plan is not None else ():

@@ -39,7 +39,8 @@ def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None
         compiled = Cost(compile_s=0.0, recompile_s=0.0, step_s=sorted(after)[len(after) // 2])
     return Cost(
         compile_s=max(0.0, record["stall_s"] - compiled.step_s), recompile_s=0.0,
-        step_s=compiled.step_s, eager_steps=record["worker_s"] / eager.step_s,
+        # eager until the worker started (start_after_s in) and was seen done
+        step_s=compiled.step_s, eager_steps=(record.get("start_after_s", 0.0) + record["worker_s"]) / eager.step_s,
         eager_step_s=eager.step_s,
     )
 
