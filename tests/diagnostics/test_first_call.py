@@ -9,6 +9,7 @@ the user's gradients, RNG stream and buffers are what they would be without it.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -341,3 +342,29 @@ def test_a_gradient_comparison_that_cannot_run_is_partial_and_warned():
     assert (check.status, check.compared) == ("partial", ["outputs"]), check.message()
     assert "autograd refused" in check.note and check.message().startswith("first-call check")
     assert "PARTIAL" in mon.summary()
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_a_passing_check_runs_eager_once_and_only_a_mismatch_asks_whether_it_is_random(monkeypatch, dropout):
+    """Under a backend with random numbers of its own, the rerun from another seed that tells
+    dropout from a miscompute costs an eager forward: only a mismatch pays it."""
+    from torchcompile_kit.diagnostics import first_call
+
+    eager_runs = []
+    force_eager = first_call._force_eager
+    monkeypatch.setattr(first_call, "_force_eager", lambda *a: (eager_runs.append(1), force_eager(*a))[1])
+
+    def own_rng(gm, example_inputs):  # stands for inductor: same graph, other random numbers
+        def run(*args):
+            torch.manual_seed(1234)
+            return gm(*args)
+
+        return run
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(dropout), nn.Linear(8, 8), nn.Dropout(dropout))
+    compile_regional(model, blocks=["0", "2"], backend=own_rng, verify=True)
+    with CompileMonitor() as mon, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(torch.randn(4, 8))
+    assert [c.status for c in mon.first_call_checks] == (["passed"] if dropout == 0 else ["skipped"])
+    assert len(eager_runs) == (1 if dropout == 0 else 2)
