@@ -10,11 +10,12 @@ check").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 import warnings
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -142,18 +143,12 @@ class FirstCallVerifier:
         grads_wanted = torch.is_grad_enabled() and bool(params)
         pending = _Pending(key=key, params=params)
         pending.rerun = rerun
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
-        self._busy = True
-        try:
-            with _fork_rng(self.model):
-                output = run_eager()
-                if grads_wanted:
-                    pending.eager_grads, pending.note = _grads(output, params, retain=False)
+        with self._aside(), _fork_rng(self.model):
+            output = run_eager()
+            if grads_wanted:
+                pending.eager_grads, pending.note = _grads(output, params, retain=False)
             pending.eager_output = _detached(output)
             del output
-        finally:
-            _restore_buffers(self.model, buffers)
-            self._busy = False
         pending.grads_wanted = grads_wanted
         pending.run_eager = run_eager
         pending.rng_state = torch.random.get_rng_state()  # what the compiled call starts from
@@ -167,15 +162,9 @@ class FirstCallVerifier:
         Asked only of a mismatch, so a passing check costs one eager run, not two."""
         if all(d.ok for d in diffs) or self.backend in _RNG_EXACT_BACKENDS or self.backend.startswith("aot_eager"):
             return False
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
-        self._busy = True
-        try:
-            with _fork_rng(self.model), torch.no_grad():
-                torch.manual_seed(torch.initial_seed() + 1)
-                again = _detached(pending.run_eager())
-        finally:
-            _restore_buffers(self.model, buffers)
-            self._busy = False
+        with self._aside(), _fork_rng(self.model), torch.no_grad():
+            torch.manual_seed(torch.initial_seed() + 1)
+            again = _detached(pending.run_eager())
         return any(d.max_abs > 0 for d in compare_trees("output", pending.eager_output, again, (0.0, 0.0)))
 
     def _finish(self, output: Any) -> Any:
@@ -228,13 +217,19 @@ class FirstCallVerifier:
         graph runs again from the same RNG state (no compile), its backward runs once, and the
         buffers it changed are restored.
         """
+        with self._aside(), torch.random.fork_rng(devices=[]), torch.enable_grad():
+            torch.random.set_rng_state(pending.rng_state)
+            again = pending.rerun()
+            return _grads(again, pending.params, retain=False)
+
+    @contextlib.contextmanager
+    def _aside(self) -> Iterator[None]:
+        """A run of the check's own: the buffers it changes (BatchNorm statistics) are restored
+        after it, and the check's hooks step aside while it runs."""
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         self._busy = True
         try:
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
-                torch.random.set_rng_state(pending.rng_state)
-                again = pending.rerun()
-                return _grads(again, pending.params, retain=False)
+            yield
         finally:
             _restore_buffers(self.model, buffers)
             self._busy = False

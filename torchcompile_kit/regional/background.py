@@ -95,8 +95,7 @@ class BackgroundCompile:
     _job: Path | None = field(default=None, init=False, repr=False)
     _owned_dir: bool = field(default=False, init=False, repr=False)
     _started: float = field(default=0.0, init=False, repr=False)
-    _handed_at: float = field(default=0.0, init=False, repr=False)
-    _job_ready: bool = field(default=False, init=False, repr=False)  # and no worker started yet
+    _handed_at: float = field(default=0.0, init=False, repr=False)  # rank 0's job written
     _switch_started: float | None = field(default=None, init=False, repr=False)
 
     def summary(self) -> str:
@@ -191,7 +190,8 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         options.eager_steps += 1
     if options.state == "waiting for the first call":
         _send_batch(model, args, kwargs, options)
-    if options._job_ready and time.perf_counter() - options._handed_at >= options.start_after_s:
+    if (options._proc is None and options._handed_at
+            and time.perf_counter() - options._handed_at >= options.start_after_s):
         _start_worker(model, options)
     if options._calls == 1:
         return
@@ -225,7 +225,6 @@ def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any])
 
 def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
     """``start_after_s`` after the first call (rank 0): the worker, with its job in its folder."""
-    options._job_ready = False
     folder = options._job.parent
     threads = json.loads((folder / "model.json").read_text())["threads"]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "OMP_NUM_THREADS": str(threads)}
@@ -287,7 +286,6 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     os.replace(folder / "job.tmp", options._job)
     options._handed_at = time.perf_counter()
     options.handoff_s = options._handed_at - began
-    options._job_ready = True
 
 
 def _worker_status(options: BackgroundCompile) -> str:
