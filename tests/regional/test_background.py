@@ -30,19 +30,23 @@ import torch
 
 
 class Block(torch.nn.Module):
-    def __init__(self, act="gelu"):
+    def __init__(self, act="gelu", grad_twice=False):
         super().__init__()
         self.up = torch.nn.Linear(16, 16)
         self.act = getattr(torch.nn.functional, act)
+        self.grad_twice = grad_twice
 
     def forward(self, x):
-        return x + self.act(self.up(x))
+        y = x + self.act(self.up(x))
+        if self.grad_twice and torch.compiler.is_compiling():
+            y = y + (y - y.detach())  # compiled only: the same values, twice the gradient
+        return y
 
 
 class Model(torch.nn.Module):
-    def __init__(self, act="gelu"):
+    def __init__(self, act="gelu", grad_twice=False):
         super().__init__()
-        self.blocks = torch.nn.ModuleList([Block(act) for _ in range(2)])
+        self.blocks = torch.nn.ModuleList([Block(act, grad_twice) for _ in range(2)])
         self.head = torch.nn.Linear(16, 1)
 
     def forward(self, x):
@@ -58,6 +62,10 @@ def build():
 
 def build_silu():
     return Model("silu")
+
+
+def build_grad_twice():
+    return Model(grad_twice=True)
 
 
 def crash():
@@ -118,6 +126,10 @@ def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(
     assert group.precompile_path == "precompiled (no trace)"
     assert frames_at_switch == 0 and len(monitor.frames) == 0  # the worker traced; this process never did
     assert any("background compile: compiled from call" in note for note in monitor.notes)
+    # the worker compared outputs and gradients on the first batch; the switch, the outputs
+    (check,) = monitor.first_call_checks
+    assert record.worker_check == "passed" and check.status == "passed"
+    assert check.compared == ["outputs", "gradients (the background worker's, same batch)"]
     assert not Path(record._job.parent).exists()  # its folder went with the switch
     assert record._proc.poll() is not None  # the worker is gone
 
@@ -146,8 +158,10 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
         ("tck_bg_model:crash", "the worker failed (exit code 1)"),
         (BackgroundCompile(factory="tck_bg_model:hang", timeout_s=1.0), "ran past timeout_s=1"),
         ("tck_bg_model:build_silu", "compiled Block for another model state"),
+        # the worker's first-call check: the same outputs, other gradients (only its check sees it)
+        ("tck_bg_model:build_grad_twice", "CompiledMismatchError"),
     ],
-    ids=["crash", "hang", "other-model"],
+    ids=["crash", "hang", "other-model", "worker-check-fails"],
 )
 def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eager(factory, background, why):
     model = factory.build()
@@ -161,6 +175,8 @@ def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eag
     assert record._proc.poll() is not None and not record._job.parent.exists()
     if background == "tck_bg_model:crash":
         assert "the factory broke" in record.state  # the worker's own error, in the reason
+    if background == "tck_bg_model:build_grad_twice":
+        assert "grad.blocks." in record.state  # the gradients differed
 
 
 def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_whole(tmp_path, monkeypatch):

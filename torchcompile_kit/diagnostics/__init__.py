@@ -8,7 +8,7 @@ from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equiv
 from .explain import explain_graph_breaks
 from .first_call import FirstCallVerifier, check_verify_arg
 from .in_place_check import check_in_place_update
-from .monitor import CompileMonitor, note_running_monitors
+from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
 from .regions import current_region, mark_region
 from .tensor_diff import TensorDiff
@@ -36,6 +36,8 @@ __all__ = [
     "mark_region",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
     "note_running_monitors",
+    # for other topics: the checks a background worker made, for the training process
+    "first_call_checks_made",
     # for the fragile recipes (regional nested, adapters, optim): the first-call check
     "FirstCallVerifier",
     "check_in_place_update",

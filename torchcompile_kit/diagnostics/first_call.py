@@ -64,14 +64,18 @@ class FirstCallVerifier:
     :meth:`wrap` wraps a compiled call (a whole model compiled in place); :meth:`install_hooks` adds
     forward hooks to a model whose inside is compiled. A state that passed is not checked again; one
     that failed raises again at its next call. ``state(args, kwargs)`` gives the key (with
-    ``model.training``); ``backend`` decides whether RNG draws match eager.
+    ``model.training``); ``backend`` decides whether RNG draws match eager. ``grads_checked``
+    maps a key whose gradients were compared elsewhere (by a background worker, on the same batch
+    and graphs) to where: its eager reference runs forward only, and the record says so.
     """
 
-    def __init__(self, model: nn.Module, *, recipe: str, backend: Any, state: StateFn | None = None) -> None:
+    def __init__(self, model: nn.Module, *, recipe: str, backend: Any, state: StateFn | None = None,
+                 grads_checked: Mapping[Hashable, str] | None = None) -> None:
         self.model = model
         self.recipe = recipe
         self.backend = _backend_name(backend)
         self.state = state or _default_state
+        self.grads_checked = dict(grads_checked or {})
         self.checked: set[Hashable] = set()
         self.records: list[FirstCallCheck] = []
         self._busy = False
@@ -140,7 +144,7 @@ class FirstCallVerifier:
         key = (self.model.training, self.state(args, kwargs))
         start = time.perf_counter()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        grads_wanted = torch.is_grad_enabled() and bool(params)
+        grads_wanted = torch.is_grad_enabled() and bool(params) and key not in self.grads_checked
         pending = _Pending(key=key, params=params)
         pending.rerun = rerun
         with self._aside(), _fork_rng(self.model):
@@ -187,6 +191,8 @@ class FirstCallVerifier:
             return output
         compared = ["outputs"]
         note = pending.note
+        if pending.key in self.grads_checked and torch.is_grad_enabled():
+            compared.append(f"gradients ({self.grads_checked[pending.key]})")
         if pending.eager_grads is not None:
             backward_start = time.perf_counter()
             compiled_grads, grad_note = _grads(output, pending.params, retain=True)

@@ -7,9 +7,10 @@ configuration raised torch's trace logger above DEBUG, it is lowered while recor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -27,12 +28,13 @@ from .trace_records import (
     owner_of,
 )
 
-__all__ = ["CompileMonitor", "note_running_monitors", "record_first_call_check"]
+__all__ = ["CompileMonitor", "first_call_checks_made", "note_running_monitors", "record_first_call_check"]
 
 _CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 _CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
 # the monitors recording now, in start order: the first-call checks report to each of them
 _RUNNING: list[CompileMonitor] = []
+_CHECK_LISTS: list[list[Any]] = []  # first_call_checks_made() blocks open now
 
 
 def record_first_call_check(check: Any) -> None:
@@ -43,6 +45,25 @@ def record_first_call_check(check: Any) -> None:
     """
     for monitor in _RUNNING:
         monitor._first_call_checks.append(check)
+    for checks in _CHECK_LISTS:
+        checks.append(check)
+
+
+@contextlib.contextmanager
+def first_call_checks_made() -> Iterator[list[Any]]:
+    """The first-call checks made inside the block, without a monitor's tracing (internal: the
+    background worker reports its check to the training process).
+
+    Example:
+        >>> with first_call_checks_made() as checks:  # doctest: +SKIP
+        ...     model(batch)
+    """
+    checks: list[Any] = []
+    _CHECK_LISTS.append(checks)
+    try:
+        yield checks
+    finally:
+        _CHECK_LISTS.remove(checks)
 
 
 def note_running_monitors(text: str) -> None:

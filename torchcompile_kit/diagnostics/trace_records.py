@@ -184,7 +184,8 @@ class FirstCallCheck:
     torch_version: str
     backend: str
     compared: list[str] = field(default_factory=list)
-    """What was compared: ``outputs``, ``gradients`` (a model); ``updates``, ``state`` (a step)."""
+    """What was compared: ``outputs``, ``gradients`` (a model; ``gradients (<where>)`` when a
+    background worker compared them on the same batch); ``updates``, ``state`` (a step)."""
     tensors: int = 0
     """Tensors compared."""
     failures: int = 0

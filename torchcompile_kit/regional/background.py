@@ -36,7 +36,7 @@ from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
 from .precompiled import regions_created
 
-__all__ = ["BackgroundCompile", "get_background_compile", "start_background_compile"]
+__all__ = ["BackgroundCompile", "get_background_compile", "grads_checked_by_worker", "start_background_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ class BackgroundCompile:
     stall_s: float | None = None
     """Seconds from the switch to the end of the first compiled call: the cache load, the compile
     call, and that call (the entries installed, the first-call check, the call's own compute)."""
+    worker_check: str | None = None
+    """The worker's first-call check of its compiled call on the first batch, against eager:
+    ``"passed"`` (outputs and gradients matched: the training process then compares only the
+    outputs of its first compiled call, the same graphs on its own weights), ``"partial"``,
+    ``"skipped"`` (then the training process checks in full); a failed check fails the worker."""
     worker_s: float | None = None
     """Seconds from starting the worker to seeing it done."""
     handoff_s: float | None = None
@@ -97,6 +102,8 @@ class BackgroundCompile:
     _started: float = field(default=0.0, init=False, repr=False)
     _handed_at: float = field(default=0.0, init=False, repr=False)  # rank 0's job written
     _switch_started: float | None = field(default=None, init=False, repr=False)
+    _hook: Any = field(default=None, init=False, repr=False)  # the after-call hook (re-added at the switch)
+    _grads_checked: dict[Any, str] = field(default_factory=dict, init=False, repr=False)
 
     def summary(self) -> str:
         """One line for a training log."""
@@ -161,12 +168,17 @@ def start_background_compile(
     _prepare(model, options, spec)
     # after each call, not before: a switch then compiles between two calls, and the next one
     # runs with every hook the compile installs (a pre-hook added during a call does not run)
-    options._handle = model.register_forward_hook(  # type: ignore[attr-defined]
-        lambda module, args, kwargs, output: _after_call(module, args, kwargs, options,
-                                                         compile_now, undo),
-        with_kwargs=True,
-    )
+    options._hook = lambda module, args, kwargs, output: _after_call(module, args, kwargs, options,
+                                                                     compile_now, undo)
+    options._handle = model.register_forward_hook(options._hook, with_kwargs=True)
     return options
+
+
+def grads_checked_by_worker(model: nn.Module) -> dict[Any, str]:
+    """At a switch, the states whose gradients the worker's first-call check compared (for the
+    training process's check, which then compares outputs only); ``{}`` otherwise."""
+    options = get_background_compile(model)
+    return options._grads_checked if options is not None and options.state == "switching" else {}
 
 
 # --- the training side ------------------------------------------------------------------------
@@ -326,6 +338,7 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     if why is not None:
         _give_up(model, options, why)
         return
+    _read_worker_check(options)
     with regions_created() as regions:
         compile_now()
     missing = sorted({r.label for r in regions if r.key not in keys})
@@ -339,7 +352,22 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     options.state = "compiled"
     options.switched_at_call = options._calls + 1  # the next call runs compiled
     options._switch_started = started
+    # after the hooks the compile added (the first-call check's): the stall includes the check
+    options._handle.remove()  # type: ignore[attr-defined]
+    options._handle = model.register_forward_hook(options._hook, with_kwargs=True)
     _cleanup(options)
+
+
+def _read_worker_check(options: BackgroundCompile) -> None:
+    """What the worker's first-call check compared, from its ``check.json``."""
+    try:
+        checks = json.loads(options._job.with_name("check.json").read_text())
+        job = json.loads(options._job.read_text())
+    except (OSError, ValueError):
+        return
+    options.worker_check = checks[0]["status"] if checks else None
+    if any(c["status"] == "passed" and "gradients" in c["compared"] for c in checks):
+        options._grads_checked = {(job["training"], job["grad"]): "the background worker's, same batch"}
 
 
 def _give_up(model: nn.Module, options: BackgroundCompile, why: str) -> None:
@@ -403,11 +431,15 @@ def _stop_all() -> None:
 
 
 def _log_tail(options: BackgroundCompile) -> str:
+    """The worker's error: from the last unindented line of its log (a traceback's exception line)
+    to the end, its first 800 characters."""
     try:
         lines = (options._job.parent / "worker.log").read_text(errors="replace").strip().splitlines()
     except OSError:
         return "no output"
-    return " | ".join(lines[-3:])[-600:] or "no output"
+    last = max((i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t")), default=len(lines) - 3)
+    text = " | ".join(lines[max(last, 0):])
+    return text if len(text) <= 800 else text[:800] + " ..."
 
 
 def _device(model: nn.Module) -> torch.device:

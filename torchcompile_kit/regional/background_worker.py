@@ -2,8 +2,10 @@
 FOLDER`` rebuilds the model ``FOLDER/model.json`` describes and compiles it as the training
 process will (with ``precompile=True``), runs the training process's first batch (``batch.pt``)
 through it in the state ``job.json`` records (its parameters' dtypes and ``requires_grad``, grad
-mode, autocast), backward too as training did, and saves the compile cache. Exit code 0 only when
-the artifact was written."""
+mode, autocast), backward too as training did, and saves the compile cache. That first call is
+checked against eager (``verify=True``: outputs and gradients; a difference raises and the worker
+fails), and the check's record goes to ``check.json``: the training process then compares only
+the outputs of its first compiled call. Exit code 0 only when the artifact was written."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from .._factory import import_factory
 from ..cache import save_compile_cache
+from ..diagnostics import first_call_checks_made
 from .compile import compile_model, compile_regional
 from .precompiled import regions_created
 
@@ -38,18 +41,19 @@ def main(folder: str) -> int:
     model.train(job["training"])
     compile_fn = compile_regional if spec["recipe"] == "regional" else compile_model
     with regions_created() as regions:
-        compile_fn(model, precompile=True, **spec["compile_kwargs"])
+        compile_fn(model, precompile=True, verify=True, **spec["compile_kwargs"])
     # every region's key, run or not (a loss the model computes itself never runs): the training
     # process compiles only when its own regions have the same keys
     (root / "regions.json").write_text(json.dumps({region.label: region.key for region in regions}))
     batch = torch.load(root / "batch.pt", map_location=job["device"], weights_only=False)
     autocast = job["autocast"]
-    with torch.set_grad_enabled(job["grad"]), torch.autocast(
+    with first_call_checks_made() as checks, torch.set_grad_enabled(job["grad"]), torch.autocast(
         autocast["device_type"] if autocast else "cpu",
         dtype=getattr(torch, autocast["dtype"].removeprefix("torch.")) if autocast else None,
         enabled=autocast is not None,
     ):
-        output = model(*batch["args"], **batch["kwargs"])
+        output = model(*batch["args"], **batch["kwargs"])  # the first-call check raises on a difference
+    (root / "check.json").write_text(json.dumps([check.as_dict() for check in checks]))
     if job["grad"]:
         _loss(output).backward()  # the backward graphs, as the training step compiles them
     saved = save_compile_cache(root / "compile-cache.tck", barrier=False)

@@ -18,7 +18,12 @@ from .._checks import check_module
 from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
-from .background import BackgroundCompile, get_background_compile, start_background_compile
+from .background import (
+    BackgroundCompile,
+    get_background_compile,
+    grads_checked_by_worker,
+    start_background_compile,
+)
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
@@ -173,7 +178,8 @@ def compile_regional(
     register_undo(model, _warn_when_traced_whole(model, plan))
     if verify:  # last, so its pre-hook sees the call as the other hooks left it
         verifier = FirstCallVerifier(model, recipe="compile_regional",
-                                     backend=compile_kwargs.get("backend", "inductor"))
+                                     backend=compile_kwargs.get("backend", "inductor"),
+                                     grads_checked=grads_checked_by_worker(model))
         register_undo(model, verifier.install_hooks())
     setattr(model, PLAN_ATTR, plan)
     logger.info("compile_regional: %s", plan.summary())
@@ -228,7 +234,8 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
                      plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
     if verify:
         verifier = FirstCallVerifier(model, recipe="compile_model",
-                                     backend=compile_kwargs.get("backend", "inductor"))
+                                     backend=compile_kwargs.get("backend", "inductor"),
+                                     grads_checked=grads_checked_by_worker(model))
         _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
     return model
 
