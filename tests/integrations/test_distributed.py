@@ -169,8 +169,8 @@ def background_body(rank: int, world: int, cwd: str) -> None:
         assert time.perf_counter() - started < 300, "no switch in 300 s"
     record = get_background_compile(model)
     calls = [None] * world
-    dist.all_gather_object(calls, (record.state, record.switched_at_call, record.eager_steps))
-    assert calls[0] == calls[1] and calls[0][0] == "compiled", calls
+    dist.all_gather_object(calls, (record.state, record.switched_at_call, record.eager_steps, record.worker_check))
+    assert calls[0] == calls[1] and calls[0][0] == "compiled" and calls[0][3] == "passed", calls
     assert (record._proc is not None) == (rank == 0)  # one worker for the job
     group = get_regional_plan(model).groups[0]
     assert group.precompile_path == "precompiled (no trace)", group.precompile_path

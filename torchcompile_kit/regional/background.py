@@ -333,12 +333,12 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
         keys = set(json.loads(options._job.with_name("regions.json").read_text()).values())
     except (OSError, ValueError) as err:
         keys, why = set(), why or f"its regions.json could not be read ({err})"
+    _read_worker_check(options)
     if _rank() is not None:  # rank 0 removes the worker's folder next: every rank has read it
         torch.distributed.barrier()
     if why is not None:
         _give_up(model, options, why)
         return
-    _read_worker_check(options)
     with regions_created() as regions:
         compile_now()
     missing = sorted({r.label for r in regions if r.key not in keys})
