@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from .. import _dynamo
+from .._collect import Collector
 from .monitor_text import format_summary
 from .recorder import TraceRecorder
 from .selection import classes_of, frame_selector
@@ -34,7 +35,7 @@ _CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 _CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
 # the monitors recording now, in start order: the first-call checks report to each of them
 _RUNNING: list[CompileMonitor] = []
-_CHECK_LISTS: list[list[Any]] = []  # first_call_checks_made() blocks open now
+_CHECKS_MADE: Collector[Any] = Collector()  # for first_call_checks_made()
 
 
 def record_first_call_check(check: Any) -> None:
@@ -45,12 +46,10 @@ def record_first_call_check(check: Any) -> None:
     """
     for monitor in _RUNNING:
         monitor._first_call_checks.append(check)
-    for checks in _CHECK_LISTS:
-        checks.append(check)
+    _CHECKS_MADE.add(check)
 
 
-@contextlib.contextmanager
-def first_call_checks_made() -> Iterator[list[Any]]:
+def first_call_checks_made() -> contextlib.AbstractContextManager[list[Any]]:
     """The first-call checks made inside the block, without a monitor's tracing (internal: the
     background worker reports its check to the training process).
 
@@ -58,12 +57,7 @@ def first_call_checks_made() -> Iterator[list[Any]]:
         >>> with first_call_checks_made() as checks:  # doctest: +SKIP
         ...     model(batch)
     """
-    checks: list[Any] = []
-    _CHECK_LISTS.append(checks)
-    try:
-        yield checks
-    finally:
-        _CHECK_LISTS.remove(checks)
+    return _CHECKS_MADE.collecting()
 
 
 def note_running_monitors(text: str) -> None:

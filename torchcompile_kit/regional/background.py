@@ -306,8 +306,7 @@ def _worker_status(options: BackgroundCompile) -> str:
     if options._proc is not None:
         code = options._proc.poll()
         elapsed = time.perf_counter() - options._started
-        if code is None and elapsed > options.timeout_s:
-            _stop(options)
+        if code is None and elapsed > options.timeout_s:  # _give_up stops it
             status = f"the worker ran past timeout_s={options.timeout_s:g} and was stopped"
         elif code == 0:
             status = "done"
@@ -330,10 +329,13 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
     why = None if loaded else f"its cache did not load ({loaded.reason})"
     try:
-        keys = set(json.loads(options._job.with_name("regions.json").read_text()).values())
+        result = json.loads(options._job.with_name("result.json").read_text())
     except (OSError, ValueError) as err:
-        keys, why = set(), why or f"its regions.json could not be read ({err})"
-    _read_worker_check(options)
+        result, why = {"regions": {}, "check": {}}, why or f"its result.json could not be read ({err})"
+    keys, check = set(result["regions"].values()), result["check"]
+    options.worker_check = check.get("status")
+    if check.get("gradients_passed_in") is not None:  # [training, grad]: the verifier's state key
+        options._grads_checked = {tuple(check["gradients_passed_in"]): "the background worker's, same batch"}
     if _rank() is not None:  # rank 0 removes the worker's folder next: every rank has read it
         torch.distributed.barrier()
     if why is not None:
@@ -358,23 +360,8 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     _cleanup(options)
 
 
-def _read_worker_check(options: BackgroundCompile) -> None:
-    """What the worker's first-call check compared, from its ``check.json``."""
-    try:
-        checks = json.loads(options._job.with_name("check.json").read_text())
-        job = json.loads(options._job.read_text())
-    except (OSError, ValueError):
-        return
-    options.worker_check = checks[0]["status"] if checks else None
-    if any(c["status"] == "passed" and "gradients" in c["compared"] for c in checks):
-        options._grads_checked = {(job["training"], job["grad"]): "the background worker's, same batch"}
-
-
 def _give_up(model: nn.Module, options: BackgroundCompile, why: str) -> None:
-    options.state = f"eager: {why}"
-    options._handle.remove()  # type: ignore[attr-defined]
-    _stop(options)
-    _cleanup(options)
+    _end(options, f"eager: {why}")
     message = f"background compile of {type(model).__name__}: {why}; training goes on eagerly."
     warnings.warn(message, CompileCacheWarning, stacklevel=4)
     note_running_monitors(message)
@@ -398,11 +385,16 @@ def _cancel(model: nn.Module, options: BackgroundCompile) -> None:
     if options.state == "switching":
         return
     if options.state in ("waiting for the first call", "compiling"):
-        options.state = "eager: cancelled (uncompile)"
-        options._handle.remove()  # type: ignore[attr-defined]
-        _stop(options)
-        _cleanup(options)
+        _end(options, "eager: cancelled (uncompile)")
     model.__dict__.pop(_ATTR, None)
+
+
+def _end(options: BackgroundCompile, state: str) -> None:
+    """Training stays eager: the after-call hook, the worker and its folder go."""
+    options.state = state
+    options._handle.remove()  # type: ignore[attr-defined]
+    _stop(options)
+    _cleanup(options)
 
 
 def _stop(options: BackgroundCompile) -> None:
@@ -413,8 +405,6 @@ def _stop(options: BackgroundCompile) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-    if options in _RUNNING:
-        _RUNNING.remove(options)
 
 
 def _cleanup(options: BackgroundCompile) -> None:

@@ -4,8 +4,10 @@ process will (with ``precompile=True``), runs the training process's first batch
 through it in the state ``job.json`` records (its parameters' dtypes and ``requires_grad``, grad
 mode, autocast), backward too as training did, and saves the compile cache. That first call is
 checked against eager (``verify=True``: outputs and gradients; a difference raises and the worker
-fails), and the check's record goes to ``check.json``: the training process then compares only
-the outputs of its first compiled call. Exit code 0 only when the artifact was written."""
+fails). ``result.json`` holds every region's key and the check's verdict (``status``;
+``gradients_passed_in``: the state, ``[training, grad]``, whose gradients matched): the training
+process compiles only regions with those keys, and then compares only the outputs of its first
+compiled call in that state. Exit code 0 only when the artifact was written."""
 
 from __future__ import annotations
 
@@ -42,9 +44,6 @@ def main(folder: str) -> int:
     compile_fn = compile_regional if spec["recipe"] == "regional" else compile_model
     with regions_created() as regions:
         compile_fn(model, precompile=True, verify=True, **spec["compile_kwargs"])
-    # every region's key, run or not (a loss the model computes itself never runs): the training
-    # process compiles only when its own regions have the same keys
-    (root / "regions.json").write_text(json.dumps({region.label: region.key for region in regions}))
     batch = torch.load(root / "batch.pt", map_location=job["device"], weights_only=False)
     autocast = job["autocast"]
     with first_call_checks_made() as checks, torch.set_grad_enabled(job["grad"]), torch.autocast(
@@ -53,7 +52,14 @@ def main(folder: str) -> int:
         enabled=autocast is not None,
     ):
         output = model(*batch["args"], **batch["kwargs"])  # the first-call check raises on a difference
-    (root / "check.json").write_text(json.dumps([check.as_dict() for check in checks]))
+    passed = any(c.status == "passed" and "gradients" in c.compared for c in checks)
+    (root / "result.json").write_text(json.dumps({
+        # every region's key, run or not (a loss the model computes itself never runs): the
+        # training process compiles only when its own regions have the same keys
+        "regions": {region.label: region.key for region in regions},
+        "check": {"status": checks[0].status if checks else None,
+                  "gradients_passed_in": [job["training"], job["grad"]] if passed else None},
+    }))
     if job["grad"]:
         _loss(output).backward()  # the backward graphs, as the training step compiles them
     saved = save_compile_cache(root / "compile-cache.tck", barrier=False)

@@ -24,13 +24,13 @@ import sys
 import types
 import warnings
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from .. import _dynamo
+from .._collect import Collector
 from ..errors import CompileCacheWarning
 
 __all__ = [
@@ -123,8 +123,7 @@ class PrecompiledRegion:
         self._settled = False
         self._plain: Any = None  # a usual compile, once torch's precompile cache refused it
         self._root = _make_root(self.key, call)
-        for created in _CREATING:
-            created.append(self)
+        _CREATED.add(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._plain is not None:
@@ -223,18 +222,12 @@ class PrecompiledRegion:
                       "load from the cache).", CompileCacheWarning, stacklevel=5)
 
 
-_CREATING: list[list[PrecompiledRegion]] = []
+_CREATED: Collector[PrecompiledRegion] = Collector()
 
 
-@contextlib.contextmanager
-def regions_created() -> Iterator[list[PrecompiledRegion]]:
+def regions_created() -> contextlib.AbstractContextManager[list[PrecompiledRegion]]:
     """The :class:`PrecompiledRegion` objects created inside the block (a compile call's regions)."""
-    created: list[PrecompiledRegion] = []
-    _CREATING.append(created)
-    try:
-        yield created
-    finally:
-        _CREATING.remove(created)
+    return _CREATED.collecting()
 
 
 def _with_class_guards_dropped(user_filter: Any) -> Any:
