@@ -75,7 +75,7 @@ def test_preflight_without_a_per_call_limit_warns_instead_of_raising_it(monkeypa
         compile_regional(blocks, backend="eager")
     (group,) = get_regional_plan(blocks).groups
     assert "recompile_limit" not in group.compile_kwargs
-    assert group.predicted_graphs == 12
+    assert group.preflight.graphs == 12
 
 
 @pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="this torch's compile has no per-call recompile_limit")

@@ -15,9 +15,8 @@ __all__ = ["check_choice", "check_module", "check_positive_int", "parameters_of"
 T = TypeVar("T")
 
 
-def check_choice(
-    name: str, value: T, choices: Collection[T], *, error: type[Exception] = ValueError, hint: str = ""
-) -> T:
+def check_choice(name: str, value: T, choices: Collection[T], *,
+                 error: type[Exception] = ValueError, hint: str = "") -> T:
     """``value`` if it is one of ``choices``, else ``error`` naming the argument and the choices.
 
     Example:

@@ -10,11 +10,7 @@ import importlib.util
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = [
-    "is_package_available",
-    "package_version",
-    "version_at_least",
-]
+__all__ = ["is_package_available", "package_version", "version_at_least"]
 
 
 @functools.cache

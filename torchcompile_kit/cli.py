@@ -155,11 +155,9 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    config = MeasureConfig(
-        preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
-        backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps, paired=not args.no_pair,
-        pin=args.pin,
-    )
+    config = MeasureConfig(preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
+                           backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps,
+                           paired=not args.no_pair, pin=args.pin)
     config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
     try:
         names = check_recipe_names(args.recipes)
@@ -194,15 +192,10 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
     from .bench.runner import run_recipe_isolated
 
     started = now()
-    settings = {
-        **config.to_dict(),
-        "steps": config.steps_or_preset(),
-        "warmup_steps": config.warmup_steps_or_preset(),
-        "model": args.model or f"captioner:{config.preset}",
-        "recipes": names,
-        "repeat": args.repeat,
-        "command": "torchcompile-kit " + shlex.join(args.argv),
-    }
+    settings = {**config.to_dict(), "steps": config.steps_or_preset(),
+                "warmup_steps": config.warmup_steps_or_preset(),
+                "model": args.model or f"captioner:{config.preset}", "recipes": names,
+                "repeat": args.repeat, "command": "torchcompile-kit " + shlex.join(args.argv)}
     runs: dict[str, list] = {name: [] for name in names}
 
     def save(complete: bool) -> tuple[Any, Path]:

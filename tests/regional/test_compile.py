@@ -610,7 +610,7 @@ def test_discovery_does_not_take_stages_of_different_widths_as_blocks():
     torch.testing.assert_close(model(x), _StageModel_reference(model)(x))
     # one graph per width, reused by the stage's 2 blocks; the first block's input needs no
     # grad while every later one's does: one more at width 8 (predicted, and measured)
-    assert counter.frame_count == group.predicted_graphs == 4
+    assert counter.frame_count == group.preflight.graphs == 4
 
 
 def _StageModel_reference(model):  # noqa: N802 - the eager twin of a compiled model

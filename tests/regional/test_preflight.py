@@ -2,7 +2,7 @@
 
 Each model here has layers that differ per instance (sliding-window vs full attention, a partial
 activation per block). The preflight must not warn where dynamo compiles one graph per block class
-(measured with a counting backend), and must say "may" (``BlockGroup.may_vary``) wherever dynamo
+(measured with a counting backend), and must say "may" (``Preflight.may_vary``) wherever dynamo
 compiled more graphs than it predicted.
 """
 
@@ -40,7 +40,7 @@ def test_no_false_alarm_on_alternating_attention(name):
     (group,) = get_regional_plan(model).groups
     assert counter.frame_count >= 1
     # a prediction is either right, or it said "may"
-    assert counter.frame_count <= group.predicted_graphs or group.may_vary, (
+    assert counter.frame_count <= group.preflight.graphs or group.preflight.may_vary, (
         name, counter.frame_count, group
     )
 
@@ -54,8 +54,8 @@ def test_gemma2_sliding_window_is_a_may_and_compiles_one_graph(caplog):
                in r.getMessage() for r in caplog.records)  # said before step 1, as "may"
     model(**tm.token_batch(length=16)).loss.backward()
     (group,) = get_regional_plan(model).groups
-    assert group.may_vary == ["self_attn.sliding_window"]
-    assert group.predicted_graphs == 1
+    assert group.preflight.may_vary == ("self_attn.sliding_window",)
+    assert group.preflight.graphs == 1
     assert counter.frame_count == 1  # the measured verdict the old warning contradicted
 
 
@@ -139,7 +139,7 @@ def test_value_handed_on_is_may_and_measured_graphs_are_reported():
         compile_regional(blocks, backend=counter)
     blocks(torch.randn(2, 8, requires_grad=True))
     (group,) = get_regional_plan(blocks).groups
-    assert group.may_vary == ["window"]
+    assert group.preflight.may_vary == ("window",)
     assert counter.frame_count == 2  # _attend branches on it: the "may" was right to be said
 
 
@@ -211,8 +211,8 @@ def test_frozen_blocks_are_predicted_and_budgeted(layers, frozen, frozen_embeddi
         model.transformer.h[index].requires_grad_(False)
     compile_regional(model, backend="aot_eager")
     (group,) = get_regional_plan(model).groups
-    assert (group.predicted_graphs, group.predicted_eval_graphs) == (train, evaluation)
-    assert group.budget_needed == train + evaluation <= group.recompile_budget
+    assert (group.preflight.graphs, group.preflight.eval_graphs) == (train, evaluation)
+    assert group.budget.needed == train + evaluation <= group.budget.limit
     with CompileMonitor() as monitor:
         _train_with_eval(model)
     (report,) = get_regional_plan(model).report(monitor).groups
@@ -236,7 +236,7 @@ def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
             getattr(block, part).requires_grad_(False)
     compile_regional(model, backend="aot_eager")
     (group,) = get_regional_plan(model).groups
-    assert group.compile_kwargs["recompile_limit"] == group.budget_needed == 10
+    assert group.compile_kwargs["recompile_limit"] == group.budget.needed == 10
     with CompileMonitor() as monitor:
         _train_with_eval(model)
     (report,) = get_regional_plan(model).report(monitor).groups

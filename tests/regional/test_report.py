@@ -207,9 +207,9 @@ def test_the_recompile_limit_is_sized_for_all_classes_sharing_a_code_object():
     with torch._dynamo.config.patch(recompile_limit=3):
         model = compile_regional(tm.vision_encoder_decoder(), backend="eager")
     plan = get_regional_plan(model)
-    needed = sum(2 * g.predicted_graphs for g in plan.groups)
+    needed = sum(2 * g.preflight.graphs for g in plan.groups)
     assert needed > 3  # each class alone fits in 3, together they do not
-    assert all(2 * g.predicted_graphs <= 3 for g in plan.groups)
+    assert all(2 * g.preflight.graphs <= 3 for g in plan.groups)
     assert [g.compile_kwargs.get("recompile_limit") for g in plan.groups] == [needed, needed]
     assert f"share one recompile limit: {needed} for up to {needed} graphs" in plan.summary()
 
@@ -244,6 +244,6 @@ def test_a_recompile_limit_the_user_passes_is_kept_even_when_it_equals_a_groups_
     with torch._dynamo.config.patch(recompile_limit=3):
         model = compile_regional(tm.vision_encoder_decoder(), backend="eager", recompile_limit=2)
     plan = get_regional_plan(model)
-    assert all(g.predicted_graphs + g.predicted_eval_graphs == 2 for g in plan.groups)
+    assert all(g.preflight.graphs + g.preflight.eval_graphs == 2 for g in plan.groups)
     assert [g.compile_kwargs["recompile_limit"] for g in plan.groups] == [2, 2]
-    assert all(g.recompile_budget == 2 for g in plan.groups)
+    assert all(g.budget.limit == 2 for g in plan.groups)

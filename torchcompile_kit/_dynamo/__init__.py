@@ -36,18 +36,6 @@ from .paths import *  # noqa: F403
 from .precompile import *  # noqa: F403
 from .trace import *  # noqa: F403
 
-__all__ = [
-    *cache.__all__,
-    *counting.__all__,
-    *hook_guards.__all__,
-    *inductor.__all__,
-    *isa_probe.__all__,
-    *limits.__all__,
-    *marking.__all__,
-    *modules.__all__,
-    *nested.__all__,
-    *optim.__all__,
-    *paths.__all__,
-    *precompile.__all__,
-    *trace.__all__,
-]
+__all__ = [*cache.__all__, *counting.__all__, *hook_guards.__all__, *inductor.__all__,
+           *isa_probe.__all__, *limits.__all__, *marking.__all__, *modules.__all__, *nested.__all__,
+           *optim.__all__, *paths.__all__, *precompile.__all__, *trace.__all__]

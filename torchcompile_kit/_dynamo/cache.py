@@ -10,13 +10,8 @@ import torch
 
 from .precompile import dynamo_cache_counters
 
-__all__ = [
-    "compile_cache_counters",
-    "cpu_capability",
-    "inductor_cache_dir",
-    "load_mega_cache",
-    "save_mega_cache",
-]
+__all__ = ["compile_cache_counters", "cpu_capability", "inductor_cache_dir", "load_mega_cache",
+           "save_mega_cache"]
 
 
 # --- compile cache ---------------------------------------------------------------------------
@@ -77,13 +72,11 @@ def compile_cache_counters() -> dict[str, int]:
     """
     from torch._dynamo.utils import counters
 
-    return {
-        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
-        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
-        **dynamo_cache_counters(),
-    }
+    return {"fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+            "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+            "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+            **dynamo_cache_counters()}
 
 
 def cpu_capability() -> str:

@@ -90,9 +90,8 @@ def start_cpu_isa_probe(known: list[list[str]] | None = None) -> threading.Threa
                 if known is None or not _probe_as_known(probe, known):
                     probe()
             except Exception:
-                logger.debug(
-                    "background CPU ISA probe failed; inductor will probe itself", exc_info=True
-                )
+                logger.debug("background CPU ISA probe failed; inductor will probe itself",
+                             exc_info=True)
 
         # registered once; again if something cleared dynamo's callbacks since
         if _wait_before_compiling not in getattr(callback_handler, "start_callbacks", ()):

@@ -10,15 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "clear_compiled_call",
-    "compiled_module_names",
-    "eager_call",
-    "get_compiled_call",
-    "is_compiled_module",
-    "is_torch_compile_wrapper",
-    "set_compiled_call",
-]
+__all__ = ["clear_compiled_call", "compiled_module_names", "eager_call", "get_compiled_call",
+           "is_compiled_module", "is_torch_compile_wrapper", "set_compiled_call"]
 
 
 # --- compiled-module detection --------------------------------------------------------------

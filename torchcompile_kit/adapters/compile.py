@@ -24,15 +24,10 @@ from .schema import AdapterFacts, OnViolation, SafetyFinding
 __all__ = ["check_peft_compile_safety", "compile_peft"]
 
 
-def check_peft_compile_safety(
-    model: nn.Module,
-    *,
-    fullgraph: bool = False,
-    training: bool | None = None,
-    backend: Any = "inductor",
-    options: dict[str, Any] | None = None,
-    on_violation: OnViolation = "error",
-) -> list[SafetyFinding]:
+def check_peft_compile_safety(model: nn.Module, *, fullgraph: bool = False,
+                              training: bool | None = None, backend: Any = "inductor",
+                              options: dict[str, Any] | None = None,
+                              on_violation: OnViolation = "error") -> list[SafetyFinding]:
     """Apply the PEFT x ``torch.compile`` rule table (docs/peft.md) to ``model`` before it is compiled.
 
     Refusals cover what breaks or silently miscomputes (PEFT on a ``torch.compile`` wrapper, inductor
@@ -64,15 +59,10 @@ def check_peft_compile_safety(
                   on_violation=on_violation, operation="check_peft_compile_safety")[1]
 
 
-def _check(
-    model: nn.Module,
-    *,
-    extra: list[SafetyFinding] | None = None,
-    decisions: list[Decision] | None = None,
-    on_violation: OnViolation,
-    operation: str = "compile_peft",
-    **describe: Any,
-) -> tuple[AdapterFacts, list[SafetyFinding]]:
+def _check(model: nn.Module, *, extra: list[SafetyFinding] | None = None,
+           decisions: list[Decision] | None = None, on_violation: OnViolation,
+           operation: str = "compile_peft",
+           **describe: Any) -> tuple[AdapterFacts, list[SafetyFinding]]:
     check_on_violation(on_violation)
     facts = describe_peft_model(model, **describe)
     findings = evaluate_rules(facts) + (extra or [])
@@ -81,17 +71,10 @@ def _check(
     return facts, findings
 
 
-def compile_peft(
-    model: nn.Module,
-    *,
-    regional: bool = True,
-    on_violation: OnViolation = "error",
-    hotswap_target_rank: int | None = None,
-    generate: GenerateMode = "eager",
-    hook_guards: bool = True,
-    verify: bool | None = None,
-    **compile_kwargs: Any,
-) -> nn.Module:
+def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnViolation = "error",
+                 hotswap_target_rank: int | None = None, generate: GenerateMode = "eager",
+                 hook_guards: bool = True, verify: bool | None = None,
+                 **compile_kwargs: Any) -> nn.Module:
     """Check a PEFT model, compile it in place, and guard the risky runtime operations.
 
     Compiling in place (regionally by default) keeps ``state_dict()`` keys free of ``_orig_mod.``,
@@ -141,11 +124,9 @@ def compile_peft(
     fullgraph = bool(compile_kwargs.get("fullgraph", False))
     decisions: list[Decision] = []
     extra = [] if hook_guards else [finding(rule_by_id("hook-guards-off"), "hook_guards=False")]
-    facts, _ = _check(
-        model, fullgraph=fullgraph, backend=compile_kwargs.get("backend", "inductor"),
-        options=compile_kwargs.get("options"), on_violation=on_violation,
-        extra=extra, decisions=decisions,
-    )
+    facts, _ = _check(model, fullgraph=fullgraph, backend=compile_kwargs.get("backend", "inductor"),
+                      options=compile_kwargs.get("options"), on_violation=on_violation, extra=extra,
+                      decisions=decisions)
     if hotswap_target_rank is not None:
         _prepare_hotswap(model, hotswap_target_rank)
     limit = _dynamo.recompile_limit()
@@ -176,14 +157,11 @@ def compile_peft(
             )
         compile_model(model, verify=False, **compile_kwargs)  # the guard below checks
     if facts.is_peft_model:
-        record = PeftCompileRecord(
-            regional=regional, hook_guards=hook_guards, generate=generate, recompile_limit=limit,
-            decisions=decisions, adapters=list(facts.peft_types),
-        )
-        AdapterGuard(
-            model, fullgraph=fullgraph, regional=regional,
-            on_violation=on_violation, record=record, compile_kwargs=compile_kwargs, verify=verify,
-        ).install()
+        record = PeftCompileRecord(regional=regional, hook_guards=hook_guards, generate=generate,
+                                   recompile_limit=limit, decisions=decisions,
+                                   adapters=list(facts.peft_types))
+        AdapterGuard(model, fullgraph=fullgraph, regional=regional, on_violation=on_violation,
+                     record=record, compile_kwargs=compile_kwargs, verify=verify).install()
     return model
 
 

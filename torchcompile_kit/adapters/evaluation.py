@@ -19,14 +19,8 @@ from .record import Decision, Stage
 from .rule_table import RULES
 from .schema import ON_VIOLATION, AdapterFacts, AdapterRule, OnViolation, SafetyFinding
 
-__all__ = [
-    "check_on_violation",
-    "enforce",
-    "evaluate_rules",
-    "finding",
-    "rule_by_id",
-    "rule_in_force",
-]
+__all__ = ["check_on_violation", "enforce", "evaluate_rules", "finding", "rule_by_id",
+           "rule_in_force"]
 
 
 def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = None) -> bool:
@@ -37,16 +31,14 @@ def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = No
         >>> rule_in_force(rule, torch_version="2.12.0"), rule_in_force(rule, torch_version="2.13.0")
         (False, True)
     """
-    if rule.torch_since and not version_at_least(
-        "torch", rule.torch_since, installed=torch_version
-    ):
+    if rule.torch_since and not version_at_least("torch", rule.torch_since,
+                                                 installed=torch_version):
         return False
     return True
 
 
-def evaluate_rules(
-    facts: AdapterFacts, *, torch_version: str | Version | None = None
-) -> list[SafetyFinding]:
+def evaluate_rules(facts: AdapterFacts, *,
+                   torch_version: str | Version | None = None) -> list[SafetyFinding]:
     """One :class:`SafetyFinding` per rule in force (for ``torch_version``, default installed) that
     fires on ``facts``, in table order; nothing is emitted here.
 
@@ -68,12 +60,8 @@ def evaluate_rules(
 
 def finding(rule: AdapterRule, detail: str) -> SafetyFinding:
     """The :class:`SafetyFinding` of ``rule`` fired by ``detail``."""
-    return SafetyFinding(
-        rule_id=rule.id,
-        severity=rule.severity,
-        message=rule.message.format(detail=detail),
-        evidence=rule.evidence,
-    )
+    return SafetyFinding(rule_id=rule.id, severity=rule.severity,
+                         message=rule.message.format(detail=detail), evidence=rule.evidence)
 
 
 def rule_by_id(rule_id: str) -> AdapterRule:
@@ -86,24 +74,13 @@ def rule_by_id(rule_id: str) -> AdapterRule:
 
 def check_on_violation(on_violation: str) -> None:
     """Refuse an unknown ``on_violation`` with the three choices and what each does."""
-    check_choice(
-        "on_violation",
-        on_violation,
-        ON_VIOLATION,
-        hint="use 'error' to refuse, 'warn' to compile anyway with warnings, or 'ignore'",
-    )
+    check_choice("on_violation", on_violation, ON_VIOLATION,
+                 hint="use 'error' to refuse, 'warn' to compile anyway with warnings, or 'ignore'")
 
 
-def enforce(
-    findings: Iterable[SafetyFinding],
-    on_violation: OnViolation,
-    *,
-    subject: str,
-    stacklevel: int = 3,
-    decisions: list[Decision] | None = None,
-    stage: Stage = "compile",
-    operation: str = "compile_peft",
-) -> None:
+def enforce(findings: Iterable[SafetyFinding], on_violation: OnViolation, *, subject: str,
+            stacklevel: int = 3, decisions: list[Decision] | None = None, stage: Stage = "compile",
+            operation: str = "compile_peft") -> None:
     """Raise, warn or stay quiet about ``findings`` as ``on_violation`` says.
 
     With ``decisions``, what was done about each finding is appended to it first (a
@@ -132,9 +109,8 @@ def enforce(
         raise error
 
 
-def _refusal_message(
-    refusals: list[SafetyFinding], subject: str, stage: Stage, operation: str
-) -> str:
+def _refusal_message(refusals: list[SafetyFinding], subject: str, stage: Stage,
+                     operation: str) -> str:
     """What was refused and what to do, worded for what was called (check, compile, a method)."""
     not_peft = next((f for f in refusals if f.rule_id == "not-peft-model"), None)
     if not_peft is not None:

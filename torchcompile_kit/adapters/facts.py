@@ -14,14 +14,9 @@ from .schema import AdapterFacts
 __all__ = ["describe_peft_model"]
 
 
-def describe_peft_model(
-    model: nn.Module,
-    *,
-    fullgraph: bool = False,
-    training: bool | None = None,
-    backend: Any = "inductor",
-    options: dict[str, Any] | None = None,
-) -> AdapterFacts:
+def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: bool | None = None,
+                        backend: Any = "inductor",
+                        options: dict[str, Any] | None = None) -> AdapterFacts:
     """Describe ``model`` and the planned compile (``fullgraph``, ``training``, ``backend``,
     inductor ``options``) for the rule table, without changing anything.
 

@@ -38,17 +38,9 @@ class AdapterGuard:
     model rebinds them to the copy.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        fullgraph: bool,
-        regional: bool,
-        on_violation: OnViolation,
-        record: PeftCompileRecord,
-        compile_kwargs: dict[str, Any],
-        verify: bool = False,
-    ) -> None:
+    def __init__(self, model: nn.Module, *, fullgraph: bool, regional: bool,
+                 on_violation: OnViolation, record: PeftCompileRecord,
+                 compile_kwargs: dict[str, Any], verify: bool = False) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         self.model = model
@@ -66,10 +58,9 @@ class AdapterGuard:
         self.adapters = self._adapter_key()
         self.known = {(d.rule_id, d.message) for d in record.decisions}
         # the first call in each adapter state (a new graph) is compared with eager
-        self.verifier = FirstCallVerifier(
-            model, recipe="compile_peft", backend=compile_kwargs.get("backend", "inductor"),
-            state=self.verify_state,
-        ) if verify else None
+        self.verifier = FirstCallVerifier(model, recipe="compile_peft",
+                                          backend=compile_kwargs.get("backend", "inductor"),
+                                          state=self.verify_state) if verify else None
 
     def install(self) -> None:
         model = self.model
@@ -139,12 +130,9 @@ class AdapterGuard:
 
     def _recheck(self) -> list[SafetyFinding]:
         """The static rules again, for adapters added or deleted after compiling."""
-        facts = describe_peft_model(
-            self.model,
-            fullgraph=self.fullgraph,
-            backend=self.compile_kwargs.get("backend", "inductor"),
-            options=self.compile_kwargs.get("options"),
-        )
+        facts = describe_peft_model(self.model, fullgraph=self.fullgraph,
+                                    backend=self.compile_kwargs.get("backend", "inductor"),
+                                    options=self.compile_kwargs.get("options"))
         self.record.adapters = list(facts.peft_types)
         found = [f for f in evaluate_rules(facts) if f.rule_id not in _NOT_RECHECKED]
         return [f for f in found if (f.rule_id, f.message) not in self.known or f.severity == "refuse"]

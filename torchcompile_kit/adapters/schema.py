@@ -10,14 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = [
-    "TESTED_PEFT_TYPES",
-    "AdapterFacts",
-    "AdapterRule",
-    "OnViolation",
-    "SafetyFinding",
-    "Severity",
-]
+__all__ = ["TESTED_PEFT_TYPES", "AdapterFacts", "AdapterRule", "OnViolation", "SafetyFinding",
+           "Severity"]
 
 OnViolation = Literal["error", "warn", "ignore"]
 ON_VIOLATION: tuple[str, ...] = ("error", "warn", "ignore")

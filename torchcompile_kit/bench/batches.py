@@ -17,10 +17,8 @@ from .recipes import Recipe
 
 __all__ = ["SEQUENCE_KEYS", "batch_stream", "planned_tokens_per_step", "repad", "seq_keys", "spec_buckets"]
 
-SEQUENCE_KEYS = (
-    "input_ids", "attention_mask", "labels", "token_type_ids", "position_ids",
-    "decoder_input_ids", "decoder_attention_mask",
-)
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids",
+                 "decoder_input_ids", "decoder_attention_mask")
 """Keys whose dim 1 is the sequence (marked dynamic by ``mark-dynamic``)."""
 
 Prepare = Callable[[Callable[[dict[str, Any]], Any]], None]
@@ -31,9 +29,8 @@ def seq_keys(batch: dict[str, Any]) -> list[str]:
     return [k for k in SEQUENCE_KEYS if k in batch and getattr(batch[k], "ndim", 0) >= 2]
 
 
-def batch_stream(
-    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any
-) -> tuple[Iterator[dict[str, Any]], Prepare | None]:
+def batch_stream(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset,
+                 device: Any) -> tuple[Iterator[dict[str, Any]], Prepare | None]:
     """``(batches, prepare)`` for ``recipe``: an endless batch iterator, and what compiles every
     shape up front before the first step (buckets), or ``None``."""
     from torchcompile_kit import (
@@ -113,9 +110,8 @@ def spec_buckets(lengths: list[int], preset: CaptionerPreset) -> list[int]:
     return plan_buckets(lengths, max_buckets=preset.max_buckets)
 
 
-def planned_tokens_per_step(
-    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any, steps: int, *, samples: int = 2048
-) -> float | None:
+def planned_tokens_per_step(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any,
+                            steps: int, *, samples: int = 2048) -> float | None:
     """Mean padded tokens per step over a run of ``steps`` steps of ``recipe``'s batches (``None``
     without a token tensor): what a long run computes per step, to which ``tune`` scales its timed
     steps. A spec's ``make_batch(step)`` is called at ``samples`` steps spread over the run; the

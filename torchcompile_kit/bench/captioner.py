@@ -14,13 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "PRESETS",
-    "CaptionerPreset",
-    "build_captioner",
-    "caption_samples",
-    "caption_length_mix",
-]
+__all__ = ["PRESETS", "CaptionerPreset", "build_captioner", "caption_samples", "caption_length_mix"]
 
 PAD_ID = 0
 START_ID = 1
@@ -99,29 +93,14 @@ def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
         ViTConfig,
     )
 
-    encoder = ViTConfig(
-        hidden_size=preset.hidden,
-        num_hidden_layers=preset.layers,
-        num_attention_heads=preset.heads,
-        intermediate_size=4 * preset.hidden,
-        image_size=preset.image_size,
-        patch_size=preset.patch_size,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    decoder = GPT2Config(
-        vocab_size=preset.vocab,
-        n_positions=preset.max_length,
-        n_embd=preset.hidden,
-        n_layer=preset.layers,
-        n_head=preset.heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=START_ID,
-        eos_token_id=END_ID,
-        use_cache=False,
-    )
+    encoder = ViTConfig(hidden_size=preset.hidden, num_hidden_layers=preset.layers,
+                        num_attention_heads=preset.heads, intermediate_size=4 * preset.hidden,
+                        image_size=preset.image_size, patch_size=preset.patch_size,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    decoder = GPT2Config(vocab_size=preset.vocab, n_positions=preset.max_length,
+                         n_embd=preset.hidden, n_layer=preset.layers, n_head=preset.heads,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=START_ID,
+                         eos_token_id=END_ID, use_cache=False)
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder.use_cache = False
     config.decoder_start_token_id = START_ID

@@ -78,11 +78,9 @@ def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path |
     high = [(m.speedup_high or m.speedup) - m.speedup for m in metrics]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
-    bars = axes.barh(
-        [r.name for r in ok], values, xerr=[low, high], capsize=3,
-        color=[_color(r.group) for r in ok],
-        hatch=["//" if m.not_quotable else "" for m in metrics],
-    )
+    bars = axes.barh([r.name for r in ok], values, xerr=[low, high], capsize=3,
+                     color=[_color(r.group) for r in ok],
+                     hatch=["//" if m.not_quotable else "" for m in metrics])
     labels = [
         f"{m.speedup:.2f}" + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
         + (" not quotable" if m.not_quotable else "")
@@ -140,9 +138,8 @@ def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> lis
     return [path for path in written if path is not None]
 
 
-def write_comparison_chart(
-    first: BenchResults, second: BenchResults, path: str | os.PathLike[str], *, labels: Sequence[str] = ("A", "B")
-) -> Path | None:
+def write_comparison_chart(first: BenchResults, second: BenchResults, path: str | os.PathLike[str],
+                           *, labels: Sequence[str] = ("A", "B")) -> Path | None:
     """Two runs side by side as grouped bars (warm-up seconds, steps/s) in a PNG at ``path``; ``None``
     without matplotlib or a recipe both ran."""
     if not charts_available():

@@ -29,9 +29,8 @@ from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 __all__ = ["execute_request", "missing_requirement"]
 
 
-def missing_requirement(
-    recipe: Recipe, *, device_type: str, spec: str | None, backend: str = "inductor"
-) -> str | None:
+def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
+                        backend: str = "inductor") -> str | None:
     """Why ``recipe`` cannot run here (a sentence for the skipped row), or ``None`` when it can."""
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
@@ -106,19 +105,13 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     recipe = RECIPES[request["recipe"]]
     preset = PRESETS[request["preset"]]
     device = _device()
-    settings = {
-        "preset": preset.name,
-        "backend": request["backend"],
-        "compile_overrides": request["compile_overrides"],
-        "device": str(device),
-        "model": request["spec"] or f"captioner:{preset.name}",
-        "data": recipe.data,
-        "world_size": recipe.world_size,
-    }
+    settings = {"preset": preset.name, "backend": request["backend"],
+                "compile_overrides": request["compile_overrides"], "device": str(device),
+                "model": request["spec"] or f"captioner:{preset.name}", "data": recipe.data,
+                "world_size": recipe.world_size}
     result = RecipeResult(name=recipe.name, status="skipped", group=recipe.group, settings=settings)
-    reason = missing_requirement(
-        recipe, device_type=device.type, spec=request["spec"], backend=request["backend"]
-    )
+    reason = missing_requirement(recipe, device_type=device.type, spec=request["spec"],
+                                 backend=request["backend"])
     if reason is not None:
         result.reason = reason
         return result
@@ -178,14 +171,11 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
             keep_going=_until_switched(ctx.model),
         )
     if metrics.paired is not None:  # whether each block's two sides stepped on the same samples
-        metrics.paired.update(
-            baseline=request["pair_with"],
-            same_batches=recipe.data != "buckets" or spec.make_batch is not None,
-        )
+        metrics.paired.update(baseline=request["pair_with"],
+                              same_batches=recipe.data != "buckets" or spec.make_batch is not None)
     if request.get("plan_steps"):
-        metrics.plan_tokens_per_step = planned_tokens_per_step(
-            recipe, spec, preset, device, int(request["plan_steps"])
-        )
+        metrics.plan_tokens_per_step = planned_tokens_per_step(recipe, spec, preset, device,
+                                                               int(request["plan_steps"]))
     snapshot = monitor.snapshot()
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
     metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
@@ -220,9 +210,8 @@ def _until_switched(model: Any) -> Any:
     return lambda: record.stall_s is None and not record.state.startswith("eager")
 
 
-def _set_up(
-    recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any, notes: list[str]
-) -> tuple[RecipeContext, Path]:
+def _set_up(recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any,
+            notes: list[str]) -> tuple[RecipeContext, Path]:
     """The model on the device, its optimizer, the recipe applied (its warnings become notes),
     and where the weights it started from are saved for the check."""
     import torch
@@ -239,10 +228,8 @@ def _set_up(
     initial = Path(request["result_path"]).with_name("initial_state.pt")
     if request.get("check"):  # the weights the check's eager reference starts from
         torch.save(model.state_dict(), initial)
-    ctx = RecipeContext(
-        model=model, optimizer=optimizer, backend=request["backend"],
-        overrides=dict(request["compile_overrides"]), device=device,
-    )
+    ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"],
+                        overrides=dict(request["compile_overrides"]), device=device)
     emit_event(event="phase", phase="compile")
     with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
         warnings.simplefilter("always")
@@ -278,9 +265,8 @@ def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, devic
     return build
 
 
-def _check(
-    request: dict[str, Any], ctx: RecipeContext, initial: Path, batch: dict[str, Any], device: Any
-) -> dict[str, Any]:
+def _check(request: dict[str, Any], ctx: RecipeContext, initial: Path, batch: dict[str, Any],
+           device: Any) -> dict[str, Any]:
     """``request["check"]`` on the run's compiled model and an eager one from the same weights."""
     import torch
 

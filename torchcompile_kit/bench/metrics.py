@@ -14,10 +14,8 @@ from typing import Any
 
 from .outcome import Metrics
 
-__all__ = [
-    "METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb", "real_and_computed",
-    "steal_share",
-]
+__all__ = ["METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb",
+           "real_and_computed", "steal_share"]
 
 # metric key -> column label in tables and charts
 METRIC_LABELS: dict[str, str] = {

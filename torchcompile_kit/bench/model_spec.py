@@ -19,14 +19,8 @@ from typing import Any
 from .._factory import import_factory, parse_factory
 from ..errors import TorchCompileKitError
 
-__all__ = [
-    "ModelSpec",
-    "ModelSpecError",
-    "load_model_spec",
-    "loss_of",
-    "parse_model_spec",
-    "portable_model_spec",
-]
+__all__ = ["ModelSpec", "ModelSpecError", "load_model_spec", "loss_of", "parse_model_spec",
+           "portable_model_spec"]
 
 
 class ModelSpecError(TorchCompileKitError, ValueError):
@@ -110,9 +104,8 @@ def _check_returned(text: str, returned: Any) -> ModelSpec:
             f"--model {text!r}: make_batch(0) returned {type(batch).__name__}; it must return a "
             "dict that model(**batch) accepts"
         )
-    return ModelSpec(
-        source=text, model=model, make_batch=make_batch, lengths=lengths, optimizer=optimizer
-    )
+    return ModelSpec(source=text, model=model, make_batch=make_batch, lengths=lengths,
+                     optimizer=optimizer)
 
 
 def _check_optimizer(text: str, model: Any, optimizer: Any) -> Any:
@@ -127,9 +120,7 @@ def _check_optimizer(text: str, model: Any, optimizer: Any) -> Any:
             "optimizer)"
         )
     owned = {id(p) for p in model.parameters()}
-    foreign = sum(
-        id(p) not in owned for group in optimizer.param_groups for p in group["params"]
-    )
+    foreign = sum(id(p) not in owned for group in optimizer.param_groups for p in group["params"])
     if foreign:
         raise ModelSpecError(
             f"--model {text!r}: {foreign} of the optimizer's parameters are not the model's; "

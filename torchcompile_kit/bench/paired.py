@@ -17,21 +17,9 @@ from typing import Any
 
 from .outcome import Metrics
 
-__all__ = [
-    "CONFIDENCE",
-    "MIN_BLOCKS",
-    "NEIGHBOUR_LIMIT",
-    "STEAL_LIMIT",
-    "WIDTH_LIMIT",
-    "CpuSnapshot",
-    "block_steps_for",
-    "cpu_snapshot",
-    "merge_repeats",
-    "neighbour_share",
-    "not_quotable",
-    "paired_ratio",
-    "ratio_interval",
-]
+__all__ = ["CONFIDENCE", "MIN_BLOCKS", "NEIGHBOUR_LIMIT", "STEAL_LIMIT", "WIDTH_LIMIT",
+           "CpuSnapshot", "block_steps_for", "cpu_snapshot", "merge_repeats", "neighbour_share",
+           "not_quotable", "paired_ratio", "ratio_interval"]
 
 CONFIDENCE = 0.95
 """Confidence level of the interval."""
@@ -60,13 +48,8 @@ def block_steps_for(steps: int) -> int:
     return max(1, steps // 60)
 
 
-def ratio_interval(
-    base_s: Sequence[float],
-    recipe_s: Sequence[float],
-    *,
-    same_batches: bool = True,
-    confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
+def ratio_interval(base_s: Sequence[float], recipe_s: Sequence[float], *, same_batches: bool = True,
+                   confidence: float = CONFIDENCE) -> dict[str, Any]:
     """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
 
     The median of the per-block ratios when both sides stepped on the same samples
@@ -98,19 +81,12 @@ def ratio_interval(
         # the percentile bootstrap of a median can sit just beside it on few distinct values
         low, high = min(low, ratio), max(high, ratio)
         method += f", {how}"
-    return {
-        "ratio": ratio,
-        "low": low,
-        "high": high,
-        "blocks": len(ratios),
-        "method": method,
-        "confidence": confidence,
-    }
+    return {"ratio": ratio, "low": low, "high": high, "blocks": len(ratios), "method": method,
+            "confidence": confidence}
 
 
-def _interval(
-    base: list[float], recipe: list[float], ratios: list[float], same_batches: bool, confidence: float
-) -> tuple[float, float, str]:
+def _interval(base: list[float], recipe: list[float], ratios: list[float], same_batches: bool,
+              confidence: float) -> tuple[float, float, str]:
     try:
         import numpy as np
         from scipy import stats
@@ -126,12 +102,11 @@ def _interval(
                 n_resamples=_RESAMPLES, method="percentile", random_state=rng, batch=100,
             )
         else:
-            result = stats.bootstrap(
-                (np.asarray(base), np.asarray(recipe)),
-                lambda b, r, axis=-1: b.sum(axis=axis) / r.sum(axis=axis),
-                paired=True, vectorized=True, confidence_level=confidence,
-                n_resamples=_RESAMPLES, method="percentile", random_state=rng, batch=100,
-            )
+            result = stats.bootstrap((np.asarray(base), np.asarray(recipe)), lambda b, r,
+                                     axis=-1: b.sum(axis=axis) / r.sum(axis=axis), paired=True,
+                                     vectorized=True, confidence_level=confidence,
+                                     n_resamples=_RESAMPLES, method="percentile", random_state=rng,
+                                     batch=100)
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):
         low = high = float(np.median(ratios)) if same_batches else sum(base) / sum(recipe)
@@ -153,11 +128,8 @@ def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
     # a block's side: the median of its steps on the same batches (a step that waited for a
     # descheduled thread does not make its block slow), else their total (other batch mixes)
     block = statistics.median if same else sum
-    result = ratio_interval(
-        [block(_steps(b)) for b in paired["base_s"]],
-        [block(_steps(r)) for r in paired["recipe_s"]],
-        same_batches=same,
-    )
+    result = ratio_interval([block(_steps(b)) for b in paired["base_s"]],
+                            [block(_steps(r)) for r in paired["recipe_s"]], same_batches=same)
     result["baseline"] = paired.get("baseline")
     return result
 
@@ -283,11 +255,8 @@ def merge_repeats(results: Sequence[Any]) -> Any:
     metrics.steps_per_s = 1 / statistics.median(times) if times else None
     pairs = [r.metrics.paired for r in ok if r.metrics.paired]
     if pairs:
-        metrics.paired = {
-            **pairs[0],
-            "base_s": [s for p in pairs for s in p["base_s"]],
-            "recipe_s": [s for p in pairs for s in p["recipe_s"]],
-        }
+        metrics.paired = {**pairs[0], "base_s": [s for p in pairs for s in p["base_s"]],
+                          "recipe_s": [s for p in pairs for s in p["recipe_s"]]}
     metrics.repeats = [_repeat_summary(r) for r in results]
     merged.wall_s = sum(r.wall_s or 0.0 for r in results)
     return merged

@@ -47,14 +47,9 @@ class BenchProgress:
                 TimeElapsedColumn,
             )
 
-            self._progress = Progress(
-                TextColumn("[bold]{task.fields[label]}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[phase]}"),
-                TimeElapsedColumn(),
-                transient=False,
-            )
+            self._progress = Progress(TextColumn("[bold]{task.fields[label]}"), BarColumn(),
+                                      MofNCompleteColumn(), TextColumn("{task.fields[phase]}"),
+                                      TimeElapsedColumn(), transient=False)
             self._progress.__enter__()
         return self
 
@@ -76,9 +71,8 @@ class BenchProgress:
                 self._update(phase=str(event.get("phase")))
                 self._line(label, str(event.get("phase")), force=True)
             elif event.get("event") == "step":
-                self._update(
-                    completed=event.get("step"), total=event.get("total"), phase=str(event.get("phase"))
-                )
+                self._update(completed=event.get("step"), total=event.get("total"),
+                             phase=str(event.get("phase")))
                 step, total = event.get("step"), event.get("total")
                 self._line(label, f"{event.get('phase')} step {step}/{total}", force=step == total)
 

@@ -14,16 +14,8 @@ from typing import Any, Literal
 
 from ..errors import TorchCompileKitError
 
-__all__ = [
-    "RECIPES",
-    "Recipe",
-    "RecipeContext",
-    "UnknownRecipeError",
-    "apply_recipe",
-    "check_recipe_names",
-    "default_recipe_names",
-    "setup_source",
-]
+__all__ = ["RECIPES", "Recipe", "RecipeContext", "UnknownRecipeError", "apply_recipe",
+           "check_recipe_names", "default_recipe_names", "setup_source"]
 
 DataScheme = Literal["max", "longest", "multiple_of_32", "buckets"]
 
@@ -97,12 +89,8 @@ class Recipe:
     """Devices on which the recipe is opt-in although ``default`` (e.g. ``("cpu",)``)."""
 
 
-def setup_source(
-    recipe: Recipe,
-    *,
-    backend: str = "inductor",
-    overrides: dict[str, Any] | None = None,
-) -> list[str]:
+def setup_source(recipe: Recipe, *, backend: str = "inductor",
+                 overrides: dict[str, Any] | None = None) -> list[str]:
     """The recipe's setup as lines of Python acting on ``model`` and ``optimizer`` (imports first;
     empty for an eager recipe). ``backend`` is written unless ``"inductor"``; ``overrides`` are written
     over the recipe's kwargs.

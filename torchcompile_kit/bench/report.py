@@ -13,14 +13,8 @@ from typing import Any
 from .outcome import Metrics, RecipeResult
 from .results import BenchResults
 
-__all__ = [
-    "background_lines",
-    "format_comparison",
-    "format_results",
-    "render_table",
-    "restart_path",
-    "warm_start_lines",
-]
+__all__ = ["background_lines", "format_comparison", "format_results", "render_table",
+           "restart_path", "warm_start_lines"]
 
 # (column label, metric key, format)
 _COLUMNS: list[tuple[str, str, str]] = [
@@ -268,9 +262,8 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
     return lines
 
 
-def format_comparison(
-    first: BenchResults, second: BenchResults, *, labels: Sequence[str] = ("A", "B"), markdown: bool = False
-) -> str:
+def format_comparison(first: BenchResults, second: BenchResults, *,
+                      labels: Sequence[str] = ("A", "B"), markdown: bool = False) -> str:
     """Two runs side by side (warm-up seconds, steps/s, B ÷ A per recipe), as text or Markdown."""
     a_rows = {row.name: row.metrics for row in first.rows}
     b_rows = {row.name: row.metrics for row in second.rows}

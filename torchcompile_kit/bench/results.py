@@ -20,9 +20,8 @@ from .metrics import compare
 from .recipes import RECIPES
 from .runner import RecipeResult
 
-__all__ = [
-    "RESULTS_FILE", "SCHEMA", "BenchResults", "ResultsFileError", "build_results", "load_results", "write_results",
-]
+__all__ = ["RESULTS_FILE", "SCHEMA", "BenchResults", "ResultsFileError", "build_results",
+           "load_results", "write_results"]
 
 SCHEMA = "torchcompile-kit/bench-results/1"
 RESULTS_FILE = "results.json"
@@ -53,21 +52,18 @@ class BenchResults:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (the file's content)."""
-        return {
-            "schema": self.schema, "environment": self.environment, "settings": self.settings,
-            "started": self.started, "finished": self.finished, "complete": self.complete,
-            "rows": [row.to_dict() for row in self.rows],
-        }
+        return {"schema": self.schema, "environment": self.environment, "settings": self.settings,
+                "started": self.started, "finished": self.finished, "complete": self.complete,
+                "rows": [row.to_dict() for row in self.rows]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchResults:
         """Rebuild from :meth:`to_dict` data."""
-        return cls(
-            rows=[RecipeResult.from_dict(row) for row in data["rows"]],
-            environment=dict(data.get("environment") or {}), settings=dict(data.get("settings") or {}),
-            started=data.get("started", ""), finished=data.get("finished", ""),
-            complete=data.get("complete", True), schema=data.get("schema", SCHEMA),
-        )
+        return cls(rows=[RecipeResult.from_dict(row) for row in data["rows"]],
+                   environment=dict(data.get("environment") or {}),
+                   settings=dict(data.get("settings") or {}), started=data.get("started", ""),
+                   finished=data.get("finished", ""), complete=data.get("complete", True),
+                   schema=data.get("schema", SCHEMA))
 
 
 def now() -> str:
@@ -80,33 +76,20 @@ def environment() -> dict[str, Any]:
     import torch
 
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
     except OSError:
         commit = ""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {
-        "date": now(),
-        "git_commit": commit or None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": device,
-        "torch": torch.__version__,
-        **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")},
-    }
+    return {"date": now(), "git_commit": commit or None, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "device": device, "torch": torch.__version__,
+            **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")}}
 
 
-def build_results(
-    results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
-    complete: bool = True,
-) -> BenchResults:
+def build_results(results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
+                  complete: bool = True) -> BenchResults:
     """The results document of a run, the cross-recipe comparisons filled in (on copies of
     ``results``); ``complete=False`` while rows are still to come (``report`` says what is missing)."""
     rows = [RecipeResult.from_dict(result.to_dict()) for result in results]
@@ -114,10 +97,8 @@ def build_results(
         recipe = RECIPES.get(row.name)
         row.description = recipe.description if recipe else ""
     compare(rows, RECIPES)
-    return BenchResults(
-        rows=rows, environment=environment(), settings=dict(settings), started=started,
-        finished=now(), complete=complete,
-    )
+    return BenchResults(rows=rows, environment=environment(), settings=dict(settings),
+                        started=started, finished=now(), complete=complete)
 
 
 def write_results(out_dir: str | os.PathLike[str], document: BenchResults) -> Path:

@@ -31,19 +31,13 @@ INPROCESS_ENV = "TORCHCOMPILE_KIT_BENCH_INPROCESS"
 inductor cache only), which saves the 5-10 s start-up of a process per recipe in tests."""
 
 
-def run_recipe_isolated(
-    recipe: str,
-    *,
-    spec: str | None = None,
-    config: MeasureConfig = MeasureConfig(),
-    out_dir: str | os.PathLike[str],
-    timeout_s: float | None = None,
-    compile_overrides: Mapping[str, Any] | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-    plan_steps: int | None = None,
-    check: str | None = None,
-    pair_with: str | None = None,
-) -> RecipeResult:
+def run_recipe_isolated(recipe: str, *, spec: str | None = None,
+                        config: MeasureConfig = MeasureConfig(), out_dir: str | os.PathLike[str],
+                        timeout_s: float | None = None,
+                        compile_overrides: Mapping[str, Any] | None = None,
+                        on_event: Callable[[dict[str, Any]], None] | None = None,
+                        plan_steps: int | None = None, check: str | None = None,
+                        pair_with: str | None = None) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
     Args:
@@ -87,22 +81,13 @@ def run_recipe_isolated(
     (work / "tmp").mkdir()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "caches").mkdir(parents=True, exist_ok=True)
-    request = {
-        "recipe": recipe,
-        "spec": spec,
-        "preset": config.preset,
-        "steps": config.steps_or_preset(),
-        "warmup_steps": config.warmup_steps_or_preset(),
-        "backend": config.backend_or_default(),
-        "compile_overrides": dict(compile_overrides or {}),
-        "plan_steps": plan_steps,
-        "steady_s": config.steady_s,
-        "pin": config.pinned_cpus(),
-        "check": check,
-        "pair_with": pair_with,
-        "cache_dir": str((out / "caches").resolve()),
-        "result_path": str((work / "result.json").resolve()),
-    }
+    request = {"recipe": recipe, "spec": spec, "preset": config.preset,
+               "steps": config.steps_or_preset(), "warmup_steps": config.warmup_steps_or_preset(),
+               "backend": config.backend_or_default(),
+               "compile_overrides": dict(compile_overrides or {}), "plan_steps": plan_steps,
+               "steady_s": config.steady_s, "pin": config.pinned_cpus(), "check": check,
+               "pair_with": pair_with, "cache_dir": str((out / "caches").resolve()),
+               "result_path": str((work / "result.json").resolve())}
     (work / "request.json").write_text(json.dumps(request, indent=2))
     ranks = RECIPES[recipe].world_size
     started = time.perf_counter()
@@ -127,10 +112,8 @@ def _child_env(work: Path, rank: int, world_size: int, port: int) -> dict[str, s
     env["PYTHONUNBUFFERED"] = "1"
     if world_size > 1:
         threads = max(1, (os.cpu_count() or 2) // world_size)
-        env.update(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
-        )
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
     return env
 
 
@@ -142,14 +125,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_children(
-    request: dict[str, Any],
-    work: Path,
-    log_path: Path,
-    world_size: int,
-    timeout_s: float | None,
-    on_event: Callable[[dict[str, Any]], None] | None,
-) -> RecipeResult:
+def _run_children(request: dict[str, Any], work: Path, log_path: Path, world_size: int,
+                  timeout_s: float | None,
+                  on_event: Callable[[dict[str, Any]], None] | None) -> RecipeResult:
     port = _free_port() if world_size > 1 else 0
     command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
     logs = [open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w") for r in range(world_size)]
@@ -186,9 +164,8 @@ def _run_children(
     )
 
 
-def _run_in_process(
-    request: dict[str, Any], world_size: int, on_event: Callable[[dict[str, Any]], None] | None
-) -> RecipeResult:
+def _run_in_process(request: dict[str, Any], world_size: int,
+                    on_event: Callable[[dict[str, Any]], None] | None) -> RecipeResult:
     if world_size > 1:
         return RecipeResult(
             name=request["recipe"], status="skipped",
@@ -205,9 +182,8 @@ def _run_in_process(
         set_event_sink(None)
 
 
-def _pump_events(
-    proc: subprocess.Popen, deadline: float | None, on_event: Callable[[dict[str, Any]], None] | None
-) -> bool:
+def _pump_events(proc: subprocess.Popen, deadline: float | None,
+                 on_event: Callable[[dict[str, Any]], None] | None) -> bool:
     """Forward the child's progress events until it closes stdout; True when the deadline passed."""
     import selectors
 

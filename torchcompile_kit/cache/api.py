@@ -25,13 +25,8 @@ from .artifact import (
 )
 from .header import HeaderMismatch, current_environment
 
-__all__ = [
-    "CacheLoadResult",
-    "CacheSaveResult",
-    "CompileCacheWarning",
-    "load_compile_cache",
-    "save_compile_cache",
-]
+__all__ = ["CacheLoadResult", "CacheSaveResult", "CompileCacheWarning", "load_compile_cache",
+           "save_compile_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,9 +173,8 @@ def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True) ->
     return save_if_changed(path, barrier=barrier, unchanged_digest="")
 
 
-def save_if_changed(
-    path: str | os.PathLike[str], *, barrier: bool, unchanged_digest: str
-) -> CacheSaveResult:
+def save_if_changed(path: str | os.PathLike[str], *, barrier: bool,
+                    unchanged_digest: str) -> CacheSaveResult:
     """:func:`save_compile_cache`, skipping the write when the artifact's sha256 would be
     ``unchanged_digest`` (nothing new compiled since the last save of ``compile_cache``)."""
     target = storage.resolve_path(path)
@@ -230,21 +224,11 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
         # the same ISAs skips building their test libraries (see _dynamo/isa_probe.py)
         "cpu_vec_isas": _dynamo.probed_cpu_isas(run=False),
     }
-    data = pack(
-        environment=current_environment(),
-        mega_cache=mega_bytes,
-        kernel_files=kernels,
-        contents=contents,
-    )
+    data = pack(environment=current_environment(), mega_cache=mega_bytes, kernel_files=kernels,
+                contents=contents)
     digest = hashlib.sha256(data).hexdigest()
-    result = CacheSaveResult(
-        path=target,
-        saved=True,
-        mega_cache_entries=entries,
-        kernel_files=len(kernels),
-        artifact_bytes=len(data),
-        digest=digest,
-    )
+    result = CacheSaveResult(path=target, saved=True, mega_cache_entries=entries,
+                             kernel_files=len(kernels), artifact_bytes=len(data), digest=digest)
     if digest == unchanged_digest:
         result.reason = "unchanged since the last save; not rewritten"
         return result
@@ -260,13 +244,8 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
             stacklevel=3,
         )
         return result
-    logger.info(
-        "compile cache saved to %r: %s, %d kernel files, %d bytes",
-        target,
-        entries,
-        len(kernels),
-        len(data),
-    )
+    logger.info("compile cache saved to %r: %s, %d kernel files, %d bytes", target, entries,
+                len(kernels), len(data))
     return result
 
 
@@ -342,9 +321,6 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
 
 def _not_loaded(result: CacheLoadResult, reason: str) -> CacheLoadResult:
     result.reason = reason
-    warnings.warn(
-        f"{result.summary()}. Training continues with a cold compile.",
-        CompileCacheWarning,
-        stacklevel=3,
-    )
+    warnings.warn(f"{result.summary()}. Training continues with a cold compile.",
+                  CompileCacheWarning, stacklevel=3)
     return result

@@ -25,15 +25,8 @@ from typing import Any
 
 from .header import FORMAT_VERSION, HeaderMismatch
 
-__all__ = [
-    "Artifact",
-    "ArtifactRefused",
-    "ArtifactUnreadable",
-    "collect_kernel_files",
-    "install_kernel_files",
-    "pack",
-    "unpack",
-]
+__all__ = ["Artifact", "ArtifactRefused", "ArtifactUnreadable", "collect_kernel_files",
+           "install_kernel_files", "pack", "unpack"]
 
 MAGIC = b"TCKCACHE"
 _PREFIX = struct.Struct("<8sIIQ")
@@ -108,13 +101,8 @@ def collect_kernel_files(cache_dir: str) -> list[KernelFile]:
     return files
 
 
-def pack(
-    *,
-    environment: dict[str, Any],
-    mega_cache: bytes | None,
-    kernel_files: list[KernelFile],
-    contents: dict[str, Any],
-) -> bytes:
+def pack(*, environment: dict[str, Any], mega_cache: bytes | None, kernel_files: list[KernelFile],
+         contents: dict[str, Any]) -> bytes:
     """The artifact bytes for ``environment`` holding ``mega_cache`` and ``kernel_files``."""
     entries: list[bytes] = []
     if mega_cache is not None:

@@ -76,27 +76,19 @@ def current_environment() -> dict[str, Any]:
         'cpu'
     """
     device_type = _device_type()
-    return {
-        "format_version": FORMAT_VERSION,
-        "torch": torch.__version__,
-        "torch_git": getattr(torch.version, "git_version", None),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "system": platform.system(),
-        "machine": platform.machine(),
-        "device_type": device_type,
-        "cuda": torch.version.cuda,
-        "hip": torch.version.hip,
-        "gpu_names": _gpu_names(device_type),
-        "triton": _triton_version(),
-        "cpu_isa": _dynamo.cpu_capability(),
-        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
-        "num_threads": torch.get_num_threads(),
-    }
+    return {"format_version": FORMAT_VERSION, "torch": torch.__version__,
+            "torch_git": getattr(torch.version, "git_version", None),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "system": platform.system(), "machine": platform.machine(), "device_type": device_type,
+            "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "gpu_names": _gpu_names(device_type), "triton": _triton_version(),
+            "cpu_isa": _dynamo.cpu_capability(),
+            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "num_threads": torch.get_num_threads()}
 
 
-def compare_environment(
-    saved: dict[str, Any], current: dict[str, Any] | None = None
-) -> list[HeaderMismatch]:
+def compare_environment(saved: dict[str, Any],
+                        current: dict[str, Any] | None = None) -> list[HeaderMismatch]:
     """Every field in which ``saved`` differs from ``current`` (this process by default); a field
     missing on either side is a mismatch, so a newer format is refused rather than half-trusted.
 

@@ -77,22 +77,14 @@ class CompileCacheSession:
         if self.monitor is None:
             return {}
         snapshot = self.monitor.snapshot()
-        return {
-            "cache_hits": snapshot["cache_hits"],
-            "cache_misses": snapshot["cache_misses"],
-            **self.monitor.cache(),
-        }
+        return {"cache_hits": snapshot["cache_hits"], "cache_misses": snapshot["cache_misses"],
+                **self.monitor.cache()}
 
 
 @contextlib.contextmanager
-def compile_cache(
-    path: str | os.PathLike[str],
-    *,
-    load: bool = True,
-    save_on_exit: bool = True,
-    save_after: int | None = None,
-    barrier: bool = True,
-) -> Iterator[CompileCacheSession]:
+def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_exit: bool = True,
+                  save_after: int | None = None,
+                  barrier: bool = True) -> Iterator[CompileCacheSession]:
     """Load the compile cache at ``path`` on enter (if there is one) and save it on exit.
 
     Enter it in a fresh process before the first compiled step. On exit, also when the block raises,
@@ -146,11 +138,7 @@ def compile_cache(
     finally:
         session.monitor.stop()
         stats = session.cache_stats()
-        logger.info(
-            "compile cache %r: %d cache hits, %d misses in the block",
-            session.path,
-            stats["cache_hits"],
-            stats["cache_misses"],
-        )
+        logger.info("compile cache %r: %d cache hits, %d misses in the block", session.path,
+                    stats["cache_hits"], stats["cache_misses"])
     if save_on_exit:
         session.save()

@@ -97,9 +97,8 @@ def write_bytes(path: str, data: bytes) -> None:
         return
     folder = os.path.dirname(os.path.abspath(local))
     os.makedirs(folder, exist_ok=True)
-    descriptor, temp = tempfile.mkstemp(
-        dir=folder, prefix=f".{os.path.basename(local)}.", suffix=".tmp"
-    )
+    descriptor, temp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(local)}.",
+                                        suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as handle:
             view = memoryview(data)

@@ -256,9 +256,8 @@ def _as_step(item: Any) -> EquivalenceStep:
     return EquivalenceStep.forward(item)
 
 
-def _compare_steps(
-    eager: nn.Module, compiled: nn.Module, steps: list[EquivalenceStep], seed: int, tolerance: tuple
-) -> list[TensorDiff]:
+def _compare_steps(eager: nn.Module, compiled: nn.Module, steps: list[EquivalenceStep], seed: int,
+                   tolerance: tuple) -> list[TensorDiff]:
     for model in (eager, compiled):
         _set_mode(model, training=False, dropout=False)
     diffs: list[TensorDiff] = []
@@ -316,9 +315,8 @@ def _loss(output: Any) -> torch.Tensor:
     return sum(t.float().square().mean() for t in tensors)
 
 
-def _compare_training(
-    eager: nn.Module, compiled: nn.Module, example_inputs: Any, seed: int, dropout: bool, tolerance: tuple
-) -> list[TensorDiff]:
+def _compare_training(eager: nn.Module, compiled: nn.Module, example_inputs: Any, seed: int,
+                      dropout: bool, tolerance: tuple) -> list[TensorDiff]:
     losses = []
     for model in (eager, compiled):
         _set_mode(model, training=True, dropout=dropout)

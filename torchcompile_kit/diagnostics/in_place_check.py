@@ -19,15 +19,9 @@ from .trace_records import FirstCallCheck
 __all__ = ["check_in_place_update"]
 
 
-def check_in_place_update(
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    run_eager: Callable[[], Any],
-    run_compiled: Callable[[], Any],
-    recipe: str,
-    backend: Any,
-    updates: frozenset[str] = frozenset(),
-) -> FirstCallCheck:
+def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Callable[[], Any],
+                          run_compiled: Callable[[], Any], recipe: str, backend: Any,
+                          updates: frozenset[str] = frozenset()) -> FirstCallCheck:
     """Run an in-place update eagerly and compiled from the same start; keep the compiled result.
 
     ``tensors`` (parameters, optimizer state) are copied, ``run_eager`` runs, the start is restored

@@ -213,9 +213,8 @@ class CompileMonitor:
     def as_dict(self) -> dict[str, Any]:
         """The full record, JSON-serialisable (``counts``, ``frames``, breaks, recompiles, limit hits,
         seconds by function, cache, notes, first-call checks)."""
-        record = self._record(
-            range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
-        )
+        record = self._record(range(len(self.frames)), self.graph_breaks, self.recompiles,
+                              self.limit_hits)
         record["first_call_checks"] = [c.as_dict() for c in self._first_call_checks]
         return record
 
@@ -277,12 +276,9 @@ class CompileMonitor:
         resumed code and callees, breaks, recompiles and limit hits; :func:`~torchcompile_kit.diagnostics.mark_region`)."""
         frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
         chosen = set(frames)
-        return self._record(
-            frames,
-            [b for b in self.graph_breaks if b.region == region],
-            [r for r in self.recompiles if r.frame in chosen],
-            [h for h in self.limit_hits if h.region == region],
-        )
+        return self._record(frames, [b for b in self.graph_breaks if b.region == region],
+                            [r for r in self.recompiles if r.frame in chosen],
+                            [h for h in self.limit_hits if h.region == region])
 
     def add_note(self, text: str) -> None:
         """Add a line to the record's ``notes`` (and the summary), once: for instruments that correct
@@ -291,41 +287,28 @@ class CompileMonitor:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _record(
-        self,
-        frames: Iterable[int],
-        breaks: list[GraphBreak],
-        recompiles: list[Recompile],
-        hits: list[LimitHit],
-    ) -> dict[str, Any]:
+    def _record(self, frames: Iterable[int], breaks: list[GraphBreak], recompiles: list[Recompile],
+                hits: list[LimitHit]) -> dict[str, Any]:
         chosen = [self.frames[i] for i in frames]
         by_function = _seconds_by_function(chosen)
-        return {
-            "counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
-            "frames": [f.as_dict() for f in chosen],
-            "graph_breaks": [b.as_dict() for b in breaks],
-            "recompiles": [r.as_dict() for r in recompiles],
-            "limit_hits": [h.as_dict() for h in hits],
-            "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
-            "cache": self.cache(),
-            "notes": self.notes,
-        }
+        return {"counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
+                "frames": [f.as_dict() for f in chosen],
+                "graph_breaks": [b.as_dict() for b in breaks],
+                "recompiles": [r.as_dict() for r in recompiles],
+                "limit_hits": [h.as_dict() for h in hits],
+                "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
+                "cache": self.cache(), "notes": self.notes}
 
     def _counts(self, frames: list[Any], breaks: list[GraphBreak], recompiles: list[Recompile],
                 hits: list[LimitHit], seconds: float) -> dict[str, Any]:
         """The flat counts of :meth:`snapshot`, for any part of the record."""
         cache = self.cache()
-        return {
-            "frames": len(frames),
-            "graphs": sum(f.graphs for f in frames),
-            "graph_breaks": len(breaks),
-            "graph_breaks_met": sum(b.count for b in breaks),
-            "recompiles": len(recompiles),
-            "compile_seconds": round(seconds, 6),
-            "recompile_limit_hits": len(hits),
-            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
-            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
-        }
+        return {"frames": len(frames), "graphs": sum(f.graphs for f in frames),
+                "graph_breaks": len(breaks), "graph_breaks_met": sum(b.count for b in breaks),
+                "recompiles": len(recompiles), "compile_seconds": round(seconds, 6),
+                "recompile_limit_hits": len(hits),
+                "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
+                "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES)}
 
     def _cache_delta(self) -> dict[str, int]:
         now = _dynamo.compile_cache_counters()

@@ -69,9 +69,8 @@ _OPTIMIZER_GUARD_FIX = (
 )
 
 
-def _frame_owner(
-    tb: TracebackType | None, file: str | None, function: str | None, line: int | None
-) -> Any:
+def _frame_owner(tb: TracebackType | None, file: str | None, function: str | None,
+                 line: int | None) -> Any:
     """The optimizer or module whose compiled code dynamo refused, innermost first, found as ``self``
     of the calling frames (dynamo names only a code object, often a shared wrapper): the installed
     step or ``Optimizer.step``, or ``nn.Module.__call__`` matched by its ``forward``'s code.
@@ -202,9 +201,8 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
             try:
                 yield
             except RuntimeError as err:
-                if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(
-                    _FAIL_PREFIX
-                ):
+                if isinstance(err,
+                              UnexpectedRecompileError) or not str(err).startswith(_FAIL_PREFIX):
                     raise
                 raise UnexpectedRecompileError(_recompile_message(err)) from err
     finally:

@@ -102,11 +102,8 @@ class TraceRecorder(logging.Handler):
     def _dispatch(self, metadata: dict[str, Any], payload: Any) -> None:
         name = next(iter(metadata))
         value = metadata[name]
-        key: _Key = (
-            metadata.get("compiled_autograd_id"),
-            metadata.get("frame_id"),
-            metadata.get("frame_compile_id"),
-        )
+        key: _Key = (metadata.get("compiled_autograd_id"), metadata.get("frame_id"),
+                     metadata.get("frame_compile_id"))
         if name == "str":
             text, index = value
             self._strings[int(index)] = str(text)
@@ -208,9 +205,8 @@ class TraceRecorder(logging.Handler):
                     )
                 )
 
-    def _add_break(
-        self, found: GraphBreak, *, function: str | None, compile_id: str, frame: int | None
-    ) -> None:
+    def _add_break(self, found: GraphBreak, *, function: str | None, compile_id: str,
+                   frame: int | None) -> None:
         same = (found.region, found.file, found.line, found.reason)
         if same in self._break_index:  # met again (a resume frame, a recompile, after reset)
             self._break_index[same].count += found.count

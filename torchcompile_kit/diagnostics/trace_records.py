@@ -11,20 +11,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = [
-    "RESUME_PREFIX",
-    "CompiledFrame",
-    "FirstCallCheck",
-    "GraphBreak",
-    "LimitHit",
-    "Recompile",
-    "code_label",
-    "graph_sources",
-    "owner_of",
-    "parse_graph_break",
-    "parse_limit_hit",
-    "short_reason",
-]
+__all__ = ["RESUME_PREFIX", "CompiledFrame", "FirstCallCheck", "GraphBreak", "LimitHit",
+           "Recompile", "code_label", "graph_sources", "owner_of", "parse_graph_break",
+           "parse_limit_hit", "short_reason"]
 
 RESUME_PREFIX = "torch_dynamo_resume_in_"
 """Dynamo names the code after a graph break ``torch_dynamo_resume_in_<fn>_at_<line>``."""
@@ -349,9 +338,8 @@ def parse_graph_break(payload: str) -> GraphBreak:
         body = [t.strip() for t in lines if t.strip() and not _BREAK_AT.match(t.strip())]
         reason = " ".join(body[:2])[:500] or payload.strip()[:500]
     code = _GB_CODE.search(payload)
-    return GraphBreak(
-        reason=reason, file=file, line=line, code=code[1].upper() if code else None, hints=hints
-    )
+    return GraphBreak(reason=reason, file=file, line=line, code=code[1].upper() if code else None,
+                      hints=hints)
 
 
 def parse_limit_hit(fail_reason: str | None) -> tuple[int | None, str | None] | None:
@@ -388,13 +376,8 @@ def graph_sources(payload: str, *, cap: int = 400) -> list[tuple[str, int]]:
     return list(seen)
 
 
-def owner_of(
-    function: str,
-    file: str | None,
-    line: int | None,
-    sources: list[tuple[str, int]],
-    classes: list[type],
-) -> str | None:
+def owner_of(function: str, file: str | None, line: int | None, sources: list[tuple[str, int]],
+             classes: list[type]) -> str | None:
     """The one class among ``classes`` whose ``forward`` the frame runs: its own ``forward``, a wrapper
     installed as ``cls.forward`` (told apart by the graph's ``sources``), or code resumed after a break
     inside it; ``None`` when none or several fit.

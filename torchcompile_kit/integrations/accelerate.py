@@ -18,14 +18,8 @@ from ..shapes import BucketBatchSampler
 __all__ = ["prepare_bucket_dataloader"]
 
 
-def prepare_bucket_dataloader(
-    accelerator: Any,
-    dataset: Any,
-    *,
-    sampler: BucketBatchSampler,
-    collate_fn: Any,
-    **dataloader_kwargs: Any,
-) -> Any:
+def prepare_bucket_dataloader(accelerator: Any, dataset: Any, *, sampler: BucketBatchSampler,
+                              collate_fn: Any, **dataloader_kwargs: Any) -> Any:
     """``accelerator.prepare`` a ``DataLoader`` over a bucket sampler, sharded exactly once.
 
     The loader ``accelerator.prepare(DataLoader(dataset, batch_sampler=sampler))`` gives, plus two
@@ -59,9 +53,8 @@ def prepare_bucket_dataloader(
             "them and set batch_size/shuffle/drop_last on the sampler"
         )
     check_sharding(sampler, accelerator.num_processes)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collate_fn, **dataloader_kwargs
-    )
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
+                                         **dataloader_kwargs)
     return shard_once(accelerator.prepare(loader), sampler)
 
 

@@ -58,20 +58,13 @@ def enable_activation_checkpointing(model: nn.Module, *, blocks: Any = None) -> 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # type(self).forward, not a stored bound method: one function for every block, and still
     # right after fully_shard swaps the class for FSDP<Block> (a subclass).
-    return torch.utils.checkpoint.checkpoint(
-        type(self).forward, self, *args, use_reentrant=False, **kwargs
-    )
+    return torch.utils.checkpoint.checkpoint(type(self).forward, self, *args, use_reentrant=False,
+                                             **kwargs)
 
 
-def apply_fsdp2_regional(
-    model: nn.Module,
-    *,
-    checkpointing: bool = False,
-    blocks: Any = None,
-    compile_kwargs: dict[str, Any] | None = None,
-    mesh: Any = None,
-    reshard_after_forward: bool = True,
-) -> nn.Module:
+def apply_fsdp2_regional(model: nn.Module, *, checkpointing: bool = False, blocks: Any = None,
+                         compile_kwargs: dict[str, Any] | None = None, mesh: Any = None,
+                         reshard_after_forward: bool = True) -> nn.Module:
     """Activation checkpointing, then regional compile, then ``fully_shard`` per block and root.
 
     All in place: the returned model is ``model`` (its class becomes ``FSDP<Model>``), and
@@ -113,8 +106,7 @@ def apply_fsdp2_regional(
     compile_regional(model, blocks=blocks, **(compile_kwargs or {}))
     plan = get_regional_plan(model)
     for name in plan.blocks:
-        fully_shard(
-            model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard_after_forward
-        )
+        fully_shard(model.get_submodule(name), mesh=mesh,
+                    reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model

@@ -60,15 +60,10 @@ class CompileTrainerMixin:
         >>> trainer.train()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        train_batch_sampler: BucketBatchSampler | None = None,
-        compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
-        compile_monitor: bool = True,
-        compile_cache: str | os.PathLike[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, train_batch_sampler: BucketBatchSampler | None = None,
+                 compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
+                 compile_monitor: bool = True, compile_cache: str | os.PathLike[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _refuse_whole_model_compile(self.args, self.model)
         if train_batch_sampler is not None:
@@ -155,11 +150,8 @@ class CompileTrainerMixin:
                 stacklevel=2,
             )
             return optimizer
-        logger.info(
-            "CompileTrainer compiled the %s optimizer with compile_optimizer(%s)",
-            name,
-            ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()),
-        )
+        logger.info("CompileTrainer compiled the %s optimizer with compile_optimizer(%s)", name,
+                    ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()))
         self._compiled_optimizer = optimizer
         return optimizer
 

@@ -8,8 +8,4 @@ from .compiled import compile_optimizer
 from .foreach_adam import foreach_map_adam_step
 from .grads import zero_grads_in_place
 
-__all__ = [
-    "compile_optimizer",
-    "foreach_map_adam_step",
-    "zero_grads_in_place",
-]
+__all__ = ["compile_optimizer", "foreach_map_adam_step", "zero_grads_in_place"]

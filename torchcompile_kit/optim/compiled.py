@@ -28,11 +28,8 @@ __all__ = ["compile_optimizer"]
 # Optimizers whose compiled step is tested for parity and recompiles (tests/optim/test_compiled.py).
 # Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
 # step branches on `momentum != 0` in Python, which a tensor would turn into a graph break.
-_SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (
-    torch.optim.SGD,
-    torch.optim.Adam,
-    torch.optim.AdamW,
-)
+_SUPPORTED: tuple[type[torch.optim.Optimizer],
+                  ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 _IMPLS = ("step", "foreach_map")
 
 # Marks the function installed as optimizer.step; also tells LRScheduler not to wrap it (it checks
@@ -48,15 +45,11 @@ _VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
 logger = logging.getLogger(__name__)
 
 
-def compile_optimizer(
-    optimizer: torch.optim.Optimizer,
-    *,
-    impl: Literal["step", "foreach_map"] = "step",
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    static_grads: bool = False,
-    verify: bool | None = None,
-    **compile_kwargs: Any,
-) -> torch.optim.Optimizer:
+def compile_optimizer(optimizer: torch.optim.Optimizer, *,
+                      impl: Literal["step", "foreach_map"] = "step",
+                      scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+                      static_grads: bool = False, verify: bool | None = None,
+                      **compile_kwargs: Any) -> torch.optim.Optimizer:
     """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
 
     During each step, ``lr`` (and Adam's ``betas``) are 0-d tensors owned by this module, filled with
@@ -137,12 +130,8 @@ def _unwrap_accelerated(optimizer: Any) -> Any:
     return inner
 
 
-def _check_arguments(
-    optimizer: Any,
-    impl: str,
-    scheduler: Any,
-    compile_kwargs: dict[str, Any],
-) -> None:
+def _check_arguments(optimizer: Any, impl: str, scheduler: Any,
+                     compile_kwargs: dict[str, Any]) -> None:
     check_choice(
         "impl",
         impl,
@@ -208,15 +197,8 @@ def _is_capturable_device(device: torch.device) -> bool:
 class _CompiledStep:
     """The installed ``optimizer.step``: hyperparameter sync, eager init, compiled step."""
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        impl: str,
-        static_grads: bool,
-        verify: bool | None = False,
-        **compile_kwargs: Any,
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, impl: str, static_grads: bool,
+                 verify: bool | None = False, **compile_kwargs: Any) -> None:
         self.optimizer = optimizer
         self.verify = verify
         self.backend = compile_kwargs.get("backend", "inductor")
@@ -231,9 +213,8 @@ class _CompiledStep:
         if impl == "foreach_map":
             from .foreach_adam import make_foreach_map_step
 
-            self.compiled_step: Callable[[], Any] = make_foreach_map_step(
-                optimizer, **compile_kwargs
-            )
+            self.compiled_step: Callable[[],
+                                         Any] = make_foreach_map_step(optimizer, **compile_kwargs)
         else:
             self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
         # Per param group: the tensors that stand for its hyperparameters during a step, and

@@ -66,20 +66,11 @@ def _per_tensor(name: str, value: Hyperparameter, n: int) -> Hyperparameter:
 
 
 @torch.no_grad()
-def foreach_map_adam_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    *,
-    lr: Hyperparameter,
-    beta1: Hyperparameter,
-    beta2: Hyperparameter,
-    eps: Hyperparameter,
-    weight_decay: Hyperparameter,
-    decoupled: bool,
-) -> None:
+def foreach_map_adam_step(params: list[torch.Tensor], grads: list[torch.Tensor],
+                          exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                          steps: list[torch.Tensor], *, lr: Hyperparameter, beta1: Hyperparameter,
+                          beta2: Hyperparameter, eps: Hyperparameter, weight_decay: Hyperparameter,
+                          decoupled: bool) -> None:
     """One Adam (``decoupled=False``) or AdamW (``decoupled=True``) step, horizontally fused.
 
     Updates ``params``, ``exp_avgs``, ``exp_avg_sqs`` and ``steps`` in place with ``torch.optim``'s
@@ -139,19 +130,8 @@ def foreach_map_adam_step(
     # copies fuse into the same kernels under inductor. Steps are a real foreach op already.
     torch._foreach_add_(steps, 1)
     update: Callable[..., Any] = _adamw_update if decoupled else _adam_update
-    results = _foreach_map(
-        update,
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        steps,
-        hyper["lr"],
-        hyper["beta1"],
-        hyper["beta2"],
-        hyper["eps"],
-        hyper["weight_decay"],
-    )
+    results = _foreach_map(update, params, grads, exp_avgs, exp_avg_sqs, steps, hyper["lr"],
+                           hyper["beta1"], hyper["beta2"], hyper["eps"], hyper["weight_decay"])
     new_params, new_exp_avgs, new_exp_avg_sqs = zip(*results)
     torch._foreach_copy_(params, list(new_params))
     torch._foreach_copy_(exp_avgs, list(new_exp_avgs))
@@ -197,9 +177,8 @@ def _is_decoupled(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bo
     return bool(group["decoupled_weight_decay"])
 
 
-def make_foreach_map_step(
-    optimizer: torch.optim.Optimizer, **compile_kwargs: Any
-) -> Callable[[], None]:
+def make_foreach_map_step(optimizer: torch.optim.Optimizer,
+                          **compile_kwargs: Any) -> Callable[[], None]:
     """A function of no arguments that runs one compiled :func:`foreach_map_adam_step` over
     ``optimizer``, reading its lists on every call (so schedulers, ``load_state_dict`` and
     ``add_param_group`` keep working). The state must exist: ``compile_optimizer`` runs torch's own
@@ -211,9 +190,8 @@ def make_foreach_map_step(
         lists: dict[str, list[Any]] = {
             k: [] for k in ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")
         }
-        hyper: dict[str, list[Any]] = {
-            k: [] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")
-        }
+        hyper: dict[str,
+                    list[Any]] = {k: [] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -233,11 +211,9 @@ def make_foreach_map_step(
         with_grads = [
             g for g in optimizer.param_groups if any(p.grad is not None for p in g["params"])
         ]
-        per_tensor = {
-            name: (values if len(with_grads) > 1 else values[0]) for name, values in hyper.items()
-        }
-        functional(
-            **lists, **per_tensor, decoupled=_is_decoupled(optimizer, optimizer.param_groups[0])
-        )
+        per_tensor = {name: (values if len(with_grads) > 1 else values[0]) for name,
+                      values in hyper.items()}
+        functional(**lists, **per_tensor,
+                   decoupled=_is_decoupled(optimizer, optimizer.param_groups[0]))
 
     return step

@@ -38,9 +38,8 @@ def _uses(source: str, attribute: str) -> set[str]:
         ):
             continue
         parent = parents.get(node)
-        passed = isinstance(parent, ast.keyword) or (
-            isinstance(parent, ast.Call) and node in parent.args
-        )
+        passed = isinstance(parent,
+                            ast.keyword) or (isinstance(parent, ast.Call) and node in parent.args)
         uses.add(PASSED_ON if passed else DECIDES)
     return uses
 

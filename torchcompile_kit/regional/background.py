@@ -126,15 +126,10 @@ def get_background_compile(model: nn.Module) -> BackgroundCompile | None:
     return model.__dict__.get(_ATTR)
 
 
-def start_background_compile(
-    model: nn.Module,
-    background: bool | str | BackgroundCompile,
-    *,
-    recipe: str,
-    compile_kwargs: dict[str, Any],
-    compile_now: Callable[[], Any],
-    undo: Callable[[], Any],
-) -> BackgroundCompile:
+def start_background_compile(model: nn.Module, background: bool | str | BackgroundCompile, *,
+                             recipe: str, compile_kwargs: dict[str, Any],
+                             compile_now: Callable[[], Any],
+                             undo: Callable[[], Any]) -> BackgroundCompile:
     """Set ``model`` up to train eagerly until a worker compiled ``recipe`` (``"regional"`` or
     ``"model"``) with ``compile_kwargs``; ``compile_now()`` compiles it in place at the switch,
     ``undo()`` undoes that when the worker's entries do not fit.
@@ -287,13 +282,9 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     torch.save({"args": args, "kwargs": kwargs}, folder / "batch.pt")
     autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
                      for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
-    job = {
-        "parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
-        "training": model.training,
-        "grad": torch.is_grad_enabled(),
-        "autocast": autocast,
-        "device": str(_device(model)),
-    }
+    job = {"parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
+           "training": model.training, "grad": torch.is_grad_enabled(), "autocast": autocast,
+           "device": str(_device(model))}
     (folder / "job.tmp").write_text(json.dumps(job))
     os.replace(folder / "job.tmp", options._job)
     options._handed_at = time.perf_counter()

@@ -40,19 +40,11 @@ __all__ = ["compile_model", "compile_regional", "uncompile"]
 logger = logging.getLogger(__name__)
 
 
-def compile_regional(
-    model: nn.Module,
-    *,
-    blocks: BlocksArg = None,
-    remainder: bool = False,
-    compile_loss: bool = True,
-    keep_kv_cache: bool = False,
-    nested: bool = False,
-    verify: bool | None = None,
-    precompile: bool = False,
-    background: bool | str | BackgroundCompile = False,
-    **compile_kwargs: Any,
-) -> nn.Module:
+def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: bool = False,
+                     compile_loss: bool = True, keep_kv_cache: bool = False, nested: bool = False,
+                     verify: bool | None = None, precompile: bool = False,
+                     background: bool | str | BackgroundCompile = False,
+                     **compile_kwargs: Any) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
 
     Every block is compiled with ``module.compile(**compile_kwargs)``, so one graph per block class
@@ -138,13 +130,10 @@ def compile_regional(
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
-        preflight = preflight_group(
-            group.class_name,
-            instances,
-            compile_kwargs=group.compile_kwargs,
-            cache_disabled=not keep_kv_cache,
-            requires_grad=requires_grad_variants(model, instances),
-        )
+        preflight = preflight_group(group.class_name, instances,
+                                    compile_kwargs=group.compile_kwargs,
+                                    cache_disabled=not keep_kv_cache,
+                                    requires_grad=requires_grad_variants(model, instances))
         group.preflight = preflight
         group.block_class = type(instances[0])  # for the measured report (plan.report)
         if preflight.recompile_limit is not None:
@@ -315,9 +304,8 @@ def compile_in_place(modules: list[nn.Module], **compile_kwargs: Any) -> None:
             _dynamo.set_compiled_call(module, functools.partial(compiled, module))
 
 
-def _compile_nested(
-    model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify: bool, **compile_kwargs: Any
-) -> nn.Module:
+def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify: bool,
+                    **compile_kwargs: Any) -> nn.Module:
     """The hybrid: blocks marked as nested compile regions, the whole model compiled once."""
     if any(group.compile_kwargs for group in plan.groups):
         raise ValueError(

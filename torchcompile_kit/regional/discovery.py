@@ -14,14 +14,8 @@ from ..errors import BlockSelectorError, NoRepeatedBlocksError
 from .plan import BlockGroup, RegionalPlan
 from .transformers_support import no_split_module_names
 
-__all__ = [
-    "DECLARATION",
-    "BlocksArg",
-    "declared_blocks",
-    "eager_remainder",
-    "find_repeated_blocks",
-    "select_blocks",
-]
+__all__ = ["DECLARATION", "BlocksArg", "declared_blocks", "eager_remainder", "find_repeated_blocks",
+           "select_blocks"]
 
 DECLARATION = "_repeated_blocks"
 """The attribute a model declares its repeated blocks in: class names, as diffusers'
@@ -67,9 +61,8 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
             counts[type(module)] += 1
         # along the ancestry, as selectors match: FSDP2's fully_shard renames GPT2Block to
         # FSDPGPT2Block (a subclass), which an exact name test would miss
-        classes |= {
-            c for c, n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)
-        }
+        classes |= {c for c,
+                    n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)}
     # after the hints: _no_split_modules names stages too (SwinStage, of different widths)
     classes = _without_stages(model, classes, notes=notes)
     names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
@@ -95,10 +88,8 @@ def _is_stage(instances: list[nn.Module]) -> bool:
     shapes = [_shapes(module) for module in instances]
     if len(shapes) < 2 or not any(shapes):
         return False
-    return not any(
-        all(a[name] == b[name] for name in a.keys() & b.keys())
-        for i, a in enumerate(shapes) for b in shapes[i + 1:]
-    )
+    return not any(all(a[name] == b[name] for name in a.keys() & b.keys()) for i,
+                   a in enumerate(shapes) for b in shapes[i + 1:])
 
 
 def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, str]) -> set[type]:

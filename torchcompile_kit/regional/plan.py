@@ -10,15 +10,8 @@ from torch import nn
 if TYPE_CHECKING:
     from ..diagnostics import CompileMonitor
 
-__all__ = [
-    "BlockGroup",
-    "GroupReport",
-    "PlanReport",
-    "Preflight",
-    "RegionalPlan",
-    "SharedBudget",
-    "get_regional_plan",
-]
+__all__ = ["BlockGroup", "GroupReport", "PlanReport", "Preflight", "RegionalPlan", "SharedBudget",
+           "get_regional_plan"]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
 
@@ -58,47 +51,6 @@ class BlockGroup:
         if self.precompile is None or isinstance(self.precompile, str):
             return self.precompile
         return self.precompile.path
-
-    # what the plan reports, read from those two records
-    @property
-    def predicted_graphs(self) -> int:
-        """Graphs predicted in training (:attr:`Preflight.graphs`; 1 before the preflight ran)."""
-        return self.preflight.graphs if self.preflight else 1
-
-    @property
-    def predicted_eval_graphs(self) -> int:
-        """Graphs predicted on top of those for a ``torch.no_grad()`` evaluation."""
-        return self.preflight.eval_graphs if self.preflight else 1
-
-    @property
-    def may_vary(self) -> list[str]:
-        """Attributes that differ between blocks and are handed on: each *may* add graphs."""
-        return list(self.preflight.may_vary) if self.preflight else []
-
-    @property
-    def preflight_warning(self) -> str | None:
-        """The warning the preflight gave; the measured report confirms or withdraws it."""
-        return self.preflight.warning if self.preflight else None
-
-    @property
-    def shared_code(self) -> str | None:
-        """The code object dynamo compiles for these blocks (:attr:`SharedBudget.code`)."""
-        return self.budget.code if self.budget else None
-
-    @property
-    def shares_budget_with(self) -> list[str]:
-        """Other groups' classes whose blocks run the same code object."""
-        return list(self.budget.shared_with) if self.budget else []
-
-    @property
-    def recompile_budget(self) -> int | None:
-        """The recompile limit in force for that code object."""
-        return self.budget.limit if self.budget else None
-
-    @property
-    def budget_needed(self) -> int | None:
-        """Graphs the groups sharing the code object may need together."""
-        return self.budget.needed if self.budget else None
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -173,15 +125,12 @@ class RegionalPlan:
         line = f"{line}; eager: {', '.join(eager) if eager else '(none)'}"
         shared: dict[str, list[BlockGroup]] = {}
         for group in self.groups:
-            if group.shares_budget_with and group.shared_code:
-                shared.setdefault(group.shared_code, []).append(group)
+            if group.budget and group.budget.shared_with:
+                shared.setdefault(group.budget.code, []).append(group)
         for code, groups in shared.items():
-            first = groups[0]
-            line += (
-                f"; {' + '.join(g.class_name for g in groups)} run one code object "
-                f"({code.split(' (')[0]}) and share one recompile limit: "
-                f"{first.recompile_budget} for up to {first.budget_needed} graphs"
-            )
+            line += (f"; {' + '.join(g.class_name for g in groups)} run one code object "
+                     f"({code.split(' (')[0]}) and share one recompile limit: "
+                     f"{groups[0].budget.limit} for up to {groups[0].budget.needed} graphs")
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
@@ -204,14 +153,9 @@ class RegionalPlan:
         groups, notes = [], list(monitor.notes)
         for group in self.groups:
             if group.block_class is None:
-                groups.append(
-                    GroupReport(
-                        class_name=group.class_name,
-                        blocks=len(group.names),
-                        predicted_graphs=group.predicted_graphs,
-                        measured=False,
-                    )
-                )
+                groups.append(GroupReport(class_name=group.class_name, blocks=len(group.names),
+                                          predicted_graphs=group.preflight.graphs if group.preflight else 1,
+                                          measured=False))
                 notes.append(
                     f"{group.class_name}: not measured per group (a plan that was not compiled "
                     "block by block: find_repeated_blocks, or compile_regional(nested=True), whose "
@@ -245,9 +189,10 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
 
 def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
     counts, breaks = record["counts"], record["graph_breaks"]
-    graphs, predicted = counts["graphs"], group.predicted_graphs
+    preflight = group.preflight or Preflight(graphs=1)
+    graphs, predicted = counts["graphs"], preflight.graphs
     if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
-        predicted += group.predicted_eval_graphs
+        predicted += preflight.eval_graphs
     flags, withdrawn = [], None
     precompiled = (group.precompile_path or "").startswith("precompiled")
     if graphs == 0 and not precompiled:
@@ -263,7 +208,7 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
         )
     if counts["recompile_limit_hits"]:
         flags.append("hit the recompile limit: later variants run eagerly")
-    if group.preflight_warning and 0 < graphs < predicted:
+    if preflight.warning and 0 < graphs < predicted:
         # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
         # and in the monitor's record, so the warning does not stand uncorrected
         withdrawn = (
@@ -271,22 +216,15 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
             f"withdrawn: dynamo compiled {graphs} graph(s) for the group"
         )
         monitor.add_note(withdrawn)
-    return GroupReport(
-        class_name=group.class_name,
-        blocks=len(group.names),
-        predicted_graphs=predicted,
-        graphs=graphs,
-        frames=counts["frames"],
-        recompiles=[r["guard"] for r in record["recompiles"]],
-        graph_breaks=[f"{b['location']}: {b['reason']}" for b in breaks],
-        graph_break_count=counts["graph_breaks_met"],
-        limit_hits=[str(h["last_reason"]) for h in record["limit_hits"]],
-        compile_seconds=counts["compile_seconds"],
-        flags=flags,
-        withdrawn=withdrawn,
-        shares_budget_with=list(group.shares_budget_with),
-        precompile=group.precompile_path,
-    )
+    return GroupReport(class_name=group.class_name, blocks=len(group.names),
+                       predicted_graphs=predicted, graphs=graphs, frames=counts["frames"],
+                       recompiles=[r["guard"] for r in record["recompiles"]],
+                       graph_breaks=[f"{b['location']}: {b['reason']}" for b in breaks],
+                       graph_break_count=counts["graph_breaks_met"],
+                       limit_hits=[str(h["last_reason"]) for h in record["limit_hits"]],
+                       compile_seconds=counts["compile_seconds"], flags=flags, withdrawn=withdrawn,
+                       shares_budget_with=list(group.budget.shared_with) if group.budget else [],
+                       precompile=group.precompile_path)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -33,13 +33,8 @@ from .. import _dynamo
 from .._collect import Collector
 from ..errors import CompileCacheWarning
 
-__all__ = [
-    "PrecompiledRegion",
-    "function_fingerprint",
-    "precompile_refusal",
-    "region_fingerprint",
-    "regions_created",
-]
+__all__ = ["PrecompiledRegion", "function_fingerprint", "precompile_refusal", "region_fingerprint",
+           "regions_created"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +72,10 @@ def region_fingerprint(module: nn.Module, compile_kwargs: dict[str, Any]) -> dic
         for key, value in vars(m).items()
         if not key.startswith("_") and not isinstance(value, (torch.Tensor, nn.Module))
     ]
-    return {
-        "classes": ", ".join(classes),
-        "attributes": _digest(attributes),
-        "source": _digest(sorted(set(sources))),
-        "config": _digest([_config_text(c) for c in configs[:1]]),
-        "parameters": _digest(params),
-        "compile options": _options_digest(compile_kwargs),
-    }
+    return {"classes": ", ".join(classes), "attributes": _digest(attributes),
+            "source": _digest(sorted(set(sources))),
+            "config": _digest([_config_text(c) for c in configs[:1]]),
+            "parameters": _digest(params), "compile options": _options_digest(compile_kwargs)}
 
 
 def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, str]:
@@ -94,11 +85,8 @@ def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, s
         source = inspect.getsource(fn)
     except (OSError, TypeError):
         source = _text(fn)
-    return {
-        "function": _text(fn),
-        "source": _digest([source]),
-        "compile options": _options_digest(compile_kwargs),
-    }
+    return {"function": _text(fn), "source": _digest([source]),
+            "compile options": _options_digest(compile_kwargs)}
 
 
 class PrecompiledRegion:
@@ -109,9 +97,8 @@ class PrecompiledRegion:
     dynamo's precompile cache, keyed by the group's fingerprint. :attr:`path` says what happened.
     """
 
-    def __init__(
-        self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any], call: Any = None
-    ) -> None:
+    def __init__(self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any],
+                 call: Any = None) -> None:
         self.label = label
         self.fields = fields
         self.key = f"{label}_{_digest(sorted(fields.items()))[:16]}"

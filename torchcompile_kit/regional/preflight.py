@@ -22,14 +22,8 @@ from .. import _dynamo
 from .attribute_reads import DECIDES, attribute_uses
 from .plan import BlockGroup, Preflight, SharedBudget
 
-__all__ = [
-    "GuardFinding",
-    "Preflight",
-    "find_instance_variants",
-    "preflight_group",
-    "requires_grad_variants",
-    "share_recompile_budget",
-]
+__all__ = ["GuardFinding", "Preflight", "find_instance_variants", "preflight_group",
+           "requires_grad_variants", "share_recompile_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,14 +238,9 @@ def preflight_group(
                      recompile_limit=needed, warning=result.warning)
 
 
-def _warn_about_variants(
-    class_name: str,
-    instances: Sequence[nn.Module],
-    certain: list[GuardFinding],
-    counts: list[tuple[int, int]],
-    needed: int,
-    result: Preflight,
-) -> Preflight:
+def _warn_about_variants(class_name: str, instances: Sequence[nn.Module],
+                         certain: list[GuardFinding], counts: list[tuple[int, int]], needed: int,
+                         result: Preflight) -> Preflight:
     """Warn (or log) that per-instance state the code uses makes the blocks several graphs."""
     variants = sum(v for _, v in counts)
     described = "; ".join(_describe(f) for f in certain)
@@ -326,7 +315,7 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
 
 
 def _needed(group: BlockGroup) -> int:
-    return group.predicted_graphs + group.predicted_eval_graphs
+    return group.preflight.graphs + group.preflight.eval_graphs if group.preflight else 2
 
 
 def _forward_code(cls: type | None) -> Any:

@@ -20,14 +20,8 @@ from torch import nn
 from .. import _dynamo
 from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
-__all__ = [
-    "cache_calls_compiled",
-    "disable_cache_in_plain_forwards",
-    "fix_loss_function",
-    "has_transformers_model",
-    "no_split_module_names",
-    "run_cache_calls_eagerly",
-]
+__all__ = ["cache_calls_compiled", "disable_cache_in_plain_forwards", "fix_loss_function",
+           "has_transformers_model", "no_split_module_names", "run_cache_calls_eagerly"]
 
 Undo = Callable[[], None]
 
@@ -78,9 +72,8 @@ def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
     return LOSS_MAPPING.get(getattr(module, "loss_type", None), LOSS_MAPPING["ForCausalLM"])
 
 
-def set_explicit_loss_functions(
-    model: nn.Module, *, compile: bool = False, precompile: bool = False, **compile_kwargs: Any
-) -> list[Undo]:
+def set_explicit_loss_functions(model: nn.Module, *, compile: bool = False,
+                                precompile: bool = False, **compile_kwargs: Any) -> list[Undo]:
     """Pin each transformers model's ``loss_function``; return how to undo it (internal). With
     ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`."""
     import torch
@@ -230,9 +223,8 @@ class _PlainForwardsWithoutCache:
         return None
 
 
-def disable_cache_in_plain_forwards(
-    model: nn.Module, *, compiled_regions: Iterable[str] = ()
-) -> list[Undo]:
+def disable_cache_in_plain_forwards(model: nn.Module, *,
+                                    compiled_regions: Iterable[str] = ()) -> list[Undo]:
     """Make transformers training forwards that do not ask for a cache run with ``use_cache=False``.
 
     A default ``DynamicCache`` makes each block guard on its own cache layer and recompile once per
@@ -248,9 +240,8 @@ def disable_cache_in_plain_forwards(
             continue
         arguments = CacheArguments(module)
         if arguments.takes_use_cache:
-            handle = module.register_forward_pre_hook(
-                _PlainForwardsWithoutCache(arguments, warned), with_kwargs=True
-            )
+            handle = module.register_forward_pre_hook(_PlainForwardsWithoutCache(arguments, warned),
+                                                      with_kwargs=True)
             undo.append(handle.remove)
     return undo
 
@@ -269,9 +260,8 @@ def cache_calls_compiled() -> Iterator[None]:
         _CACHE_CALLS_COMPILED.reset(token)
 
 
-def run_cache_calls_eagerly(
-    modules: Iterable[nn.Module], label: str, *, builds: bool = False
-) -> None:
+def run_cache_calls_eagerly(modules: Iterable[nn.Module], label: str, *,
+                            builds: bool = False) -> None:
     """Make compiled transformers ``modules`` run the calls that pass (or, with ``builds``, would
     build) a KV cache eagerly: compiled, every block would recompile once per cache layer.
     ``uncompile`` removes it with the compiled call."""

@@ -34,14 +34,8 @@ def _tensors(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tenso
             yield from _tensors(value, f"{path}[{index}]")
 
 
-def mark_dynamic_batch(
-    batch: Any,
-    dims: int | Collection[int] = 1,
-    *,
-    min: int | None = None,
-    max: int | None = None,
-    keys: Collection[str] | None = None,
-) -> Any:
+def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int | None = None,
+                       max: int | None = None, keys: Collection[str] | None = None) -> Any:
     """Mark dim(s) ``dims`` dynamic on every tensor of ``batch``, so new lengths reuse one graph.
 
     Every tensor is marked (``labels`` and ``attention_mask`` carry the length too, and the first

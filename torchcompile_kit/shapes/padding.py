@@ -35,9 +35,8 @@ def _as_1d(value: Any, where: str) -> torch.Tensor:
     return tensor
 
 
-def _pad_stack(
-    rows: list[torch.Tensor], length: int, pad_value: float, padding_side: str
-) -> torch.Tensor:
+def _pad_stack(rows: list[torch.Tensor], length: int, pad_value: float,
+               padding_side: str) -> torch.Tensor:
     """Stack 1-D ``rows`` (each ``<= length``) into ``(len(rows), length)`` filled with pad."""
     dtype = rows[0].dtype
     out = torch.full((len(rows), length), pad_value, dtype=dtype)
@@ -57,13 +56,9 @@ def _check_padding_side(padding_side: str) -> None:
         raise BatchShapeError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
 
 
-def pad_to_bucket(
-    sequences: Sequence[Sequence[int] | torch.Tensor],
-    buckets: Sequence[int],
-    *,
-    pad_value: float = 0,
-    padding_side: Literal["right", "left"] = "right",
-) -> torch.Tensor:
+def pad_to_bucket(sequences: Sequence[Sequence[int] | torch.Tensor], buckets: Sequence[int], *,
+                  pad_value: float = 0,
+                  padding_side: Literal["right", "left"] = "right") -> torch.Tensor:
     """Pad sequences to the smallest bucket that holds the longest one, as one tensor.
 
     Args:
@@ -121,13 +116,9 @@ _SEQUENCE_KEYS: dict[str, str | int] = {
     "decoder_attention_mask": 0,
 }
 # key -> the key whose per-sample length it must match
-_SAME_LENGTH_AS = {
-    "attention_mask": "input_ids",
-    "token_type_ids": "input_ids",
-    "position_ids": "input_ids",
-    "special_tokens_mask": "input_ids",
-    "decoder_attention_mask": "decoder_input_ids",
-}
+_SAME_LENGTH_AS = {"attention_mask": "input_ids", "token_type_ids": "input_ids",
+                   "position_ids": "input_ids", "special_tokens_mask": "input_ids",
+                   "decoder_attention_mask": "decoder_input_ids"}
 
 
 def _is_sequence_value(value: Any) -> bool:
@@ -166,17 +157,10 @@ class PadToBucketCollator:
         (torch.Size([2, 8]), [8, -100, -100])
     """
 
-    def __init__(
-        self,
-        *,
-        buckets: Sequence[int] | None = None,
-        multiple_of: int = 8,
-        pad_token_id: int | None = 0,
-        label_pad_token_id: int = -100,
-        padding_side: Literal["right", "left"] = "right",
-        max_length: int | None = None,
-        tokenizer: Any = None,
-    ) -> None:
+    def __init__(self, *, buckets: Sequence[int] | None = None, multiple_of: int = 8,
+                 pad_token_id: int | None = 0, label_pad_token_id: int = -100,
+                 padding_side: Literal["right", "left"] = "right", max_length: int | None = None,
+                 tokenizer: Any = None) -> None:
         self.buckets = None if buckets is None else check_buckets(buckets)
         self.multiple_of = check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
         if tokenizer is not None:
@@ -302,12 +286,8 @@ class PadToBucketCollator:
         try:
             return self.target_length(longest)
         except SequenceTooLongError:
-            key, index = next(
-                (key, i)
-                for key, key_rows in rows.items()
-                for i, r in enumerate(key_rows)
-                if r.numel() == longest
-            )
+            key, index = next((key, i) for key, key_rows in rows.items() for i,
+                              r in enumerate(key_rows) if r.numel() == longest)
             raise SequenceTooLongError(
                 f"features[{index}][{key!r}] has length {longest!r}, longer than the last bucket "
                 f"{self.buckets[-1]!r}; pass max_length={self.buckets[-1]} to truncate, filter "

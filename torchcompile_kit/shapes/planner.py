@@ -19,17 +19,8 @@ from .._checks import check_positive_int
 from ..errors import BatchShapeError, SequenceTooLongError
 from .segmentation import MAX_BATCHED_CANDIDATES, carry_rule, segment, segment_batched, thin
 
-__all__ = [
-    "as_lengths",
-    "batch_sizes_for",
-    "bucket_for",
-    "carry_rule",
-    "check_buckets",
-    "check_token_budget",
-    "estimate_padding",
-    "plan_buckets",
-    "round_up",
-]
+__all__ = ["as_lengths", "batch_sizes_for", "bucket_for", "carry_rule", "check_buckets",
+           "check_token_budget", "estimate_padding", "plan_buckets", "round_up"]
 
 def round_up(value: int, multiple: int) -> int:
     """``value`` rounded up to a multiple of ``multiple``."""
@@ -142,15 +133,9 @@ def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller
     )
 
 
-def estimate_padding(
-    lengths: Iterable[int] | torch.Tensor,
-    buckets: Sequence[int],
-    *,
-    batch_size: int | None = None,
-    drop_last: bool = False,
-    max_tokens: int | None = None,
-    max_length: int | None = None,
-) -> float:
+def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[int], *,
+                     batch_size: int | None = None, drop_last: bool = False,
+                     max_tokens: int | None = None, max_length: int | None = None) -> float:
     """The share of computed tokens that are padding, ``1 - real / computed``, for ``lengths``
     padded to ``buckets``.
 
@@ -189,9 +174,8 @@ def estimate_padding(
         check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
     computed, last_size = 0, batch_size
     carry: list[list[int]] = []  # [bucket position, samples] waiting, oldest first
-    for position, (count, size) in enumerate(
-        zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))
-    ):
+    for position, (count,
+                   size) in enumerate(zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))):
         if not count:
             continue
         full, used_carried, used = carry_rule(sum(n for _, n in carry), count, size)
@@ -222,16 +206,9 @@ def _take(carry: list[list[int]], count: int) -> list[tuple[int, int]]:
     return taken
 
 
-def plan_buckets(
-    lengths: Iterable[int] | torch.Tensor,
-    *,
-    max_buckets: int = 8,
-    multiple_of: int = 8,
-    max_length: int | None = None,
-    batch_size: int | None = None,
-    drop_last: bool = False,
-    max_tokens: int | None = None,
-) -> list[int]:
+def plan_buckets(lengths: Iterable[int] | torch.Tensor, *, max_buckets: int = 8,
+                 multiple_of: int = 8, max_length: int | None = None, batch_size: int | None = None,
+                 drop_last: bool = False, max_tokens: int | None = None) -> list[int]:
     """Choose at most ``max_buckets`` padding lengths that minimize the padded tokens.
 
     An exact dynamic program over the length histogram, for batches drawn from one bucket each

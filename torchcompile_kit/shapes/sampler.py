@@ -72,19 +72,10 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         [[0, 1, 4], [2, 3, 5]]
     """
 
-    def __init__(
-        self,
-        lengths: Sequence[int] | torch.Tensor,
-        buckets: Sequence[int],
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        seed: int = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        max_tokens: int | None = None,
-    ) -> None:
+    def __init__(self, lengths: Sequence[int] | torch.Tensor, buckets: Sequence[int],
+                 batch_size: int, *, shuffle: bool = True, drop_last: bool = False, seed: int = 0,
+                 num_replicas: int | None = None, rank: int | None = None,
+                 max_tokens: int | None = None) -> None:
         self.buckets = check_buckets(buckets)
         check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:

@@ -39,16 +39,9 @@ class Cost:
         return self.compile_s + self.recompile_s
 
 
-def cost_from_metrics(
-    *,
-    warmup_s: float,
-    warmup_steps: int,
-    step_s: float,
-    step_times_s: Sequence[float] = (),
-    recompiles: int | None = None,
-    step_tokens: Sequence[int] = (),
-    plan_tokens: float | None = None,
-) -> Cost:
+def cost_from_metrics(*, warmup_s: float, warmup_steps: int, step_s: float,
+                      step_times_s: Sequence[float] = (), recompiles: int | None = None,
+                      step_tokens: Sequence[int] = (), plan_tokens: float | None = None) -> Cost:
     """The :class:`Cost` of a recipe from the bench runner's metrics.
 
     Steady steps over ``_SPIKE`` times ``step_s`` (the median) are recompiles, at most ``recompiles``
@@ -67,12 +60,10 @@ def cost_from_metrics(
     steady = ranked[len(spikes) :]
     mean = sum(t for t, _ in steady) / len(steady) if steady else step_s
     planned = step_for_tokens(steady, plan_tokens) if plan_tokens else None
-    return Cost(
-        compile_s=max(0.0, warmup_s - warmup_steps * mean),
-        recompile_s=sum(t - mean for t in spikes),
-        step_s=planned if planned is not None else mean,
-        measured_step_s=mean if planned is not None else None,
-    )
+    return Cost(compile_s=max(0.0, warmup_s - warmup_steps * mean),
+                recompile_s=sum(t - mean for t in spikes),
+                step_s=planned if planned is not None else mean,
+                measured_step_s=mean if planned is not None else None)
 
 
 def step_for_tokens(steps: Sequence[tuple[float, int]], tokens: float) -> float | None:

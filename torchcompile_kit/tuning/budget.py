@@ -98,6 +98,5 @@ def _after_compile_s(eager: CandidateResult | None) -> float:
 
 def _phase(stopped: dict) -> str:
     phase = stopped.get("phase") or "starting"
-    return {"build": "building the model", "compile": "compiling", "warm-up": "compiling"}.get(
-        phase, "starting"
-    )
+    return {"build": "building the model", "compile": "compiling",
+            "warm-up": "compiling"}.get(phase, "starting")

@@ -40,20 +40,10 @@ def _llama(vocab: int, batch_size: int) -> tuple[Any, Any, list[int]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        use_cache=False,
-        attention_dropout=0.0,
-        pad_token_id=PAD_ID,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, use_cache=False, attention_dropout=0.0,
+                         pad_token_id=PAD_ID, bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(config)
     lengths = caption_length_mix(DATASET_SIZE)
 

@@ -44,16 +44,9 @@ class GateVerdict:
         return asdict(self)
 
 
-def check_candidate(
-    candidate: Recipe,
-    *,
-    model: Any,
-    reference: Any,
-    batch: dict[str, Any],
-    optimizer: Any,
-    backend: str,
-    overrides: dict[str, Any] | None = None,
-) -> GateVerdict:
+def check_candidate(candidate: Recipe, *, model: Any, reference: Any, batch: dict[str, Any],
+                    optimizer: Any, backend: str,
+                    overrides: dict[str, Any] | None = None) -> GateVerdict:
     """Check a run's compiled model (and compiled optimizer) against eager, compiling nothing new.
 
     ``model`` is the model the run compiled and trained (its weights are set to ``reference``'s, the
@@ -82,39 +75,25 @@ def check_candidate(
     return verdict
 
 
-def check_in_run(
-    ctx: RecipeContext, *, reference: Any, batch: dict[str, Any], recipe: str
-) -> dict[str, Any]:
+def check_in_run(ctx: RecipeContext, *, reference: Any, batch: dict[str, Any],
+                 recipe: str) -> dict[str, Any]:
     """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process, on the
     run's first batch; returns :meth:`GateVerdict.to_dict` (stored as ``metrics.check``)."""
-    verdict = check_candidate(
-        RECIPES[recipe],
-        model=ctx.model,
-        reference=reference,
-        batch=batch,
-        optimizer=ctx.optimizer,
-        backend=ctx.backend,
-        overrides=ctx.overrides,
-    )
+    verdict = check_candidate(RECIPES[recipe], model=ctx.model, reference=reference, batch=batch,
+                              optimizer=ctx.optimizer, backend=ctx.backend, overrides=ctx.overrides)
     return verdict.to_dict()
 
 
 def _peft_refusal(model: Any, backend: str, overrides: dict[str, Any]) -> GateVerdict | None:
     if not hasattr(model, "peft_config"):
         return None
-    findings = check_peft_compile_safety(
-        model,
-        fullgraph=bool(overrides.get("fullgraph", False)),
-        training=True,
-        backend=backend,
-        on_violation="ignore",
-    )
+    findings = check_peft_compile_safety(model, fullgraph=bool(overrides.get("fullgraph", False)),
+                                         training=True, backend=backend, on_violation="ignore")
     refusals = [f for f in findings if f.severity == "refuse"]
     if not refusals:
         return None
-    return GateVerdict(
-        ok=False, offending=str(refusals[0]), summary="check_peft_compile_safety refused"
-    )
+    return GateVerdict(ok=False, offending=str(refusals[0]),
+                       summary="check_peft_compile_safety refused")
 
 
 def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str) -> GateVerdict:
@@ -124,13 +103,10 @@ def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str
         model.load_state_dict(start.state_dict())
         return model
 
-    steps = [
-        EquivalenceStep.train(batch, name="train"),
-        EquivalenceStep.train(batch, name="train after the step"),
-    ]
-    report = check_compile_equivalence(
-        reference, steps=steps, backend=backend, compile_fn=the_runs_model
-    )
+    steps = [EquivalenceStep.train(batch, name="train"),
+             EquivalenceStep.train(batch, name="train after the step")]
+    report = check_compile_equivalence(reference, steps=steps, backend=backend,
+                                       compile_fn=the_runs_model)
     offending = None
     if report.failures:
         worst = max(report.failures, key=lambda d: d.ratio)

@@ -17,15 +17,12 @@ def cost_of(result: CandidateResult) -> Cost:
     """The cost model of a measured candidate, from the bench runner's metrics."""
     metrics = result.metrics
     # a warm restart loads its cache before the first step: part of what the restart costs
-    return cost_from_metrics(
-        warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
-        warmup_steps=metrics.warmup_steps or 0,
-        step_s=1.0 / float(metrics.steps_per_s),
-        step_times_s=metrics.step_times_s,
-        recompiles=metrics.recompiles,
-        step_tokens=metrics.step_tokens,
-        plan_tokens=metrics.plan_tokens_per_step,
-    )
+    return cost_from_metrics(warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
+                             warmup_steps=metrics.warmup_steps or 0,
+                             step_s=1.0 / float(metrics.steps_per_s),
+                             step_times_s=metrics.step_times_s, recompiles=metrics.recompiles,
+                             step_tokens=metrics.step_tokens,
+                             plan_tokens=metrics.plan_tokens_per_step)
 
 
 def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None) -> Cost:
@@ -73,11 +70,8 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
                 slow = eager_cost.step_s * scale / ratio["low"]
                 fast = eager_cost.step_s * scale / ratio["high"]
             result.paired = True
-        result.compile_s, result.recompile_s, result.step_s = (
-            cost.compile_s,
-            cost.recompile_s,
-            cost.step_s,
-        )
+        result.compile_s, result.recompile_s, result.step_s = (cost.compile_s, cost.recompile_s,
+                                                               cost.step_s)
         result.measured_step_s = cost.measured_step_s
         result.predicted_total_s = predicted_total(cost, steps_planned)
         if fast is not None:

@@ -65,22 +65,8 @@ def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult
 
 def format_table(result: TuneResult) -> str:
     """The ranked table as fixed-width text, the recommendation marked with ``*``."""
-    header = [
-        "#",
-        "candidate",
-        "status",
-        "check",
-        "compile s",
-        "step ms",
-        "x eager",
-        "95% interval",
-        "break-even",
-        f"total s @{result.steps_planned:,}",
-        "graphs",
-        "recomp",
-        "breaks",
-        "note",
-    ]
+    header = ["#", "candidate", "status", "check", "compile s", "step ms", "x eager", "95% interval",
+              "break-even", f"total s @{result.steps_planned:,}", "graphs", "recomp", "breaks", "note"]
     rows = []
     for rank, c in enumerate(result.candidates, 1):
         mark = "*" if c.name == result.recommendation else ""
@@ -89,34 +75,16 @@ def format_table(result: TuneResult) -> str:
             note = note or "warm restart (loads a saved cache)"
         if c.indistinguishable_from:
             note = f"≈ {', '.join(c.indistinguishable_from)}" + (f"; {note}" if note else "")
-        rows.append(
-            [
-                f"{rank}{mark}",
-                c.name,
-                c.status,
-                c.verdict,
-                _num(c.compile_s, ".1f"),
-                _num(None if c.step_s is None else c.step_s * 1e3, ".2f"),
-                _num(c.speedup, ".2f"),
-                _interval(c),
-                _steps(c.break_even_steps),
-                _num(c.predicted_total_s, ".1f"),
-                _num(c.graphs, "d"),
-                _num(c.recompiles, "d"),
-                _num(c.graph_breaks, "d"),
-                note[:90],
-            ]
-        )
+        step_ms = None if c.step_s is None else c.step_s * 1e3
+        rows.append([f"{rank}{mark}", c.name, c.status, c.verdict, _num(c.compile_s, ".1f"),
+                     _num(step_ms, ".2f"), _num(c.speedup, ".2f"), _interval(c),
+                     _steps(c.break_even_steps), _num(c.predicted_total_s, ".1f"), _num(c.graphs, "d"),
+                     _num(c.recompiles, "d"), _num(c.graph_breaks, "d"), note[:90]])
     return render_table(header, rows)
 
 
-def recommendation_reason(
-    chosen: CandidateResult | None,
-    candidates: list[CandidateResult],
-    steps_planned: int,
-    *,
-    shortfall: str | None = None,
-) -> str:
+def recommendation_reason(chosen: CandidateResult | None, candidates: list[CandidateResult],
+                          steps_planned: int, *, shortfall: str | None = None) -> str:
     """One or two sentences: why ``chosen`` (``None``: nothing measured) wins a run of
     ``steps_planned`` steps, with ``shortfall`` appended when the budget ran out.
 
@@ -128,29 +96,14 @@ def recommendation_reason(
         text = "nothing could be measured: no candidate ran (see the table for the reasons)"
         return f"{text}; {shortfall}" if shortfall else text
     compiled_ran = any(c.status == "ok" and c.verdict != "eager" for c in candidates)
-    losers = [
-        c
-        for c in candidates
-        if c is not chosen
-        and c.eligible
-        and c.speedup is not None
-        and c.speedup > 1
-        and c.break_even_steps is not None
-        and c.break_even_steps > steps_planned
-    ]
+    losers = [c for c in candidates if c is not chosen and c.eligible and (c.speedup or 0) > 1
+              and c.break_even_steps is not None and c.break_even_steps > steps_planned]
     wrong = [c for c in candidates if c.verdict == "fail"]
     faster_unchecked = sorted(
-        (
-            c
-            for c in candidates
-            if c is not chosen
-            and c.verdict == "unchecked"
-            and c.predicted_total_s is not None
-            and chosen.predicted_total_s is not None
-            and c.predicted_total_s < chosen.predicted_total_s
-        ),
-        key=lambda c: c.predicted_total_s,
-    )
+        (c for c in candidates if c is not chosen and c.verdict == "unchecked"
+         and c.predicted_total_s is not None and chosen.predicted_total_s is not None
+         and c.predicted_total_s < chosen.predicted_total_s),
+        key=lambda c: c.predicted_total_s)
     if chosen.verdict == "eager" and faster_unchecked:
         text = f"{chosen.name}: the lowest predicted total among the recipes checked for correctness"
     elif chosen.verdict == "eager" and not compiled_ran and shortfall:
@@ -225,10 +178,9 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
         )
         if c.speedup_low is not None and c.speedup:  # the 95% interval of its paired ratio
             fast, slow = c.step_s * c.speedup / c.speedup_high, c.step_s * c.speedup / c.speedup_low
-            ax.fill_between(
-                [0, horizon], [overhead, overhead + horizon * fast], [overhead, overhead + horizon * slow],
-                color=line.get_color(), alpha=0.15, lw=0,
-            )
+            ax.fill_between([0, horizon], [overhead, overhead + horizon * fast],
+                            [overhead, overhead + horizon * slow], color=line.get_color(),
+                            alpha=0.15, lw=0)
     ax.axvline(result.steps_planned, color="grey", ls="--", lw=1)
     ax.set_xlabel("training steps")
     ax.set_ylabel("predicted wall time, s")
@@ -241,9 +193,8 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     return path
 
 
-def bucket_notes(
-    lengths: list[int] | None, batch_size: int, measured_buckets: list[int] | None = None
-) -> list[str]:
+def bucket_notes(lengths: list[int] | None, batch_size: int,
+                 measured_buckets: list[int] | None = None) -> list[str]:
     """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings), and what
     the timed ``buckets`` row padded to (``measured_buckets``); no note without lengths.
 

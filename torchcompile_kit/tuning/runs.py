@@ -45,23 +45,14 @@ class RunPlan:
     """The runner's ``out_dir``."""
 
 
-def measure_candidate(
-    candidate: Recipe,
-    plan: RunPlan,
-    budget: Budget,
-    emit: Callable[[dict], None],
-    done: list[CandidateResult],
-) -> CandidateResult:
+def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
+                      emit: Callable[[dict], None], done: list[CandidateResult]) -> CandidateResult:
     """Run one candidate in its own process (or say why not), checked against eager at the end of
     its run, and append its result to ``done`` (``ok``, ``failed``, ``skipped`` or ``pruned``;
     ``metrics.stopped`` says how far a run the budget stopped had got)."""
-    result = CandidateResult(
-        name=candidate.name,
-        description=candidate.description,
-        status="skipped",
-        restart=candidate.cache_from is not None,
-        verdict="eager" if candidate.compile == "none" else "unchecked",
-    )
+    result = CandidateResult(name=candidate.name, description=candidate.description,
+                             status="skipped", restart=candidate.cache_from is not None,
+                             verdict="eager" if candidate.compile == "none" else "unchecked")
     done.append(result)
     result.reason = _cannot_run(candidate, plan, done)
     eager = next((r for r in done if r.name == "eager" and r.status == "ok"), None)
@@ -169,9 +160,8 @@ def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -
     if candidate.compile == "none" and candidate.data != "max" and plan.spec is not None:
         return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
     # found here, not in a process started to find it: a start-up saved from the budget
-    missing = missing_requirement(
-        candidate, device_type=plan.device_type, spec=plan.spec, backend=plan.measure.backend
-    )
+    missing = missing_requirement(candidate, device_type=plan.device_type, spec=plan.spec,
+                                  backend=plan.measure.backend)
     if missing is not None:
         return missing
     source = candidate.cache_from
@@ -180,9 +170,8 @@ def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -
     return None
 
 
-def _best_so_far(
-    done: list[CandidateResult], steps_planned: int, warm_start: bool
-) -> tuple[str, float] | None:
+def _best_so_far(done: list[CandidateResult], steps_planned: int,
+                 warm_start: bool) -> tuple[str, float] | None:
     """(name, predicted total) of the cheapest measured candidate so far (before any check)."""
     best = None
     for result in done:
@@ -211,17 +200,11 @@ def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: 
         return {"status": run.status, "error": run.error or run.reason}
     times = run.metrics.step_times_s
     measured = float(run.metrics.warmup_s) + (run.metrics.cache_load_s or 0.0) + sum(times)
-    return {
-        "status": "ok",
-        "recipe": chosen.name,
-        "steps": plan.steps_planned,
-        "predicted_s": chosen.predicted_total_s,
-        "measured_s": measured,
-        "ratio": chosen.predicted_total_s / measured if measured else None,
-        "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
-        "cpu_steal": run.metrics.cpu_steal,
-        **run_steadiness(times),
-    }
+    return {"status": "ok", "recipe": chosen.name, "steps": plan.steps_planned,
+            "predicted_s": chosen.predicted_total_s, "measured_s": measured,
+            "ratio": chosen.predicted_total_s / measured if measured else None,
+            "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
+            "cpu_steal": run.metrics.cpu_steal, **run_steadiness(times)}
 
 
 def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float = 1.5) -> dict[str, Any]:

@@ -38,18 +38,11 @@ STEADY_S = 30.0
 """Seconds of steady steps ``tune`` times per candidate unless its ``measure`` says otherwise."""
 
 
-def tune(
-    model: str | Callable[[], Any] | None = None,
-    *,
-    steps_planned: int,
-    budget_s: float | None = None,
-    out_dir: str | Path | None = None,
-    candidates: Sequence[str] | None = None,
-    warm_start: bool = False,
-    verify: bool = False,
-    measure: MeasureConfig | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-) -> TuneResult:
+def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
+         budget_s: float | None = None, out_dir: str | Path | None = None,
+         candidates: Sequence[str] | None = None, warm_start: bool = False, verify: bool = False,
+         measure: MeasureConfig | None = None,
+         on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
 
     Args:
@@ -100,10 +93,8 @@ def tune(
         measure = dataclasses.replace(measure, backend=measure.backend or "inductor")
         device = _device()
         emit = on_event or (lambda event: None)
-        plan = RunPlan(
-            spec=spec, measure=measure, device_type=device.type, steps_planned=steps_planned,
-            warm_start=warm_start, runs=out / "runs",
-        )
+        plan = RunPlan(spec=spec, measure=measure, device_type=device.type,
+                       steps_planned=steps_planned, warm_start=warm_start, runs=out / "runs")
         results: list[CandidateResult] = []
         for name in (n for n in CANDIDATES if n in names):
             measure_candidate(RECIPES[name], plan, budget, emit, results)
@@ -119,9 +110,8 @@ def tune(
             notes=_notes(loaded, measure.preset, results),
         )
         if verify and recommended is not None:
-            result.verification = verify_run(
-                recommended, RECIPES[recommended.name], plan, out / "verify"
-            )
+            result.verification = verify_run(recommended, RECIPES[recommended.name], plan,
+                                             out / "verify")
         result.elapsed_s = budget.elapsed()
         if out_dir is not None:
             result.write_json(out / "tune.json")
@@ -170,11 +160,7 @@ def _device() -> Any:
 # --- outputs -------------------------------------------------------------------------------------
 
 
-def _snippet(
-    chosen: CandidateResult | None,
-    plan: RunPlan,
-    loaded: ModelSpec | None,
-) -> str:
+def _snippet(chosen: CandidateResult | None, plan: RunPlan, loaded: ModelSpec | None) -> str:
     if chosen is None:
         return ""
     # the snippet runs as a script from any directory: a file by its absolute path, a module
@@ -182,31 +168,21 @@ def _snippet(
     spec, sys_path = portable_model_spec(
         plan.spec or "torchcompile_kit.tuning.examples:captioner_tiny"
     )
-    return make_snippet(
-        RECIPES[chosen.name],
-        spec=spec,
-        sys_path=sys_path,
-        backend=plan.measure.backend,
-        fullgraph=chosen.graph_breaks == 0,
-        steps_planned=plan.steps_planned,
-        batch_size=PRESETS[plan.measure.preset].batch_size,
-        spec_optimizer=loaded is not None and loaded.optimizer is not None,
-    )
+    return make_snippet(RECIPES[chosen.name], spec=spec, sys_path=sys_path,
+                        backend=plan.measure.backend, fullgraph=chosen.graph_breaks == 0,
+                        steps_planned=plan.steps_planned,
+                        batch_size=PRESETS[plan.measure.preset].batch_size,
+                        spec_optimizer=loaded is not None and loaded.optimizer is not None)
 
 
 def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, Any]:
     versions = {
         name: str(package_version(name) or "-") for name in ("torch", "transformers", "peft")
     }
-    return {
-        "model": plan.spec or f"captioner:{plan.measure.preset}",
-        **plan.measure.to_dict(),
-        "budget_s": budget_s,
-        "warm_start": plan.warm_start,
-        "device": str(device),
-        "versions": versions,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return {"model": plan.spec or f"captioner:{plan.measure.preset}", **plan.measure.to_dict(),
+            "budget_s": budget_s, "warm_start": plan.warm_start, "device": str(device),
+            "versions": versions,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def _notes(loaded: ModelSpec | None, preset: str, results: list[CandidateResult]) -> list[str]:
