@@ -58,10 +58,8 @@ def __getattr__(name: str) -> Any:
     if module_name is None:
         topic = _topic_of(name)
         if topic is not None:
-            raise AttributeError(
-                f"torchcompile_kit.{name} is imported from its topic: "
-                f"from torchcompile_kit.{topic} import {name}"
-            )
+            raise AttributeError(f"torchcompile_kit.{name} is imported from its topic: "
+                                 f"from torchcompile_kit.{topic} import {name}")
         raise AttributeError(f"module 'torchcompile_kit' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module_name}", __name__), name)
     globals()[name] = value  # later lookups skip __getattr__

@@ -66,7 +66,5 @@ def parameters_of(value: Any, *, what: str) -> Iterable[torch.Tensor]:
         return (p for group in value.param_groups for p in group["params"])
     if isinstance(value, Iterable):
         return value
-    raise TypeError(
-        f"{what} takes an nn.Module, an optimizer or an iterable of parameters; got "
-        f"{type(value).__name__!r}"
-    )
+    raise TypeError(f"{what} takes an nn.Module, an optimizer or an iterable of parameters; got "
+                    f"{type(value).__name__!r}")

@@ -23,10 +23,8 @@ def parse_factory(text: str, *, error: type[Exception] = ValueError, flag: str =
     """
     module, sep, function = str(text).rpartition(":")
     if not sep or not module or not function or not function.isidentifier():
-        raise error(
-            f"{flag} {text!r} is not 'module:function'; pass e.g. mypkg.models:build "
-            "(a module importable from the current directory) or path/to/file.py:build"
-        )
+        raise error(f"{flag} {text!r} is not 'module:function'; pass e.g. mypkg.models:build "
+                    "(a module importable from the current directory) or path/to/file.py:build")
     return module, function
 
 

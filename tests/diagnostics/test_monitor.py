@@ -236,7 +236,7 @@ class Stack(nn.Module):
 def test_plan_report_flags_more_graphs_than_predicted_and_groups_that_compiled_nothing():
     model = compile_regional(Stack(), backend="eager", dynamic=False)
     # block 0's input needs no grad, block 1's does (from block 0's weights): 2 graphs predicted
-    assert get_regional_plan(model).groups[0].predicted_graphs == 2
+    assert get_regional_plan(model).groups[0].preflight.graphs == 2
     with CompileMonitor() as mon:
         model(torch.randn(2, 4))
         model(torch.randn(3, 4))  # a second shape: two more graphs

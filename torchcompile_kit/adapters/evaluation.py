@@ -123,7 +123,5 @@ def _refusal_message(refusals: list[SafetyFinding], subject: str, stage: Stage,
             f"{lines}\nFix each one, or compile with compile_peft(..., on_violation='warn') to "
             "go ahead anyway."
         )
-    return (
-        f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
-        "Fix each one, or pass on_violation='warn' to go ahead anyway."
-    )
+    return (f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
+            "Fix each one, or pass on_violation='warn' to go ahead anyway.")

@@ -52,10 +52,8 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
 
 def _missing_lengths(recipe: Recipe, spec: ModelSpec) -> str | None:
     if recipe.data == "buckets" and spec.make_batch is not None and not spec.lengths:
-        return (
-            "plans buckets from the dataset's lengths; return them from the --model function "
-            "as a third item: (model, make_batch, lengths)"
-        )
+        return ("plans buckets from the dataset's lengths; return them from the --model function "
+                "as a third item: (model, make_batch, lengths)")
     return None
 
 

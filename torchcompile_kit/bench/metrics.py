@@ -18,18 +18,11 @@ __all__ = ["METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_me
            "real_and_computed", "steal_share"]
 
 # metric key -> column label in tables and charts
-METRIC_LABELS: dict[str, str] = {
-    "warmup_s": "warm-up s",
-    "steps_per_s": "steps/s",
-    "tokens_per_s": "tokens/s",
-    "speedup": "× eager",
-    "graphs": "graphs",
-    "recompiles": "recompiles",
-    "graph_breaks": "breaks",
-    "padding": "padding",
-    "peak_memory_mb": "peak MB",
-    "loss_max_abs_diff": "|Δloss|",
-}
+METRIC_LABELS: dict[str, str] = {"warmup_s": "warm-up s", "steps_per_s": "steps/s",
+                                 "tokens_per_s": "tokens/s", "speedup": "× eager",
+                                 "graphs": "graphs", "recompiles": "recompiles",
+                                 "graph_breaks": "breaks", "padding": "padding",
+                                 "peak_memory_mb": "peak MB", "loss_max_abs_diff": "|Δloss|"}
 
 _MASK_KEYS = ("decoder_attention_mask", "attention_mask")
 

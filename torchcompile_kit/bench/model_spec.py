@@ -73,22 +73,16 @@ def load_model_spec(text: str) -> ModelSpec:
 def _check_returned(text: str, returned: Any) -> ModelSpec:
     from torch import nn
 
-    shape = (
-        "(model, make_batch), (model, make_batch, lengths) or "
-        "(model, make_batch, lengths, optimizer)"
-    )
+    shape = ("(model, make_batch), (model, make_batch, lengths) or "
+             "(model, make_batch, lengths, optimizer)")
     if not isinstance(returned, tuple) or len(returned) not in (2, 3, 4):
-        raise ModelSpecError(
-            f"--model {text!r} returned {type(returned).__name__} "
-            f"({' '.join(repr(returned).split())[:60]}); it must "
-            f"return {shape}"
-        )
+        raise ModelSpecError(f"--model {text!r} returned {type(returned).__name__} "
+                             f"({' '.join(repr(returned).split())[:60]}); it must "
+                             f"return {shape}")
     model, make_batch, *rest = returned
     if not isinstance(model, nn.Module):
-        raise ModelSpecError(
-            f"--model {text!r}: the first item must be a torch.nn.Module, got "
-            f"{type(model).__name__}; it must return {shape}"
-        )
+        raise ModelSpecError(f"--model {text!r}: the first item must be a torch.nn.Module, got "
+                             f"{type(model).__name__}; it must return {shape}")
     if not callable(make_batch):
         raise ModelSpecError(
             f"--model {text!r}: the second item must be make_batch(step) -> dict, got "

@@ -64,10 +64,8 @@ def ratio_interval(base_s: Sequence[float], recipe_s: Sequence[float], *, same_b
     """
     base, recipe = [float(v) for v in base_s], [float(v) for v in recipe_s]
     if len(base) != len(recipe) or not base:
-        raise ValueError(
-            f"paired blocks need as many baseline as recipe times, at least one; got "
-            f"{len(base)!r} and {len(recipe)!r}"
-        )
+        raise ValueError(f"paired blocks need as many baseline as recipe times, at least one; got "
+                         f"{len(base)!r} and {len(recipe)!r}")
     if min(base + recipe) <= 0:
         raise ValueError(f"block times must be positive seconds, got {min(base + recipe)!r}")
     ratios = [b / r for b, r in zip(base, recipe)]
@@ -211,10 +209,8 @@ def not_quotable(metrics: Metrics) -> list[str]:
     reasons = []
     shares = [s for s in (metrics.cpu_neighbours, metrics.cpu_neighbours_steady) if s is not None]
     if shares and max(shares) > NEIGHBOUR_LIMIT:
-        reasons.append(
-            f"other processes used {max(shares):.0%} of the machine's CPU during it "
-            f"(limit {NEIGHBOUR_LIMIT:.0%})"
-        )
+        reasons.append(f"other processes used {max(shares):.0%} of the machine's CPU during it "
+                       f"(limit {NEIGHBOUR_LIMIT:.0%})")
     steal = metrics.cpu_steal
     if steal is not None and steal > STEAL_LIMIT:
         reasons.append(f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})")

@@ -249,10 +249,8 @@ def check_recipe_names(names: Iterable[str]) -> list[str]:
     names = list(names)
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
-        raise UnknownRecipeError(
-            f"unknown recipe(s) {unknown!r}; choose from {list(RECIPES)!r} "
-            "(torchcompile-kit bench --list describes them)"
-        )
+        raise UnknownRecipeError(f"unknown recipe(s) {unknown!r}; choose from {list(RECIPES)!r} "
+                                 "(torchcompile-kit bench --list describes them)")
     return names
 
 

@@ -17,21 +17,19 @@ __all__ = ["background_lines", "format_comparison", "format_results", "render_ta
            "restart_path", "warm_start_lines"]
 
 # (column label, metric key, format)
-_COLUMNS: list[tuple[str, str, str]] = [
-    ("warm-up s", "warmup_s", "{:.1f}"),
-    ("steps/s", "steps_per_s", "{:.2f}"),
-    ("× base", "speedup", "{:.2f}"),
-    ("95% interval", "speedup_interval", "{}"),
-    ("tokens/s", "tokens_per_s", "{:.0f}"),
-    ("graphs", "graphs", "{}"),
-    ("recompiles", "recompiles", "{}"),
-    ("breaks", "graph_breaks", "{}"),
-    ("padding", "padding", "{:.0%}"),
-    ("peak MB", "peak_memory_mb", "{:.0f}"),
-    ("|Δloss|", "loss_max_abs_diff", "{:.1e}"),
-    ("others CPU", "cpu_neighbours", "{:.0%}"),
-    ("quote", "quote", "{}"),
-]
+_COLUMNS: list[tuple[str, str, str]] = [("warm-up s", "warmup_s", "{:.1f}"),
+                                        ("steps/s", "steps_per_s", "{:.2f}"),
+                                        ("× base", "speedup", "{:.2f}"),
+                                        ("95% interval", "speedup_interval", "{}"),
+                                        ("tokens/s", "tokens_per_s", "{:.0f}"),
+                                        ("graphs", "graphs", "{}"),
+                                        ("recompiles", "recompiles", "{}"),
+                                        ("breaks", "graph_breaks", "{}"),
+                                        ("padding", "padding", "{:.0%}"),
+                                        ("peak MB", "peak_memory_mb", "{:.0f}"),
+                                        ("|Δloss|", "loss_max_abs_diff", "{:.1e}"),
+                                        ("others CPU", "cpu_neighbours", "{:.0%}"),
+                                        ("quote", "quote", "{}")]
 _GROUP_TITLES = {
     "static": "static shapes (pad to max); × base = ratio to eager",
     "dynamic": "dynamic shapes (variable caption length); × base = ratio to eager-longest",

@@ -100,10 +100,8 @@ class CacheLoadResult:
         if not self.loaded:
             return f"compile cache {self.path!r} not loaded: {self.reason}"
         entries = ", ".join(f"{n} {kind}" for kind, n in sorted(self.mega_cache_entries.items()))
-        return (
-            f"compile cache {self.path!r} loaded: {entries or 'no'} mega-cache entries, "
-            f"{self.kernel_files} kernel files into {self.inductor_cache_dir}"
-        )
+        return (f"compile cache {self.path!r} loaded: {entries or 'no'} mega-cache entries, "
+                f"{self.kernel_files} kernel files into {self.inductor_cache_dir}")
 
     def as_dict(self) -> dict[str, Any]:
         """The result as JSON-able data (for a benchmark record or a training log)."""
@@ -197,23 +195,18 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
     with _dynamo.precompiling() if regions else contextlib.nullcontext():
         mega = _dynamo.save_mega_cache()
     if mega is None:
-        reason = (
-            "nothing was compiled with inductor in this process "
-            "(torch.compiler.save_cache_artifacts returned None)"
-        )
+        reason = ("nothing was compiled with inductor in this process "
+                  "(torch.compiler.save_cache_artifacts returned None)")
         return CacheSaveResult(path=target, saved=False, reason=reason)
     mega_bytes, entries = mega
     cache_dir = _dynamo.inductor_cache_dir()
     kernels = collect_kernel_files(cache_dir)
     kernel_bytes = sum(len(f.data) for f in kernels)
     if kernel_bytes > LARGE_KERNEL_BYTES:
-        warnings.warn(
-            f"the compile cache bundles every compiled kernel in {cache_dir!r}: "
-            f"{kernel_bytes / 2**20:.0f} MiB, other runs' kernels included; point "
-            "TORCHINDUCTOR_CACHE_DIR at a folder of this job's own to keep it small.",
-            CompileCacheWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"the compile cache bundles every compiled kernel in {cache_dir!r}: "
+                      f"{kernel_bytes / 2**20:.0f} MiB, other runs' kernels included; point "
+                      "TORCHINDUCTOR_CACHE_DIR at a folder of this job's own to keep it small.",
+                      CompileCacheWarning, stacklevel=4)
     contents = {
         "mega_cache_entries": entries,
         "mega_cache_bytes": len(mega_bytes),
@@ -237,12 +230,8 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
     except Exception as err:  # noqa: BLE001 - a failed save costs the next run a cold compile, not this run
         result.saved = False
         result.reason = f"write failed: {type(err).__name__}: {err}"
-        warnings.warn(
-            f"compile cache not saved to {target!r}: {result.reason}; the previous "
-            "artifact (if any) is unchanged.",
-            CompileCacheWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"compile cache not saved to {target!r}: {result.reason}; the previous "
+                      "artifact (if any) is unchanged.", CompileCacheWarning, stacklevel=3)
         return result
     logger.info("compile cache saved to %r: %s, %d kernel files, %d bytes", target, entries,
                 len(kernels), len(data))
@@ -289,11 +278,8 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
         artifact = unpack(data, current_environment=current_environment())
     except ArtifactRefused as refused:
         result.mismatches = refused.mismatches
-        return _not_loaded(
-            result,
-            f"built in another environment ({refused}); save a new one "
-            "from this environment (torch's cache keys would not catch all of it)",
-        )
+        return _not_loaded(result, f"built in another environment ({refused}); save a new one "
+                           "from this environment (torch's cache keys would not catch all of it)")
     except ArtifactUnreadable as err:
         return _not_loaded(result, f"ignored: {err}")
     try:

@@ -128,12 +128,8 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
             try:
                 session.save()
             except Exception as err:  # noqa: BLE001 - the block's own exception is the one that matters
-                warnings.warn(
-                    f"compile cache not saved to {session.path!r} after an error: "
-                    f"{type(err).__name__}: {err}",
-                    CompileCacheWarning,
-                    stacklevel=3,
-                )
+                warnings.warn(f"compile cache not saved to {session.path!r} after an error: "
+                              f"{type(err).__name__}: {err}", CompileCacheWarning, stacklevel=3)
         raise
     finally:
         session.monitor.stop()

@@ -34,10 +34,8 @@ def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[G
         ['Failed to trace builtin operator']
     """
     if not callable(fn_or_module):
-        raise TypeError(
-            f"explain_graph_breaks expects a function or nn.Module, got "
-            f"{type(fn_or_module).__name__!r}; pass the model or function itself"
-        )
+        raise TypeError(f"explain_graph_breaks expects a function or nn.Module, got "
+                        f"{type(fn_or_module).__name__!r}; pass the model or function itself")
     target = fn_or_module
     if isinstance(fn_or_module, nn.Module):
         module = fn_or_module

@@ -32,10 +32,8 @@ _ACTIVE_STANCE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 # torch/_dynamo/eval_frame.py raises RuntimeError("Detected recompile when torch.compile stance is
 # 'fail_on_recompile'. ...") with the guard failures indented below, one per line.
 _FAIL_PREFIX = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
-_SIZE_MISMATCH = re.compile(
-    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
-    r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
-)
+_SIZE_MISMATCH = re.compile(r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
+                            r"expected (?P<expected>\d+), actual (?P<actual>\d+)")
 _WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)")
 _FILE = re.compile(r"filename: '(?P<file>[^']*)'")
 # one guard failure per line: "- 0/0: L['self'].training == True  # ..."
@@ -48,10 +46,8 @@ _LOCAL = re.compile(r"""^L\[['"](?P<name>\w+)['"]\](?P<rest>.*)$""")
 
 _TORCH_OPTIM = os.path.join("torch", "optim", "")  # torch.optim's files (compiled optimizer steps)
 
-_SHAPE_FIX = (
-    "Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
-    "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)"
-)
+_SHAPE_FIX = ("Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
+              "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)")
 _FIRST_COMPILE_FIX = "Call it once before the block (warmup_shapes runs one call per batch shape)"
 _GUARD_FIX = "Run this variant once before the block, or keep the guarded value fixed"
 _OPTIMIZER_FIRST_FIX = (
@@ -162,10 +158,8 @@ def _recompile_message(err: RuntimeError) -> str:
     else:
         what = "it was never compiled before this block"
         fix = _OPTIMIZER_FIRST_FIX if is_optimizer else _FIRST_COMPILE_FIX
-    return (
-        f"{subject} would recompile inside no_recompiles(): {what}. {fix}.\n"
-        f"Dynamo said: {text}"
-    )
+    return (f"{subject} would recompile inside no_recompiles(): {what}. {fix}.\n"
+            f"Dynamo said: {text}")
 
 
 @contextlib.contextmanager

@@ -17,12 +17,10 @@ __all__ = ["TensorDiff", "compare_tensors", "compare_trees", "leaves", "max_abs_
 
 # (rtol, atol) per dtype: compiled kernels reorder reductions, so these are looser than
 # torch.testing's defaults; measured inductor/eager gaps on the tiny test models are ~3e-7 (fp32).
-_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-2, 1e-3),
-    torch.bfloat16: (5e-2, 1e-2),
-}
+_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {torch.float64: (1e-7, 1e-7),
+                                                       torch.float32: (1e-4, 1e-5),
+                                                       torch.float16: (1e-2, 1e-3),
+                                                       torch.bfloat16: (5e-2, 1e-2)}
 
 @dataclass(kw_only=True, slots=True)
 class TensorDiff:

@@ -21,8 +21,8 @@ LIMIT_PREFIX = "Dynamo recompile limit exceeded"
 
 
 @dataclass(kw_only=True, slots=True)
-class CompiledFrame:
-    """One frame (code object) dynamo compiled: one entry of its cache."""
+class _InCode:
+    """Where a record happened: a code object dynamo compiled, and whose it is."""
 
     function: str
     """The code's name (``forward``, ``torch_dynamo_resume_in_forward_at_42``)."""
@@ -31,7 +31,23 @@ class CompiledFrame:
     line: int | None = None
     """First line of the code."""
     compile_id: str = ""
-    """Dynamo's id (``"3/1"``: frame 3, second compile). Restarts after ``reset()``."""
+    """Dynamo's id of the compile (``"3/1"``: frame 3, second compile). Restarts after ``reset()``."""
+    owner: str | None = None
+    """The module class the code belongs to (``GPT2Block``), once attributed."""
+    region: str | None = None
+    """The marked region whose call was running when dynamo compiled it
+    (:func:`~torchcompile_kit.diagnostics.mark_region`; a ``compile_regional`` block group)."""
+
+    @property
+    def location(self) -> str:
+        """``file:line`` of the code."""
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(kw_only=True, slots=True)
+class CompiledFrame(_InCode):
+    """One frame (code object) dynamo compiled: one entry of its cache."""
+
     graphs: int = 0
     """Graphs the backend compiled for this frame (0 when every op ran eagerly)."""
     ops: int | None = None
@@ -44,18 +60,8 @@ class CompiledFrame:
     """The guard that failed when this compile was a recompile, in ``TORCH_LOGS`` words."""
     failed: str | None = None
     """Why the compile failed (then the frame runs eagerly), first line of torch's reason."""
-    owner: str | None = None
-    """The module class the frame belongs to (``GPT2Block``), once attributed."""
-    region: str | None = None
-    """The marked region whose call was running when dynamo compiled the frame
-    (:func:`~torchcompile_kit.diagnostics.mark_region`; a ``compile_regional`` block group)."""
     sources: list[tuple[str, int]] = field(default_factory=list)
     """``(file, line)`` of the user code in the graph; used to attribute wrapper frames."""
-
-    @property
-    def location(self) -> str:
-        """``file:line`` of the code."""
-        return f"{self.file}:{self.line}"
 
     @property
     def label(self) -> str:
@@ -114,27 +120,16 @@ class GraphBreak:
 
 
 @dataclass(kw_only=True, slots=True)
-class Recompile:
-    """A frame compiled again because a guard of its earlier graph(s) failed."""
+class Recompile(_InCode):
+    """A frame compiled again because a guard of its earlier graph(s) failed (``compile_id``: the
+    new compile's)."""
 
-    function: str
-    """The code that recompiled."""
-    file: str | None = None
-    """Its file."""
-    line: int | None = None
-    """Its first line."""
-    compile_id: str = ""
-    """Dynamo's id of the new compile."""
     reason: str = ""
     """The failed guard of the most recent graph, in ``TORCH_LOGS=recompiles`` words."""
     reasons: list[str] = field(default_factory=list)
     """The failed guards of every earlier graph of this code (most recent first)."""
     frame: int | None = None
     """Index of the new frame in the monitor's ``frames``."""
-    owner: str | None = None
-    """The module class it belongs to, once attributed."""
-    region: str | None = None
-    """The marked region it happened in (see :attr:`CompiledFrame.region`)."""
 
     @property
     def guard(self) -> str:
@@ -150,7 +145,7 @@ class Recompile:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
-        return {**asdict(self), "guard": self.guard, "location": f"{self.file}:{self.line}"}
+        return {**asdict(self), "guard": self.guard, "location": self.location}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -212,27 +207,16 @@ class FirstCallCheck:
 
 
 @dataclass(kw_only=True, slots=True)
-class LimitHit:
-    """Dynamo gave up on a code object: from now on it runs eagerly, and torch says nothing more."""
+class LimitHit(_InCode):
+    """Dynamo gave up on a code object: from now on it runs eagerly, and torch says nothing more
+    (``compile_id``: the refused compile's)."""
 
-    function: str
-    """The code that hit the limit."""
-    file: str | None = None
-    """Its file."""
-    line: int | None = None
-    """Its first line."""
-    compile_id: str = ""
-    """Dynamo's id of the refused compile."""
     limit: int | None = None
     """The limit that was hit (8 by default)."""
     limit_type: str | None = None
     """Which limit: ``recompile_limit`` or ``accumulated_recompile_limit``."""
     last_reason: str | None = None
     """The guard failure that asked for one compile too many."""
-    owner: str | None = None
-    """The module class it belongs to, once attributed."""
-    region: str | None = None
-    """The marked region it happened in (see :attr:`CompiledFrame.region`)."""
 
     def message(self) -> str:
         """A loud one-paragraph explanation with the fix."""
@@ -248,7 +232,7 @@ class LimitHit:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
-        return {**asdict(self), "location": f"{self.file}:{self.line}"}
+        return {**asdict(self), "location": self.location}
 
 
 def is_torch_file(file: str | None) -> bool:

@@ -144,11 +144,9 @@ class CompileTrainerMixin:
         except UnsupportedOptimizerError as err:
             if options is not None:
                 raise
-            warnings.warn(
-                f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
-                "compile_optimizer_kwargs=False to keep it eager without this warning)",
-                stacklevel=2,
-            )
+            warnings.warn(f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
+                          "compile_optimizer_kwargs=False to keep it eager without this warning)",
+                          stacklevel=2)
             return optimizer
         logger.info("CompileTrainer compiled the %s optimizer with compile_optimizer(%s)", name,
                     ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()))

@@ -28,8 +28,7 @@ __all__ = ["compile_optimizer"]
 # Optimizers whose compiled step is tested for parity and recompiles (tests/optim/test_compiled.py).
 # Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
 # step branches on `momentum != 0` in Python, which a tensor would turn into a graph break.
-_SUPPORTED: tuple[type[torch.optim.Optimizer],
-                  ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+_SUPPORTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 _IMPLS = ("step", "foreach_map")
 
 # Marks the function installed as optimizer.step; also tells LRScheduler not to wrap it (it checks
@@ -213,8 +212,7 @@ class _CompiledStep:
         if impl == "foreach_map":
             from .foreach_adam import make_foreach_map_step
 
-            self.compiled_step: Callable[[],
-                                         Any] = make_foreach_map_step(optimizer, **compile_kwargs)
+            self.compiled_step: Callable[[], Any] = make_foreach_map_step(optimizer, **compile_kwargs)
         else:
             self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
         # Per param group: the tensors that stand for its hyperparameters during a step, and

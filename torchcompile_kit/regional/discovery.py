@@ -255,9 +255,8 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
         cls_name = type(model.get_submodule(name)).__name__
         key = (selector, cls_name)
         if key not in groups:
-            groups[key] = BlockGroup(
-                class_name=cls_name, names=[], selector=selector, compile_kwargs=dict(kwargs)
-            )
+            groups[key] = BlockGroup(class_name=cls_name, names=[], selector=selector,
+                                     compile_kwargs=dict(kwargs))
         groups[key].names.append(name)
     plan_groups = list(groups.values())
     return RegionalPlan(groups=plan_groups, eager=eager_remainder(model, plan_groups))

@@ -196,10 +196,8 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
     flags, withdrawn = [], None
     precompiled = (group.precompile_path or "").startswith("precompiled")
     if graphs == 0 and not precompiled:
-        flags.append(
-            "compiled nothing: the blocks ran eagerly (not called while the monitor "
-            "recorded, or dynamo skipped them)"
-        )
+        flags.append("compiled nothing: the blocks ran eagerly (not called while the monitor "
+                     "recorded, or dynamo skipped them)")
     elif graphs > predicted:
         flags.append(f"{graphs} graphs where {predicted} were predicted")
     if counts["graph_breaks"]:

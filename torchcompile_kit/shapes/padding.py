@@ -105,16 +105,10 @@ def pad_to_bucket(sequences: Sequence[Sequence[int] | torch.Tensor], buckets: Se
 
 # Keys padded as sequences, with the pad value each gets ("pad" = the pad token id, "label" = the
 # label pad id). Every sequence key of a batch is padded to the same (bucket) length.
-_SEQUENCE_KEYS: dict[str, str | int] = {
-    "input_ids": "pad",
-    "attention_mask": 0,
-    "token_type_ids": 0,
-    "position_ids": 0,
-    "special_tokens_mask": 1,
-    "labels": "label",
-    "decoder_input_ids": "pad",
-    "decoder_attention_mask": 0,
-}
+_SEQUENCE_KEYS: dict[str, str | int] = {"input_ids": "pad", "attention_mask": 0,
+                                        "token_type_ids": 0, "position_ids": 0,
+                                        "special_tokens_mask": 1, "labels": "label",
+                                        "decoder_input_ids": "pad", "decoder_attention_mask": 0}
 # key -> the key whose per-sample length it must match
 _SAME_LENGTH_AS = {"attention_mask": "input_ids", "token_type_ids": "input_ids",
                    "position_ids": "input_ids", "special_tokens_mask": "input_ids",

@@ -110,10 +110,8 @@ def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str
     offending = None
     if report.failures:
         worst = max(report.failures, key=lambda d: d.ratio)
-        offending = (
-            f"{worst.name}: max_abs={worst.max_abs:.3g}, max_rel={worst.max_rel:.3g} "
-            f"({worst.ratio:.3g}x tolerance){' ' + worst.note if worst.note else ''}"
-        )
+        offending = (f"{worst.name}: max_abs={worst.max_abs:.3g}, max_rel={worst.max_rel:.3g} "
+                     f"({worst.ratio:.3g}x tolerance){' ' + worst.note if worst.note else ''}")
     return GateVerdict(ok=report.ok, offending=offending, summary=report.summary())
 
 

@@ -120,10 +120,8 @@ def recommendation_reason(chosen: CandidateResult | None, candidates: list[Candi
     elif chosen.speedup is None:  # eager itself did not run: nothing to compare with
         text = f"{chosen.name}: the lowest predicted total for {steps_planned:,} steps (eager not measured)"
     elif not chosen.break_even_steps:
-        text = (
-            f"{chosen.name}: {_margin(chosen)}, and its one-off cost is no more "
-            "than eager's: ahead from the first step"
-        )
+        text = (f"{chosen.name}: {_margin(chosen)}, and its one-off cost is no more "
+                "than eager's: ahead from the first step")
     else:
         text = (
             f"{chosen.name}: {_margin(chosen)}, pays back its "
@@ -220,11 +218,9 @@ def bucket_notes(lengths: list[int] | None, batch_size: int,
         "from counts"
     )
     if measured_buckets is not None:
-        note += (
-            f"; the timed 'buckets' row is your make_batch batches each padded up to the "
-            f"smallest of {measured_buckets} that fits (no sampler groups lengths there, so "
-            "it pads more than BucketBatchSampler batches would)"
-        )
+        note += (f"; the timed 'buckets' row is your make_batch batches each padded up to the "
+                 f"smallest of {measured_buckets} that fits (no sampler groups lengths there, so "
+                 "it pads more than BucketBatchSampler batches would)")
     return [note]
 
 

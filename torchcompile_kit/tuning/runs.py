@@ -58,10 +58,8 @@ def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
     eager = next((r for r in done if r.name == "eager" and r.status == "ok"), None)
     floor = eager.wall_s if eager is not None else 0.0
     if result.reason is None and budget.left() <= floor:
-        result.reason = (
-            f"budget: {max(budget.left(), 0):.0f} s left, and one run takes at least "
-            f"~{floor:.0f} s here (eager's run)"
-        )
+        result.reason = (f"budget: {max(budget.left(), 0):.0f} s left, and one run takes at least "
+                         f"~{floor:.0f} s here (eager's run)")
     if result.reason is not None:
         emit(
             {
