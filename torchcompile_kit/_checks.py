@@ -44,10 +44,8 @@ def check_positive_int(name: str, value: Any, *, error: type[Exception] = ValueE
 def check_module(name: str, value: Any) -> nn.Module:
     """``value`` if it is an ``nn.Module``, else ``TypeError`` saying what was passed instead."""
     if not isinstance(value, nn.Module):
-        raise TypeError(
-            f"{name} must be a torch.nn.Module, got {type(value).__name__} ({value!r:.80}); "
-            "pass the model object itself."
-        )
+        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} "
+                        f"({value!r:.80}); pass the model object itself.")
     return value
 
 

@@ -37,10 +37,9 @@ def import_factory(text: str, *, error: type[Exception] = ValueError, flag: str 
     except error:
         raise
     except Exception as err:  # any import-time failure is the user's module's
-        raise error(
-            f"{flag} {text!r}: importing {module_name!r} failed with {type(err).__name__}: {err}. "
-            "Run from the directory that contains it, or pass a path: path/file.py:fn"
-        ) from err
+        raise error(f"{flag} {text!r}: importing {module_name!r} failed with "
+                    f"{type(err).__name__}: {err}. Run from the directory that contains it, or "
+                    "pass a path: path/file.py:fn") from err
     function = getattr(module, function_name, None)
     if not callable(function):
         raise error(f"{flag} {text!r}: module {module_name!r} has no callable {function_name!r}")

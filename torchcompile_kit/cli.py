@@ -57,10 +57,9 @@ def _pin(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="torchcompile-kit",
-        description="Measure, on this machine, what each torch.compile recipe buys.",
-    )
+    parser = argparse.ArgumentParser(prog="torchcompile-kit",
+                                     description="Measure, on this machine, what each "
+                                     "torch.compile recipe buys.")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser(
         "bench",

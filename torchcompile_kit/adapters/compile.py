@@ -147,14 +147,13 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
                     ) if plan is not None else limit
     else:
         if compile_kwargs.pop("precompile", False):
-            warnings.warn(
-                "compile_peft(regional=False, precompile=True): a whole PeftModel is not "
-                "precompiled: torch saves its entry but cannot load it again (measured on torch "
-                "2.10, 2.13 and 2.15: objects in its guards that do not survive the save), so a "
-                "restart traces it again (its kernels still load from the cache). Use the "
-                "default regional=True to precompile its blocks.",
-                stacklevel=2,
-            )
+            warnings.warn("compile_peft(regional=False, precompile=True): a whole PeftModel is "
+                          "not precompiled: torch saves its entry but cannot load it again "
+                          "(measured on torch 2.10, 2.13 and 2.15: objects in its guards that do "
+                          "not survive the save), so a restart traces it again (its kernels still "
+                          "load from the cache). Use the default regional=True to precompile its "
+                          "blocks.",
+                          stacklevel=2)
         compile_model(model, verify=False, **compile_kwargs)  # the guard below checks
     if facts.is_peft_model:
         record = PeftCompileRecord(regional=regional, hook_guards=hook_guards, generate=generate,
@@ -172,10 +171,9 @@ def _prepare_hotswap(model: nn.Module, target_rank: int) -> None:
     not_lora = {n: str(getattr(c.peft_type, "value", c.peft_type)) for n, c in configs.items()}
     not_lora = {n: kind for n, kind in not_lora.items() if kind != "LORA"}
     if not_lora:
-        raise ValueError(
-            f"hotswap_target_rank={target_rank!r} needs LoRA adapters only, but {not_lora!r} are "
-            "not LoRA; peft hotswaps LoRA only. Drop hotswap_target_rank, or use LoRA adapters."
-        )
+        raise ValueError(f"hotswap_target_rank={target_rank!r} needs LoRA adapters only, but "
+                         f"{not_lora!r} are not LoRA; peft hotswaps LoRA only. Drop "
+                         "hotswap_target_rank, or use LoRA adapters.")
     prepare_model_for_compiled_hotswap(model, target_rank=target_rank, config=configs)
 
 

@@ -118,10 +118,8 @@ def _refusal_message(refusals: list[SafetyFinding], subject: str, stage: Stage,
         return f"{operation}: {not_peft.message}"
     lines = "\n".join(f"  - {f}" for f in refusals)
     if stage == "runtime":
-        return (
-            f"refusing {operation}() on the compiled {subject}: {len(refusals)} rule(s) violated:\n"
-            f"{lines}\nFix each one, or compile with compile_peft(..., on_violation='warn') to "
-            "go ahead anyway."
-        )
+        return (f"refusing {operation}() on the compiled {subject}: {len(refusals)} rule(s) "
+                f"violated:\n{lines}\nFix each one, or compile with compile_peft(..., "
+                "on_violation='warn') to go ahead anyway.")
     return (f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
             "Fix each one, or pass on_violation='warn' to go ahead anyway.")

@@ -25,30 +25,22 @@ def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: 
         {'default': 'LORA'}
     """
     inner = model._orig_mod if _dynamo.is_torch_compile_wrapper(model) else model
-    named = list(inner.named_modules())
     facts = AdapterFacts(
         model_class=type(model).__name__,
         compiled_modules=(["<model>"] if inner is not model else [])
         + [name or "<model>" for name in _dynamo.compiled_module_names(inner)],
-        wrapped_before_peft=[
-            name for name, m in named if name and _dynamo.is_torch_compile_wrapper(m)
-        ],
-        training=inner.training if training is None else training,
-        fullgraph=fullgraph,
-        backend=backend
-        if isinstance(backend, str)
-        else getattr(backend, "__name__", repr(backend)),
-        freezing=_is_freezing(backend, options),
-        recompile_limit=_dynamo.recompile_limit(),
-        device_type=next(inner.parameters(), torch.empty(0)).device.type,
-    )
+        wrapped_before_peft=[name for name, m in inner.named_modules()
+                             if name and _dynamo.is_torch_compile_wrapper(m)],
+        training=inner.training if training is None else training, fullgraph=fullgraph,
+        backend=backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend)),
+        freezing=_is_freezing(backend, options), recompile_limit=_dynamo.recompile_limit(),
+        device_type=next(inner.parameters(), torch.empty(0)).device.type)
     configs = getattr(inner, "peft_config", None)
     if not is_package_available("peft") or not isinstance(configs, dict) or not configs:
         facts.is_peft_model = False
         return facts
 
     from peft import PeftMixedModel
-    from peft.tuners.lora import LoraLayer
 
     facts.is_mixed_model = isinstance(inner, PeftMixedModel)
     for name, config in configs.items():
@@ -63,11 +55,6 @@ def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: 
         dropouts = ("lora_dropout", "rank_dropout", "module_dropout")
         if any((getattr(config, attr, 0.0) or 0.0) > 0 for attr in dropouts):
             facts.dropout_adapters.append(name)
-    facts.lora_embedding_layers = [
-        name
-        for name, m in named
-        if isinstance(m, LoraLayer) and isinstance(m.get_base_layer(), nn.Embedding)
-    ]
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     facts.quantization = _quantization(base)
     # transformers 5 renamed the property; reading the old name warns

@@ -85,11 +85,6 @@ class PeftCompileRecord:
         verdicts = {d.verdict for d in self.decisions}
         return "refused" if "refused" in verdicts else "warned" if "warned" in verdicts else "ok"
 
-    @property
-    def rule_ids(self) -> list[str]:
-        """The ids of :attr:`decisions`, in order."""
-        return [d.rule_id for d in self.decisions]
-
     def as_dict(self) -> dict[str, Any]:
         """Plain, JSON-able data (``verdict`` included)."""
         data = asdict(self)

@@ -19,22 +19,8 @@ Severity = Literal["refuse", "warn"]
 
 # Methods whose outputs and gradients matched eager here (tests/adapters/test_compile.py matrix), plus
 # VB-LoRA and MiSS, which peft's own tests/test_torch_compile.py covers.
-TESTED_PEFT_TYPES = frozenset(
-    {
-        "LORA",
-        "ADALORA",
-        "BOFT",
-        "IA3",
-        "LN_TUNING",
-        "LOHA",
-        "LOKR",
-        "OFT",
-        "VERA",
-        "HRA",
-        "VBLORA",
-        "MISS",
-    }
-)
+TESTED_PEFT_TYPES = frozenset({"LORA", "ADALORA", "BOFT", "IA3", "LN_TUNING", "LOHA", "LOKR", "OFT",
+                               "VERA", "HRA", "VBLORA", "MISS"})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,8 +43,6 @@ class AdapterFacts:
     prompt_learning: list[str] = field(default_factory=list)
     """Adapters that are prompt-learning methods."""
     dora_adapters: list[str] = field(default_factory=list)
-    lora_embedding_layers: list[str] = field(default_factory=list)
-    """LoRA layers whose base layer is an ``nn.Embedding``."""
     target_parameters_adapters: list[str] = field(default_factory=list)
     dropout_adapters: list[str] = field(default_factory=list)
     """Adapters with a dropout > 0 (``lora_dropout``, ``rank_dropout``, ``module_dropout``)."""
@@ -103,10 +87,6 @@ class AdapterRule:
     @property
     def stage(self) -> Literal["static", "runtime"]:
         return "static" if self.check is not None else "runtime"
-
-    @property
-    def versions(self) -> str:
-        return f"torch >= {self.torch_since}" if self.torch_since else "all"
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

@@ -127,11 +127,7 @@ def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[d
         inputs = torch.cat([torch.tensor([START_ID]), caption])
         image = torch.randn(3, preset.image_size, preset.image_size, generator=gen)
         samples.append(
-            {
-                "pixel_values": image,
-                "decoder_input_ids": inputs,
-                "decoder_attention_mask": torch.ones(length, dtype=torch.long),
-                "labels": labels,
-            }
+            {"pixel_values": image, "decoder_input_ids": inputs,
+             "decoder_attention_mask": torch.ones(length, dtype=torch.long), "labels": labels}
         )
     return samples

@@ -51,10 +51,8 @@ class MeasureConfig:
         for name in ("steps", "warmup_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(
-                    f"MeasureConfig({name}={value!r}): must be a positive number of steps, or None "
-                    "for the preset's"
-                )
+                raise ValueError(f"MeasureConfig({name}={value!r}): must be a positive number of "
+                                 "steps, or None for the preset's")
         if not self.steady_s >= 0:
             raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
         if self.pin is not None:
@@ -74,10 +72,8 @@ class MeasureConfig:
         except ValueError:
             train = compile_ = []
         if not train or not compile_ or set(train) & set(compile_):
-            raise ValueError(
-                f"MeasureConfig(pin={self.pin!r}): pass TRAIN:COMPILE CPU lists that do not overlap, "
-                "e.g. '0:1' (train on CPU 0, compile on CPU 1)"
-            )
+            raise ValueError(f"MeasureConfig(pin={self.pin!r}): pass TRAIN:COMPILE CPU lists that "
+                             "do not overlap, e.g. '0:1' (train on CPU 0, compile on CPU 1)")
         return train, compile_
 
     def backend_or_default(self) -> str:

@@ -38,10 +38,8 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
             return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
         if backend == "inductor" and device_type == "cpu":
-            return (
-                "compile_regional(nested=True) refuses inductor on CPU: its gradients were measured "
-                "to differ from eager (torch 2.13); see docs/regional.md"
-            )
+            return ("compile_regional(nested=True) refuses inductor on CPU: its gradients were "
+                    "measured to differ from eager (torch 2.13); see docs/regional.md")
     if recipe.world_size > 1:
         import torch.distributed as dist
 

@@ -219,10 +219,8 @@ def not_quotable(metrics: Metrics) -> list[str]:
     if blocks is not None and (low is None or high is None):
         reasons.append(f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more --steps)")
     elif ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
-        reasons.append(
-            f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans {(high - low) / ratio:.0%} "
-            f"of the ratio (limit {WIDTH_LIMIT:.0%})"
-        )
+        reasons.append(f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans "
+                       f"{(high - low) / ratio:.0%} of the ratio (limit {WIDTH_LIMIT:.0%})")
     return reasons
 
 

@@ -126,14 +126,12 @@ def setup_source(recipe: Recipe, *, backend: str = "inductor",
         impl = ", impl='foreach_map'" if recipe.optimizer == "foreach_map" else ""
         lines.append(f"optimizer = compile_optimizer(optimizer{impl}{backend_kw})  # its step compiled")
     elif recipe.optimizer == "fused":
-        lines += [
-            "# your Adam/AdamW rebuilt with fused=True: same param groups and hyperparameters",
-            "optimizer = type(optimizer)(",
-            "    [{k: v for k, v in g.items() if k not in ('foreach', 'fused')}",
-            "     for g in optimizer.param_groups],",
-            "    fused=True,",
-            ")",
-        ]
+        lines += ["# your Adam/AdamW rebuilt with fused=True: same param groups and hyperparameters",
+                  "optimizer = type(optimizer)(",
+                  "    [{k: v for k, v in g.items() if k not in ('foreach', 'fused')}",
+                  "     for g in optimizer.param_groups],",
+                  "    fused=True,",
+                  ")"]
     head = [f"from torchcompile_kit import {', '.join(sorted(imports))}"] if imports else []
     if "BackgroundCompile(" in args:
         head.append("from torchcompile_kit.regional import BackgroundCompile")
@@ -152,10 +150,9 @@ def apply_recipe(recipe: Recipe, ctx: RecipeContext) -> None:
     import torch
 
     if recipe.optimizer == "fused" and not isinstance(ctx.optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        raise TypeError(
-            f"recipe {recipe.name!r} rebuilds the optimizer with fused=True, which needs Adam or "
-            f"AdamW; the run's optimizer is {type(ctx.optimizer).__name__!r}: leave this recipe out"
-        )
+        raise TypeError(f"recipe {recipe.name!r} rebuilds the optimizer with fused=True, which "
+                        "needs Adam or AdamW; the run's optimizer is "
+                        f"{type(ctx.optimizer).__name__!r}: leave this recipe out")
     source = "\n".join(setup_source(recipe, backend=ctx.backend, overrides=ctx.overrides))
     namespace = {"torch": torch, "model": ctx.model, "optimizer": ctx.optimizer}
     exec(compile(source, f"<recipe {recipe.name}>", "exec"), namespace)  # noqa: S102 - our own lines

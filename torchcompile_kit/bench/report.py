@@ -36,13 +36,12 @@ _GROUP_TITLES = {
     "warm-up": "warm-up (cold vs warm compile); × base = ratio to eager",
     "distributed": "distributed",
 }
-_HOW_TO_READ = (
-    "× base: the median of the per-block ratios of the row's steps to its baseline's, stepped in "
-    "alternating blocks in the row's own process (load that comes and goes hits both); 95% "
-    "interval: bootstrap over the blocks. others CPU: the share of the machine's CPU other "
-    "processes used during the row. quote NO: see the note under the table. A row whose "
-    "interval reads 'unpaired' (--no-pair, DDP) divides its steps/s by the baseline row's."
-)
+_HOW_TO_READ = ("× base: the median of the per-block ratios of the row's steps to its baseline's, "
+                "stepped in alternating blocks in the row's own process (load that comes and goes "
+                "hits both); 95% interval: bootstrap over the blocks. others CPU: the share of "
+                "the machine's CPU other processes used during the row. quote NO: see the note "
+                "under the table. A row whose interval reads 'unpaired' (--no-pair, DDP) divides "
+                "its steps/s by the baseline row's.")
 _ADVICE = "re-run on a quiet machine, or with --repeat 3 (each row 3 times in rounds, blocks pooled)"
 
 
@@ -158,11 +157,10 @@ def restart_path(metrics: Metrics) -> str | None:
     graphs = ("graphs from the cache" if hits and not misses
               else f"{misses} graph(s) compiled again" if misses
               else "no graph compiled" if not frames else "no cached graph used")
-    rest = (
-        f"{'re-traced' if frames else 'not re-traced'}, {graphs} ({traced}; FX-graph cache "
-        f"{stats.get('fxgraph_cache_hit', 0)} hits / {stats.get('fxgraph_cache_miss', 0)} misses, "
-        f"AOTAutograd {stats.get('autograd_cache_hit', 0)} / {stats.get('autograd_cache_miss', 0)})"
-    )
+    rest = (f"{'re-traced' if frames else 'not re-traced'}, {graphs} ({traced}; FX-graph cache "
+            f"{stats.get('fxgraph_cache_hit', 0)} hits / {stats.get('fxgraph_cache_miss', 0)} "
+            f"misses, AOTAutograd {stats.get('autograd_cache_hit', 0)} / "
+            f"{stats.get('autograd_cache_miss', 0)})")
     if not metrics.regions:
         return rest
     return "; ".join(f"{name} {path}" for name, path in metrics.regions.items()) + f"; the rest {rest}"
@@ -279,8 +277,7 @@ def format_comparison(first: BenchResults, second: BenchResults, *,
     lines = []
     for label, doc in ((a, first), (b, second)):
         env, settings = doc.environment, doc.settings
-        lines.append(
-            f"{label}: {settings.get('model')}, preset {settings.get('preset')}, {env.get('device')}, "
-            f"torch {env.get('torch')}, {env.get('date', '')[:10]}, commit {env.get('git_commit')}"
-        )
+        lines.append(f"{label}: {settings.get('model')}, preset {settings.get('preset')}, "
+                     f"{env.get('device')}, torch {env.get('torch')}, {env.get('date', '')[:10]}, "
+                     f"commit {env.get('git_commit')}")
     return "\n".join([*lines, "", render_table(header, body, markdown=markdown)])

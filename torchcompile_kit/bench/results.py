@@ -122,10 +122,8 @@ def load_results(path: str | os.PathLike[str]) -> BenchResults:
     if file.is_dir():
         file = file / RESULTS_FILE
     if not file.is_file():
-        raise ResultsFileError(
-            f"no results at {str(file)!r}; pass the --out directory of a bench run or its "
-            f"{RESULTS_FILE}"
-        )
+        raise ResultsFileError(f"no results at {str(file)!r}; pass the --out directory of a bench "
+                               f"run or its {RESULTS_FILE}")
     try:
         data = json.loads(file.read_text())
     except ValueError as err:

@@ -70,10 +70,8 @@ def run_recipe_isolated(recipe: str, *, spec: str | None = None,
 
     check_recipe_names([recipe] + ([pair_with] if pair_with else []))
     if pair_with and RECIPES[pair_with].baseline != pair_with:
-        raise ValueError(
-            f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); pass one of "
-            f"{sorted({r.baseline for r in RECIPES.values()})!r}, or None"
-        )
+        raise ValueError(f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); "
+                         f"pass one of {sorted({r.baseline for r in RECIPES.values()})!r}, or None")
     out = Path(out_dir)
     work = out / "_work" / recipe
     shutil.rmtree(work, ignore_errors=True)
@@ -132,10 +130,8 @@ def _run_children(request: dict[str, Any], work: Path, log_path: Path, world_siz
     command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
     logs = [open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w") for r in range(world_size)]
     procs = [
-        subprocess.Popen(
-            command, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, stderr=logs[r],
-            text=True, env=_child_env(work, r, world_size, port),
-        )
+        subprocess.Popen(command, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                         stderr=logs[r], text=True, env=_child_env(work, r, world_size, port))
         for r in range(world_size)
     ]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -157,20 +153,17 @@ def _run_children(request: dict[str, Any], work: Path, log_path: Path, world_siz
     if path.is_file():
         return RecipeResult.from_dict(json.loads(path.read_text()))
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-    return RecipeResult(
-        name=name, status="failed",
-        error=f"the recipe's process exited with code {procs[0].returncode} and wrote no result "
-        f"(log: {log_path}):\n{tail}",
-    )
+    return RecipeResult(name=name, status="failed",
+                        error=f"the recipe's process exited with code {procs[0].returncode} and "
+                        f"wrote no result (log: {log_path}):\n{tail}")
 
 
 def _run_in_process(request: dict[str, Any], world_size: int,
                     on_event: Callable[[dict[str, Any]], None] | None) -> RecipeResult:
     if world_size > 1:
-        return RecipeResult(
-            name=request["recipe"], status="skipped",
-            reason=f"{INPROCESS_ENV}=1 runs recipes in this process; {world_size} ranks need processes",
-        )
+        return RecipeResult(name=request["recipe"], status="skipped",
+                            reason=f"{INPROCESS_ENV}=1 runs recipes in this process; {world_size} "
+                            "ranks need processes")
     from .. import _dynamo
     from .execute import execute_request
 

@@ -33,10 +33,9 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as err:
-        raise ImportError(
-            f"compile cache path {url!r} is a URL, which needs fsspec (and the filesystem's own "
-            f"package, e.g. s3fs for s3://); install it with {_REMOTE_HINT}, or pass a local path."
-        ) from err
+        raise ImportError(f"compile cache path {url!r} is a URL, which needs fsspec (and the "
+                          "filesystem's own package, e.g. s3fs for s3://); install it with "
+                          f"{_REMOTE_HINT}, or pass a local path.") from err
     return fsspec.core.url_to_fs(url)
 
 

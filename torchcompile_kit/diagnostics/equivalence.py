@@ -56,15 +56,13 @@ class EquivalenceReport:
     def summary(self) -> str:
         """A few lines: verdict, counts, the worst tensor, notes."""
         worst = self.worst
-        lines = [
-            f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
-            f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors within tolerance"
-        ]
+        lines = [f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
+                 f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors within "
+                 "tolerance"]
         if worst is not None:
-            lines.append(
-                f"worst: {worst.name} max_abs={worst.max_abs:.3g} max_rel={worst.max_rel:.3g} "
-                f"({worst.ratio:.3g}x tolerance){' ' + worst.note if worst.note else ''}"
-            )
+            lines.append(f"worst: {worst.name} max_abs={worst.max_abs:.3g} "
+                         f"max_rel={worst.max_rel:.3g} ({worst.ratio:.3g}x "
+                         f"tolerance){' ' + worst.note if worst.note else ''}")
         if self.failed_steps:
             lines.append(f"first failing step: {self.failed_steps[0]}")
         lines += [f"failed: {d.name}" for d in self.failures[:10]]
@@ -177,11 +175,10 @@ def check_compile_equivalence(
     """
     _check_uncompiled(model)
     if (example_inputs is None) == (steps is None):
-        raise ValueError(
-            "pass exactly one of example_inputs (one batch: outputs, gradients, a step) and steps "
-            f"(a sequence compared after each step); got example_inputs={type(example_inputs).__name__}, "
-            f"steps={type(steps).__name__}."
-        )
+        raise ValueError("pass exactly one of example_inputs (one batch: outputs, gradients, a "
+                         "step) and steps (a sequence compared after each step); got "
+                         f"example_inputs={type(example_inputs).__name__}, "
+                         f"steps={type(steps).__name__}.")
     kwargs = {"backend": backend, **(compile_kwargs or {})}
     report = EquivalenceReport(ok=True, backend=_backend_name(backend))
     reference = copy.deepcopy(model)
@@ -201,10 +198,8 @@ def check_compile_equivalence(
     if perturbed:
         effect = max_abs_difference(_run_eval(copy.deepcopy(model), example_inputs, seed), eager_out)
         if effect == 0:
-            report.notes.append(
-                "the perturbed adapters do not change the outputs: this check cannot tell whether "
-                "the compiled model applies them"
-            )
+            report.notes.append("the perturbed adapters do not change the outputs: this check "
+                                "cannot tell whether the compiled model applies them")
     if check_grads:
         report.diffs += _compare_training(eager, compiled, example_inputs, seed, dropout, tolerance)
     report.ok = all(d.ok for d in report.diffs)
@@ -218,17 +213,15 @@ def _check_uncompiled(model: object) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
     if _dynamo.is_torch_compile_wrapper(model):
-        raise ValueError(
-            f"model is a torch.compile wrapper ({type(model).__name__}); pass the uncompiled module "
-            "(model._orig_mod) and the compile settings via backend=/compile_kwargs=/compile_fn=."
-        )
+        raise ValueError(f"model is a torch.compile wrapper ({type(model).__name__}); pass the "
+                         "uncompiled module (model._orig_mod) and the compile settings via "
+                         "backend=/compile_kwargs=/compile_fn=.")
     compiled = [n or "<model>" for n in _dynamo.compiled_module_names(model)]
     if compiled:
-        raise ValueError(
-            f"model is already compiled in place ({compiled[:4]!r}); a deep copy would still run the "
-            "original's compiled code. Pass the model before compiling (torchcompile_kit.uncompile "
-            "(model)) and say how to compile it with compile_fn=, e.g. compile_fn=compile_peft."
-        )
+        raise ValueError(f"model is already compiled in place ({compiled[:4]!r}); a deep copy "
+                         "would still run the original's compiled code. Pass the model before "
+                         "compiling (torchcompile_kit.uncompile (model)) and say how to compile "
+                         "it with compile_fn=, e.g. compile_fn=compile_peft.")
 
 
 def _backend_name(backend: Any) -> str:
@@ -308,10 +301,9 @@ def _loss(output: Any) -> torch.Tensor:
         return loss
     tensors = [t for _, t in leaves(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
-        raise ValueError(
-            "check_grads=True needs a differentiable output: the model returned no 'loss' and no "
-            "floating-point tensor that requires grad. Pass check_grads=False, or labels."
-        )
+        raise ValueError("check_grads=True needs a differentiable output: the model returned no "
+                         "'loss' and no floating-point tensor that requires grad. Pass "
+                         "check_grads=False, or labels.")
     return sum(t.float().square().mean() for t in tensors)
 
 

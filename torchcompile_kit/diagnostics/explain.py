@@ -54,8 +54,6 @@ def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[G
         monitor.attribute(fn_or_module)
     if not isolated:
         for found in breaks:
-            found.hints.append(
-                "explain_graph_breaks: this torch has no isolate_recompiles, so the traced frames "
-                "used one entry of their recompile budget"
-            )
+            found.hints.append("explain_graph_breaks: this torch has no isolate_recompiles, so "
+                               "the traced frames used one entry of their recompile budget")
     return breaks

@@ -47,11 +47,9 @@ def check_verify_arg(verify: Any, *, recipe: str) -> bool | None:
     """
     if verify is None or isinstance(verify, bool):
         return verify
-    raise TypeError(
-        f"{recipe}: verify={verify!r} must be True (compare the first call with eager), False "
-        "(do not) or None (the recipe's default, see its docstring); got "
-        f"{type(verify).__name__}."
-    )
+    raise TypeError(f"{recipe}: verify={verify!r} must be True (compare the first call with "
+                    "eager), False (do not) or None (the recipe's default, see its docstring); "
+                    f"got {type(verify).__name__}.")
 
 
 def _default_state(args: tuple, kwargs: dict) -> Hashable:
@@ -362,12 +360,11 @@ def mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restore
             else "the call raised before returning its result")
     infinite = math.isinf(largest.max_abs)
     biggest = f"{largest.note}" if infinite else f"{largest.max_abs:.3g}"
-    return (
-        f"{record.recipe} computed a different result than eager at its first call "
-        f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: largest "
-        f"difference {biggest} in {largest.name!r} (worst {worst.name!r}, {worst.ratio:.3g}x its "
-        f"tolerance); {len(failures)} of {record.tensors} tensors outside tolerance: {shown}. "
-        f"Nothing was trained on it ({kept}). This torch/backend miscomputes this recipe: use "
-        "another recipe or backend (e.g. compile_regional(model) block by block), report it with "
-        "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway."
-    )
+    return (f"{record.recipe} computed a different result than eager at its first call "
+            f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: "
+            f"largest difference {biggest} in {largest.name!r} (worst {worst.name!r}, "
+            f"{worst.ratio:.3g}x its tolerance); {len(failures)} of {record.tensors} tensors "
+            f"outside tolerance: {shown}. Nothing was trained on it ({kept}). This torch/backend "
+            "miscomputes this recipe: use another recipe or backend (e.g. "
+            "compile_regional(model) block by block), report it with "
+            "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway.")

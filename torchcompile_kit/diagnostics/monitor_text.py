@@ -40,10 +40,9 @@ def format_summary(monitor: Any) -> str:
         lines.append("frames compiled (seconds fwd+bwd, graphs, compile id, code):")
         for frame in monitor.frames:
             extra = f"  FAILED: {frame.failed}" if frame.failed else ""
-            lines.append(
-                f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} graph(s)  "
-                f"[{frame.compile_id}]  {frame.label}  ({frame.location}){extra}"
-            )
+            lines.append(f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} "
+                         f"graph(s)  [{frame.compile_id}]  {frame.label}  "
+                         f"({frame.location}){extra}")
     for title, breaks in (
         ("graph breaks (user code, reason):", [b for b in monitor.graph_breaks if not b.in_torch]),
         (_TORCH_BREAKS_TITLE, [b for b in monitor.graph_breaks if b.in_torch]),

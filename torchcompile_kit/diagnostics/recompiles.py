@@ -50,19 +50,17 @@ _SHAPE_FIX = ("Warm this shape up first (warmup_shapes), pad it to a warmed-up b
               "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)")
 _FIRST_COMPILE_FIX = "Call it once before the block (warmup_shapes runs one call per batch shape)"
 _GUARD_FIX = "Run this variant once before the block, or keep the guarded value fixed"
-_OPTIMIZER_FIRST_FIX = (
-    "A compiled optimizer step compiles at its first call and again once the optimizer has "
-    "state (its second step). compile_optimizer(optimizer) runs the first step eagerly and may "
-    "compile at the second inside no_recompiles(); if you compiled optimizer.step yourself, run "
-    "two optimizer steps before the block, or use compile_optimizer"
-)
-_OPTIMIZER_GUARD_FIX = (
-    "An optimizer step recompiles when a float hyperparameter changes (compile_optimizer holds "
-    "lr and Adam's betas as tensors; SGD's momentum, eps and weight_decay stay floats), when a "
-    "parameter gains or loses its gradient (a layer frozen or unfrozen), or when a param group "
-    "is added. Make such a change before the block and run one optimizer step after it, or "
-    "compile the optimizer with compile_optimizer"
-)
+_OPTIMIZER_FIRST_FIX = ("A compiled optimizer step compiles at its first call and again once the "
+                        "optimizer has state (its second step). compile_optimizer(optimizer) runs "
+                        "the first step eagerly and may compile at the second inside "
+                        "no_recompiles(); if you compiled optimizer.step yourself, run two "
+                        "optimizer steps before the block, or use compile_optimizer")
+_OPTIMIZER_GUARD_FIX = ("An optimizer step recompiles when a float hyperparameter changes "
+                        "(compile_optimizer holds lr and Adam's betas as tensors; SGD's momentum, "
+                        "eps and weight_decay stay floats), when a parameter gains or loses its "
+                        "gradient (a layer frozen or unfrozen), or when a param group is added. "
+                        "Make such a change before the block and run one optimizer step after it, "
+                        "or compile the optimizer with compile_optimizer")
 
 
 def _frame_owner(tb: TracebackType | None, file: str | None, function: str | None,

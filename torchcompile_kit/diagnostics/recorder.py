@@ -182,16 +182,10 @@ class TraceRecorder(logging.Handler):
                 failed = f"{metrics['fail_type']}: {reason[0] if reason else ''}".strip()
             index = len(self.frames)
             self.frames.append(
-                CompiledFrame(
-                    **where,
-                    graphs=flight.graphs,
-                    ops=metrics.get("graph_op_count"),
-                    seconds=_seconds(metrics, "entire_frame_compile_time_s"),
-                    recompile_reason=metrics.get("recompile_reason"),
-                    failed=failed,
-                    region=flight.region,
-                    sources=flight.sources,
-                )
+                CompiledFrame(**where, graphs=flight.graphs, ops=metrics.get("graph_op_count"),
+                              seconds=_seconds(metrics, "entire_frame_compile_time_s"),
+                              recompile_reason=metrics.get("recompile_reason"), failed=failed,
+                              region=flight.region, sources=flight.sources)
             )
             for found in flight.breaks:
                 found.region = flight.region
@@ -199,10 +193,8 @@ class TraceRecorder(logging.Handler):
             reason = metrics.get("recompile_reason")
             if reason:
                 self.recompiles.append(
-                    Recompile(
-                        **where, reason=reason, reasons=flight.reasons or [reason], frame=index,
-                        region=flight.region,
-                    )
+                    Recompile(**where, reason=reason, reasons=flight.reasons or [reason],
+                              frame=index, region=flight.region)
                 )
 
     def _add_break(self, found: GraphBreak, *, function: str | None, compile_id: str,

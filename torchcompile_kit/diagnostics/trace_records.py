@@ -220,15 +220,12 @@ class LimitHit(_InCode):
 
     def message(self) -> str:
         """A loud one-paragraph explanation with the fix."""
-        return (
-            f"RECOMPILE LIMIT HIT: {self.function} ({self.file}:{self.line}) reached "
-            f"{self.limit_type or 'recompile_limit'}={self.limit}; it now runs EAGERLY for every "
-            f"new variant and torch will not say so again. Last failing guard: "
-            f"{short_reason(self.last_reason)}. Fix the cause (pad shapes to buckets, mark dims "
-            f"dynamic, make per-instance state a tensor) or raise the limit for this function only "
-            f"with "
-            f"torch.compile(..., recompile_limit=N)."
-        )
+        return (f"RECOMPILE LIMIT HIT: {self.function} ({self.file}:{self.line}) reached "
+                f"{self.limit_type or 'recompile_limit'}={self.limit}; it now runs EAGERLY for "
+                "every new variant and torch will not say so again. Last failing guard: "
+                f"{short_reason(self.last_reason)}. Fix the cause (pad shapes to buckets, mark "
+                "dims dynamic, make per-instance state a tensor) or raise the limit for this "
+                "function only with torch.compile(..., recompile_limit=N).")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""

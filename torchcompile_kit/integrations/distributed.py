@@ -96,11 +96,10 @@ def apply_fsdp2_regional(model: nn.Module, *, checkpointing: bool = False, block
 
     check_module("model", model)
     if get_regional_plan(model) is not None:
-        raise ValueError(
-            f"{type(model).__name__} is already regionally compiled; apply_fsdp2_regional must "
-            "checkpoint before it compiles. Call torchcompile_kit.uncompile(model) first, or "
-            "pass the model before compile_regional."
-        )
+        raise ValueError(f"{type(model).__name__} is already regionally compiled; "
+                         "apply_fsdp2_regional must checkpoint before it compiles. Call "
+                         "torchcompile_kit.uncompile(model) first, or pass the model before "
+                         "compile_regional.")
     if checkpointing:
         enable_activation_checkpointing(model, blocks=blocks)
     compile_regional(model, blocks=blocks, **(compile_kwargs or {}))

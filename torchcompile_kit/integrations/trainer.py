@@ -68,19 +68,16 @@ class CompileTrainerMixin:
         _refuse_whole_model_compile(self.args, self.model)
         if train_batch_sampler is not None:
             if not isinstance(train_batch_sampler, BucketBatchSampler):
-                raise BatchShapeError(
-                    f"train_batch_sampler must be a BucketBatchSampler, got "
-                    f"{type(train_batch_sampler).__name__!r}; for another sampler override "
-                    "get_train_dataloader"
-                )
+                raise BatchShapeError("train_batch_sampler must be a BucketBatchSampler, got "
+                                      f"{type(train_batch_sampler).__name__!r}; for another "
+                                      "sampler override get_train_dataloader")
             check_sharding(train_batch_sampler, self.args.world_size)
         self.train_batch_sampler = train_batch_sampler
         if compile_optimizer_kwargs is not None and compile_optimizer_kwargs is not False:
             if not isinstance(compile_optimizer_kwargs, dict):
-                raise TypeError(
-                    f"compile_optimizer_kwargs must be a dict, None (compile if possible) or "
-                    f"False (keep the optimizer eager), got {compile_optimizer_kwargs!r}"
-                )
+                raise TypeError("compile_optimizer_kwargs must be a dict, None (compile if "
+                                "possible) or False (keep the optimizer eager), got "
+                                f"{compile_optimizer_kwargs!r}")
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
         self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
@@ -188,13 +185,12 @@ def _refuse_whole_model_compile(args: Any, model: Any) -> None:
     if not getattr(args, "torch_compile", False) or model is None:
         return
     if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
-        raise ValueError(
-            f"TrainingArguments(torch_compile=True) on a regionally compiled "
-            f"{type(model).__name__}: accelerate would torch.compile the whole model and the "
-            "blocks' own graphs would never run (more graphs, graph breaks, slower). Pass "
-            "TrainingArguments(torch_compile=False) and keep compile_regional(model, ...) "
-            "(put torch_compile_backend/mode into compile_regional's keyword arguments)."
-        )
+        raise ValueError("TrainingArguments(torch_compile=True) on a regionally compiled "
+                         f"{type(model).__name__}: accelerate would torch.compile the whole model "
+                         "and the blocks' own graphs would never run (more graphs, graph breaks, "
+                         "slower). Pass TrainingArguments(torch_compile=False) and keep "
+                         "compile_regional(model, ...) (put torch_compile_backend/mode into "
+                         "compile_regional's keyword arguments).")
 
 
 def __getattr__(name: str) -> Any:
@@ -206,10 +202,8 @@ def __getattr__(name: str) -> Any:
         cls = type(
             "CompileTrainer",
             (CompileTrainerMixin, Trainer),
-            {
-                "__doc__": "``transformers.Trainer`` with :class:`CompileTrainerMixin`.",
-                "__module__": __name__,
-            },
+            {"__doc__": "``transformers.Trainer`` with :class:`CompileTrainerMixin`.",
+             "__module__": __name__},
         )
         globals()[name] = cls
         return cls

@@ -171,11 +171,10 @@ def _check_arguments(optimizer: Any, impl: str, scheduler: Any,
         # torch/optim/optimizer.py::_use_grad_for_differentiable calls torch._dynamo.graph_break()
         # around every step (pytorch/pytorch#104053, so that in-place updates trace as an inference
         # graph). Remove this check once those breaks are gone (PRs #173388/#187513).
-        raise UnsupportedOptimizerError(
-            "compile_optimizer: fullgraph=True cannot compile optimizer.step, which contains two "
-            "explicit graph breaks in torch; drop fullgraph, or use impl='foreach_map' "
-            "(Adam/AdamW), whose step is one graph"
-        )
+        raise UnsupportedOptimizerError("compile_optimizer: fullgraph=True cannot compile "
+                                        "optimizer.step, which contains two explicit graph breaks "
+                                        "in torch; drop fullgraph, or use impl='foreach_map' "
+                                        "(Adam/AdamW), whose step is one graph")
     if impl == "foreach_map":
         from .foreach_adam import check_foreach_map_optimizer
 
@@ -373,14 +372,12 @@ class _CompiledStep:
         ]
         if fresh and self._grads_marked and not self._warned_realloc:
             self._warned_realloc = True
-            warnings.warn(
-                f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) were "
-                f"re-allocated since the last step, so marking them static saves nothing; zero "
-                f"them in place with torchcompile_kit.optim.zero_grads_in_place(model) or "
-                f"optimizer.zero_grad(set_to_none=False)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            warnings.warn(f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) "
+                          "were re-allocated since the last step, so marking them static saves "
+                          "nothing; zero them in place with "
+                          "torchcompile_kit.optim.zero_grads_in_place(model) or "
+                          "optimizer.zero_grad(set_to_none=False)",
+                          RuntimeWarning, stacklevel=4)
         for grad in fresh:
             _dynamo.mark_static_address(grad)
         self._grads_marked = True

@@ -58,10 +58,8 @@ def _per_tensor(name: str, value: Hyperparameter, n: int) -> Hyperparameter:
         return value
     values = list(value)
     if len(values) != n:
-        raise ValueError(
-            f"foreach_map_adam_step: {name} has {len(values)} values for {n} tensors; pass one "
-            f"value per tensor or a single scalar"
-        )
+        raise ValueError(f"foreach_map_adam_step: {name} has {len(values)} values for {n} "
+                         "tensors; pass one value per tensor or a single scalar")
     return values
 
 
@@ -106,15 +104,13 @@ def foreach_map_adam_step(params: list[torch.Tensor], grads: list[torch.Tensor],
     n = len(params)
     lengths = {len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)}
     if lengths != {n}:
-        raise ValueError(
-            f"foreach_map_adam_step: params, grads, exp_avgs, exp_avg_sqs and steps must have the "
-            f"same length; got {[n, len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)]!r}"
-        )
+        raise ValueError("foreach_map_adam_step: params, grads, exp_avgs, exp_avg_sqs and steps "
+                         "must have the same length; got "
+                         f"{[n, len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)]!r}")
     if any(g.is_sparse for g in grads):
-        raise UnsupportedOptimizerError(
-            "foreach_map_adam_step: sparse gradients are not supported; use torch.optim.SparseAdam "
-            "or dense gradients (e.g. nn.Embedding(sparse=False))"
-        )
+        raise UnsupportedOptimizerError("foreach_map_adam_step: sparse gradients are not "
+                                        "supported; use torch.optim.SparseAdam or dense gradients "
+                                        "(e.g. nn.Embedding(sparse=False))")
     hyper = {
         name: _per_tensor(name, value, n)
         for name, value in (
@@ -156,21 +152,17 @@ def check_foreach_map_optimizer(optimizer: torch.optim.Optimizer) -> None:
     for index, group in enumerate(optimizer.param_groups):
         for option in _UNSUPPORTED_OPTIONS:
             if group.get(option):
-                raise UnsupportedOptimizerError(
-                    f"impl='foreach_map' does not implement {option}={group[option]!r} (param "
-                    f"group {index}); construct the optimizer with {option}=False or use "
-                    f"impl='step'"
-                )
+                raise UnsupportedOptimizerError("impl='foreach_map' does not implement "
+                                                f"{option}={group[option]!r} (param group "
+                                                f"{index}); construct the optimizer with "
+                                                f"{option}=False or use impl='step'")
         if any(p.is_complex() for p in group["params"]):
-            raise UnsupportedOptimizerError(
-                f"impl='foreach_map' does not handle complex parameters (param group {index}); "
-                f"use impl='step'"
-            )
+            raise UnsupportedOptimizerError("impl='foreach_map' does not handle complex "
+                                            f"parameters (param group {index}); use impl='step'")
     if len({_is_decoupled(optimizer, g) for g in optimizer.param_groups}) > 1:
-        raise UnsupportedOptimizerError(
-            "impl='foreach_map' needs the same decoupled_weight_decay in every param group; "
-            "use impl='step' or one optimizer per kind of weight decay"
-        )
+        raise UnsupportedOptimizerError("impl='foreach_map' needs the same decoupled_weight_decay "
+                                        "in every param group; use impl='step' or one optimizer "
+                                        "per kind of weight decay")
 
 
 def _is_decoupled(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:

@@ -140,23 +140,20 @@ def start_background_compile(model: nn.Module, background: bool | str | Backgrou
         raise ValueError(f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
                          "training before the worker starts, 0 or more (0: at the end of the first call)")
     if options.factory is None and getattr(model, "config", None) is None:
-        raise ValueError(
-            f"background compile of {type(model).__name__}: the worker rebuilds a transformers "
-            "model from its class and config, and this model has no config; pass a factory that "
-            "builds it: background='mypkg.models:build' (returns the model)"
-        )
+        raise ValueError(f"background compile of {type(model).__name__}: the worker rebuilds a "
+                         "transformers model from its class and config, and this model has no "
+                         "config; pass a factory that builds it: background='mypkg.models:build' "
+                         "(returns the model)")
     try:
         json.dumps(compile_kwargs)
     except TypeError as err:
-        raise ValueError(
-            f"background compile: the worker gets the compile options as JSON, and {compile_kwargs!r} "
-            f"is not ({err}); pass names (backend='inductor') rather than objects"
-        ) from err
+        raise ValueError("background compile: the worker gets the compile options as JSON, and "
+                         f"{compile_kwargs!r} is not ({err}); pass names (backend='inductor') "
+                         "rather than objects") from err
     if compile_kwargs.get("backend", "inductor") != "inductor":
-        raise ValueError(
-            f"background compile needs backend='inductor' (what the worker compiles reaches the "
-            f"training process as inductor's cache); got {compile_kwargs['backend']!r}"
-        )
+        raise ValueError("background compile needs backend='inductor' (what the worker compiles "
+                         "reaches the training process as inductor's cache); got "
+                         f"{compile_kwargs['backend']!r}")
     model.__dict__[_ATTR] = options
     register_undo(model, lambda: _cancel(model, options))
     spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
@@ -254,15 +251,12 @@ def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None
     on_cpu = _device(model).type == "cpu"
     cores = os.sched_getaffinity(0) | set(options.cpus or ())
     if on_cpu and torch.get_num_threads() >= len(cores):
-        warnings.warn(
-            f"background compile: training's {torch.get_num_threads()} torch threads leave none of "
-            f"the CPUs {sorted(cores)} to the worker; while it compiles, eager steps may run many "
-            "times slower (measured: up to 48x on 2 cores, docs/cache.md). Give it CPUs of its own: "
-            "BackgroundCompile(cpus=[...]) with fewer training threads (torch.set_num_threads) on "
-            "the other cores.",
-            UserWarning,
-            stacklevel=5,
-        )
+        warnings.warn(f"background compile: training's {torch.get_num_threads()} torch threads "
+                      f"leave none of the CPUs {sorted(cores)} to the worker; while it compiles, "
+                      "eager steps may run many times slower (measured: up to 48x on 2 cores, "
+                      "docs/cache.md). Give it CPUs of its own: BackgroundCompile(cpus=[...]) "
+                      "with fewer training threads (torch.set_num_threads) on the other cores.",
+                      UserWarning, stacklevel=5)
 
 
 def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile) -> None:

@@ -255,12 +255,11 @@ def _already_compiled(model: nn.Module) -> bool:
     if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model) and (
             pending is None or pending.state not in ("waiting for the first call", "compiling")):
         return False
-    warnings.warn(
-        f"{type(model).__name__} is already compiled (compile_regional, compile_model or "
-        ".compile() was called before); nothing was done. Call torchcompile_kit.uncompile(model) "
-        "first to compile it again with other settings.",
-        stacklevel=3,
-    )
+    warnings.warn(f"{type(model).__name__} is already compiled (compile_regional, compile_model "
+                  "or .compile() was called before); nothing was done. Call "
+                  "torchcompile_kit.uncompile(model) first to compile it again with other "
+                  "settings.",
+                  stacklevel=3)
     return True
 
 
@@ -308,11 +307,10 @@ def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify:
                     **compile_kwargs: Any) -> nn.Module:
     """The hybrid: blocks marked as nested compile regions, the whole model compiled once."""
     if any(group.compile_kwargs for group in plan.groups):
-        raise ValueError(
-            "compile_regional(nested=True) compiles the whole model once, so per-group compile "
-            "kwargs (a blocks={selector: kwargs} mapping) cannot apply; pass the selectors as a "
-            "list and the kwargs to compile_regional itself."
-        )
+        raise ValueError("compile_regional(nested=True) compiles the whole model once, so "
+                         "per-group compile kwargs (a blocks={selector: kwargs} mapping) cannot "
+                         "apply; pass the selectors as a list and the kwargs to compile_regional "
+                         "itself.")
     device = next((p.device for p in model.parameters()), None)
     if compile_kwargs.get("backend", "inductor") == "inductor":
         if getattr(device, "type", None) == "cpu":
@@ -320,18 +318,16 @@ def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify:
             # instance or with torch's class decorator): the loss matches eager, the gradients do
             # not; aot_eager is exact. No upstream issue found. tests/regional/test_nested.py
             # fails once torch fixes it, and this refusal can go then.
-            raise UnsafeCompileModeError(
-                "compile_regional(nested=True) with inductor on CPU computes gradients that differ "
-                f"from eager on torch {torch.__version__} (measured; the forward matches). Use "
-                "compile_regional(model) (block by block), or try the hybrid with "
-                "backend='aot_eager' to debug it."
-            )
-        warnings.warn(
-            "compile_regional(nested=True) with inductor on this device is unverified here (its CPU "
-            "gradients were wrong on torch 2.13): it may compute wrong gradients. Check it with "
-            "check_compile_equivalence(model, batch) before training on it.",
-            stacklevel=3,
-        )
+            raise UnsafeCompileModeError("compile_regional(nested=True) with inductor on CPU "
+                                         "computes gradients that differ from eager on torch "
+                                         f"{torch.__version__} (measured; the forward matches). "
+                                         "Use compile_regional(model) (block by block), or try "
+                                         "the hybrid with backend='aot_eager' to debug it.")
+        warnings.warn("compile_regional(nested=True) with inductor on this device is unverified "
+                      "here (its CPU gradients were wrong on torch 2.13): it may compute wrong "
+                      "gradients. Check it with check_compile_equivalence(model, batch) before "
+                      "training on it.",
+                      stacklevel=3)
     for group in plan.groups:
         group.compile_kwargs = dict(compile_kwargs)
         register_undo(model, _dynamo.mark_nested_region([model.get_submodule(n) for n in group.names]))
@@ -372,16 +368,15 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
     def note() -> bool:
         if not noted:
             noted.append(True)
-            warnings.warn(
-                f"{type(model).__name__} was compiled regionally ({groups}), and now a "
-                "whole-model torch.compile is tracing it (torch.compile(model), model.compile(), "
-                "Trainer with TrainingArguments(torch_compile=True), accelerate's dynamo_backend): "
-                "it inlines the blocks into one whole-model graph and their regional compile (a "
-                "graph per block class, its options) is not what runs. Keep one of the two: "
-                "TrainingArguments(torch_compile=False) with compile_regional, or "
-                "torchcompile_kit.uncompile(model) before the whole-model compile.",
-                stacklevel=2,
-            )
+            warnings.warn(f"{type(model).__name__} was compiled regionally ({groups}), and now a "
+                          "whole-model torch.compile is tracing it (torch.compile(model), "
+                          "model.compile(), Trainer with TrainingArguments(torch_compile=True), "
+                          "accelerate's dynamo_backend): it inlines the blocks into one "
+                          "whole-model graph and their regional compile (a graph per block "
+                          "class, its options) is not what runs. Keep one of the two: "
+                          "TrainingArguments(torch_compile=False) with compile_regional, or "
+                          "torchcompile_kit.uncompile(model) before the whole-model compile.",
+                          stacklevel=2)
         return True
 
     def hook(module: nn.Module, args: tuple) -> None:
@@ -401,19 +396,15 @@ def _warn_cuda_graphs_on_cpu(model: nn.Module, compile_kwargs: dict[str, Any]) -
     asked = f"mode={mode!r}" if mode == "reduce-overhead" else f"backend={backend!r}"
     runs = ("inductor without them, as mode='default'" if mode == "reduce-overhead"
             else "the captured graph without them (no speed-up)")
-    warnings.warn(
-        f"compile_regional({asked}) on a model with no CUDA parameter: {asked} adds CUDA graphs, "
-        f"which need CUDA tensors, so here torch runs {runs}. Drop it on CPU, or move the model "
-        f"to CUDA before compile_regional.",
-        stacklevel=3,
-    )
+    warnings.warn(f"compile_regional({asked}) on a model with no CUDA parameter: {asked} adds "
+                  f"CUDA graphs, which need CUDA tensors, so here torch runs {runs}. Drop it on "
+                  "CPU, or move the model to CUDA before compile_regional.",
+                  stacklevel=3)
 
 
 def _check_model(model: object) -> None:
     check_module("model", model)
     if _dynamo.is_torch_compile_wrapper(model):
-        raise ValueError(
-            "model is already wrapped by torch.compile(model) (an OptimizedModule); pass the "
-            "original module (model._orig_mod) so blocks are compiled in place and "
-            "state_dict keys stay clean."
-        )
+        raise ValueError("model is already wrapped by torch.compile(model) (an OptimizedModule); "
+                         "pass the original module (model._orig_mod) so blocks are compiled in "
+                         "place and state_dict keys stay clean.")

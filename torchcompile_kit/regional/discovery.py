@@ -132,20 +132,18 @@ def _as_selector_list(blocks: BlocksArg) -> list[tuple[Selector, dict[str, Any]]
         out = []
         for selector, kwargs in blocks.items():
             if not isinstance(kwargs, Mapping):
-                raise BlockSelectorError(
-                    f"blocks={{{selector!r}: {kwargs!r}}}: the value for each selector must be a "
-                    "dict of torch.compile keyword arguments, e.g. {'mode': 'max-autotune'} or {}."
-                )
+                raise BlockSelectorError(f"blocks={{{selector!r}: {kwargs!r}}}: the value for "
+                                         "each selector must be a dict of torch.compile keyword "
+                                         f"arguments, e.g. {{'mode': 'max-autotune'}} or {{}}.")
             out.append((selector, dict(kwargs)))
         return out
     if isinstance(blocks, (str, type)):
         return [(blocks, {})]
     if isinstance(blocks, Iterable):
         return [(selector, {}) for selector in blocks]
-    raise BlockSelectorError(
-        f"blocks={blocks!r} is not a selector; pass a module class, a class name, a module-path "
-        "pattern such as 'encoder.layer.*', a list of these, or a dict {selector: compile_kwargs}."
-    )
+    raise BlockSelectorError(f"blocks={blocks!r} is not a selector; pass a module class, a class "
+                             "name, a module-path pattern such as 'encoder.layer.*', a list of "
+                             f"these, or a dict {{selector: compile_kwargs}}.")
 
 
 def _matches(selector: Selector, name: str, module: nn.Module, class_names: set[str]) -> bool:
@@ -164,10 +162,8 @@ def select_blocks(model: nn.Module, blocks: BlocksArg) -> list[tuple[str, str, d
     chosen: dict[str, tuple[str, dict[str, Any]]] = {}
     for selector, kwargs in selectors:
         if not isinstance(selector, (str, type)):
-            raise BlockSelectorError(
-                f"blocks selector {selector!r} must be a module class, a class name or a "
-                "module-path pattern (str)."
-            )
+            raise BlockSelectorError(f"blocks selector {selector!r} must be a module class, a "
+                                     "class name or a module-path pattern (str).")
         label = selector.__name__ if isinstance(selector, type) else selector
         hits = _outermost(n for n, m in named if _matches(selector, n, m, class_names))
         if not hits:
@@ -180,10 +176,9 @@ def select_blocks(model: nn.Module, blocks: BlocksArg) -> list[tuple[str, str, d
         for name in hits:
             for other, (other_label, _) in chosen.items():
                 if name == other or name.startswith(other + ".") or other.startswith(name + "."):
-                    raise BlockSelectorError(
-                        f"blocks selectors {other_label!r} and {label!r} overlap at {name!r}; "
-                        "each module may be selected once (nested regions are not supported)."
-                    )
+                    raise BlockSelectorError(f"blocks selectors {other_label!r} and {label!r} "
+                                             f"overlap at {name!r}; each module may be selected "
+                                             "once (nested regions are not supported).")
             chosen[name] = (label, kwargs)
     order = {name: i for i, (name, _) in enumerate(named)}
     return [(n, lab, kw) for n, (lab, kw) in sorted(chosen.items(), key=lambda x: order[x[0]])]

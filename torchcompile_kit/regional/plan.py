@@ -156,11 +156,10 @@ class RegionalPlan:
                 groups.append(GroupReport(class_name=group.class_name, blocks=len(group.names),
                                           predicted_graphs=group.preflight.graphs if group.preflight else 1,
                                           measured=False))
-                notes.append(
-                    f"{group.class_name}: not measured per group (a plan that was not compiled "
-                    "block by block: find_repeated_blocks, or compile_regional(nested=True), whose "
-                    "blocks are part of one whole-model graph; see the monitor's frames)"
-                )
+                notes.append(f"{group.class_name}: not measured per group (a plan that was not "
+                             "compiled block by block: find_repeated_blocks, or "
+                             "compile_regional(nested=True), whose blocks are part of one "
+                             "whole-model graph; see the monitor's frames)")
                 continue
             # what dynamo compiled while the group's blocks ran: their entry frames, the code
             # resumed after breaks, callees compiled as frames of their own
@@ -201,18 +200,15 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
     elif graphs > predicted:
         flags.append(f"{graphs} graphs where {predicted} were predicted")
     if counts["graph_breaks"]:
-        flags.append(
-            f"{counts['graph_breaks_met']} graph break(s) inside the blocks or their callees"
-        )
+        flags.append(f"{counts['graph_breaks_met']} graph break(s) inside the blocks or their "
+                     "callees")
     if counts["recompile_limit_hits"]:
         flags.append("hit the recompile limit: later variants run eagerly")
     if preflight.warning and 0 < graphs < predicted:
         # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
         # and in the monitor's record, so the warning does not stand uncorrected
-        withdrawn = (
-            f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) is "
-            f"withdrawn: dynamo compiled {graphs} graph(s) for the group"
-        )
+        withdrawn = (f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) "
+                     f"is withdrawn: dynamo compiled {graphs} graph(s) for the group")
         monitor.add_note(withdrawn)
     return GroupReport(class_name=group.class_name, blocks=len(group.names),
                        predicted_graphs=predicted, graphs=graphs, frames=counts["frames"],
@@ -285,21 +281,18 @@ class PlanReport:
             verdict = "; ".join(g.flags) if g.flags else "ok"
             if not g.measured:
                 verdict = "not measured per group"
-            lines.append(
-                f"{g.class_name} ({g.blocks} blocks): predicted {g.predicted_graphs} graph(s), "
-                f"measured {g.graphs}; {len(g.recompiles)} recompiles, {g.graph_break_count} "
-                f"graph breaks, {g.compile_seconds:.2f} s  {verdict}"
-            )
+            lines.append(f"{g.class_name} ({g.blocks} blocks): predicted {g.predicted_graphs} "
+                         f"graph(s), measured {g.graphs}; {len(g.recompiles)} recompiles, "
+                         f"{g.graph_break_count} graph breaks, {g.compile_seconds:.2f} s  "
+                         f"{verdict}")
             if g.precompile:
                 lines.append(f"    restart: {g.precompile}")
             if g.withdrawn:
                 lines.append(f"    {g.withdrawn.split(': ', 1)[1]}")
             if g.shares_budget_with and g.recompiles:
-                lines.append(
-                    f"    shares its code object and recompile limit with "
-                    f"{', '.join(g.shares_budget_with)}: the first compile of one class counts "
-                    "as a recompile of the other's code"
-                )
+                lines.append("    shares its code object and recompile limit with "
+                             f"{', '.join(g.shares_budget_with)}: the first compile of one class "
+                             "counts as a recompile of the other's code")
             lines += [f"    recompiled: {reason}" for reason in g.recompiles]
             lines += [f"    graph break: {where}" for where in g.graph_breaks]
         lines += [f"note: {note}" for note in self.notes]

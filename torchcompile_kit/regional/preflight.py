@@ -202,22 +202,17 @@ def preflight_group(
     result = Preflight(graphs=graphs, eval_graphs=eval_graphs,
                        may_vary=tuple(f.attribute for f in maybe))
     if maybe:
-        logger.info(
-            "%s: %s differ between blocks and are handed on to other functions; the blocks may "
-            "compile one graph per value if those functions specialize on them (the measured "
-            "count in RegionalPlan.report() says whether they did).",
-            class_name,
-            "; ".join(_describe(f) for f in maybe),
-        )
+        logger.info("%s: %s differ between blocks and are handed on to other functions; the "
+                    "blocks may compile one graph per value if those functions specialize on them "
+                    "(the measured count in RegionalPlan.report() says whether they did).",
+                    class_name, "; ".join(_describe(f) for f in maybe))
     if graphs > variants or eval_graphs > variants:
         shown = ", ".join(frozen[:4]) + (", ..." if len(frozen) > 4 else "")
-        logger.info(
-            "%s: dynamo guards parameter shapes and requires_grad, so blocks of other widths, "
-            "blocks with frozen parameters (%s) and blocks whose input needs no gradient (the "
-            "first after frozen layers) are graphs of their own: %d in training, %d more under "
-            "torch.no_grad(); the recompile limit covers %d.",
-            class_name, shown or "none", graphs, eval_graphs, needed,
-        )
+        logger.info("%s: dynamo guards parameter shapes and requires_grad, so blocks of other "
+                    "widths, blocks with frozen parameters (%s) and blocks whose input needs no "
+                    "gradient (the first after frozen layers) are graphs of their own: %d in "
+                    "training, %d more under torch.no_grad(); the recompile limit covers %d.",
+                    class_name, shown or "none", graphs, eval_graphs, needed)
     certain = [f for f in findings if f.certain]
     if certain:
         result = _warn_about_variants(class_name, instances, certain, counts, needed, result)
@@ -225,13 +220,11 @@ def preflight_group(
     if "recompile_limit" in compile_kwargs or needed <= limit:
         return result
     if _dynamo.recompile_limit_kwarg() is None:
-        warnings.warn(
-            f"{class_name}: its blocks may need {needed} graphs (training and no_grad "
-            f"evaluation), over dynamo's recompile limit ({limit}); this torch cannot raise it "
-            "per compile call, so the last variants will run eagerly. Fix the per-block state "
-            "or raise torch._dynamo.config.recompile_limit.",
-            stacklevel=3,
-        )
+        warnings.warn(f"{class_name}: its blocks may need {needed} graphs (training and no_grad "
+                      f"evaluation), over dynamo's recompile limit ({limit}); this torch cannot "
+                      "raise it per compile call, so the last variants will run eagerly. Fix the "
+                      "per-block state or raise torch._dynamo.config.recompile_limit.",
+                      stacklevel=3)
         return result
     logger.info("%s: recompile_limit=%d for this group", class_name, needed)
     return Preflight(graphs=graphs, eval_graphs=eval_graphs, may_vary=result.may_vary,
@@ -244,18 +237,15 @@ def _warn_about_variants(class_name: str, instances: Sequence[nn.Module],
     """Warn (or log) that per-instance state the code uses makes the blocks several graphs."""
     variants = sum(v for _, v in counts)
     described = "; ".join(_describe(f) for f in certain)
-    message = (
-        f"{variants} of {len(instances)} {class_name} blocks differ in state their code uses: "
-        f"{described}. Dynamo specializes on such attributes (ints/strings by value, objects by "
-        f"identity), so the block compiles {variants} graphs instead of 1. Fix: pass the value as "
-        "a forward argument or a tensor buffer, share one object across blocks, or select the "
-        "variants as separate groups with blocks=."
-    )
+    message = (f"{variants} of {len(instances)} {class_name} blocks differ in state their code "
+               f"uses: {described}. Dynamo specializes on such attributes (ints/strings by value, "
+               f"objects by identity), so the block compiles {variants} graphs instead of 1. Fix: "
+               "pass the value as a forward argument or a tensor buffer, share one object across "
+               "blocks, or select the variants as separate groups with blocks=.")
     if any(f.cache_only for f in certain):
-        message += (
-            " `layer_idx` is read only to index a KV cache: call the model with use_cache=False "
-            "outside generation (compile_regional does so unless keep_kv_cache=True)."
-        )
+        message += (" `layer_idx` is read only to index a KV cache: call the model with "
+                    "use_cache=False outside generation (compile_regional does so unless "
+                    "keep_kv_cache=True).")
     if len(counts) > 1:
         message += f" ({len(counts)} block structures, each compiled on its own, are counted too.)"
     every_block_its_own = any(n >= 3 and v == n for n, v in counts)
@@ -290,14 +280,12 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
         budget = min(set_by_user) if set_by_user else min(own)
         if len(sharing) > 1 and needed > budget and not set_by_user:
             if _dynamo.recompile_limit_kwarg() is None:
-                warnings.warn(
-                    f"{' and '.join(g.class_name for g in sharing)} run one code object "
-                    f"({code.co_name}) and so share one recompile limit ({limit}), but may need "
-                    f"{needed} graphs together; this torch cannot raise the limit per compile "
-                    "call, so the last variants will run eagerly. Raise "
-                    "torch._dynamo.config.recompile_limit around your loop.",
-                    stacklevel=3,
-                )
+                warnings.warn(f"{' and '.join(g.class_name for g in sharing)} run one code object "
+                              f"({code.co_name}) and so share one recompile limit ({limit}), but "
+                              f"may need {needed} graphs together; this torch cannot raise the "
+                              "limit per compile call, so the last variants will run eagerly. "
+                              "Raise torch._dynamo.config.recompile_limit around your loop.",
+                              stacklevel=3)
             else:
                 budget = needed
                 for group in sharing:
@@ -308,10 +296,9 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
             others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
             group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
         if len(sharing) > 1:
-            logger.info(
-                "%s share one code object (%s) and one recompile limit: %d for up to %d graphs",
-                " and ".join(names), code.co_name, budget, needed,
-            )
+            logger.info("%s share one code object (%s) and one recompile limit: %d for up to %d "
+                        "graphs",
+                        " and ".join(names), code.co_name, budget, needed)
 
 
 def _needed(group: BlockGroup) -> int:

@@ -123,10 +123,9 @@ def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwar
         >>> compiled = torch.compile(model, fullgraph=True)  # no break at the loss  # doctest: +SKIP
     """
     if not set_explicit_loss_functions(model, compile=compile, **compile_kwargs):
-        raise ValueError(
-            f"fix_loss_function: {type(model).__name__} contains no transformers PreTrainedModel "
-            "with a loss_function; for other models compile your loss with torch.compile(loss_fn)."
-        )
+        raise ValueError(f"fix_loss_function: {type(model).__name__} contains no transformers "
+                         "PreTrainedModel with a loss_function; for other models compile your "
+                         "loss with torch.compile(loss_fn).")
     return model
 
 
@@ -211,15 +210,14 @@ class _PlainForwardsWithoutCache:
         if not self.warned and self.arguments.builds_cache(module, args, kwargs):
             self.warned.append(True)
             why = "use_cache=True" if given else "eval mode, and the config's use_cache=True"
-            warnings.warn(
-                f"{type(module).__name__} was called to build a KV cache ({why}): its regionally "
-                "compiled blocks run such calls eagerly (compiled, the cache's per-layer state "
-                "would make every block recompile), so the outputs, past_key_values included, "
-                "are eager's. Pass use_cache=False (or set model.config.use_cache = False) where "
-                "you need no past_key_values, to run the blocks compiled. Training forwards get "
-                "use_cache=False unless they pass it.",
-                stacklevel=2,
-            )
+            warnings.warn(f"{type(module).__name__} was called to build a KV cache ({why}): its "
+                          "regionally compiled blocks run such calls eagerly (compiled, the "
+                          "cache's per-layer state would make every block recompile), so the "
+                          "outputs, past_key_values included, are eager's. Pass use_cache=False "
+                          "(or set model.config.use_cache = False) where you need no "
+                          "past_key_values, to run the blocks compiled. Training forwards get "
+                          "use_cache=False unless they pass it.",
+                          stacklevel=2)
         return None
 
 

@@ -65,23 +65,19 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
     """
     dim_list = [dims] if isinstance(dims, int) else list(dims)
     if min is not None and min < 2:
-        raise BatchShapeError(
-            f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are always "
-            "specialized), so the bound cannot hold; pass min=None or min>=2, and keep size-1 "
-            "batches out (drop_last=True)"
-        )
+        raise BatchShapeError(f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are "
+                              "always specialized), so the bound cannot hold; pass min=None or "
+                              "min>=2, and keep size-1 batches out (drop_last=True)")
     if min is not None and max is not None and min > max:
         raise BatchShapeError(f"min={min!r} is larger than max={max!r}; swap them")
     if keys is not None:
         if not isinstance(batch, Mapping):
-            raise BatchShapeError(
-                f"keys={sorted(keys)!r} needs a mapping batch, got {type(batch).__name__!r}"
-            )
+            raise BatchShapeError(f"keys={sorted(keys)!r} needs a mapping batch, got "
+                                  f"{type(batch).__name__!r}")
         missing = sorted(set(keys) - set(batch))
         if missing:
-            raise BatchShapeError(
-                f"keys {missing!r} are not in the batch (its keys: {sorted(batch)!r})"
-            )
+            raise BatchShapeError(f"keys {missing!r} are not in the batch (its keys: "
+                                  f"{sorted(batch)!r})")
         batch_view: Any = {key: batch[key] for key in batch if key in keys}
     else:
         batch_view = batch
@@ -95,10 +91,9 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
                 specialized.append(f"{path} (size {size} at dim {dim})")
                 continue
             if (min is not None and size < min) or (max is not None and size > max):
-                raise BatchShapeError(
-                    f"{path} has size {size!r} at dim {dim}, outside [min={min!r}, max={max!r}]; "
-                    "dynamo treats the range as a hard limit, so widen min/max (or pass None)"
-                )
+                raise BatchShapeError(f"{path} has size {size!r} at dim {dim}, outside "
+                                      f"[min={min!r}, max={max!r}]; dynamo treats the range as a "
+                                      "hard limit, so widen min/max (or pass None)")
             # torch builds ValueRanges(lower=min, upper=max) and asserts on a None bound ("not
             # simple sympy type None") when only one is given: the other takes dynamo's own
             # assumption for a dynamic size (2 .. unbounded).
@@ -108,12 +103,10 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
                 max=max if max is not None or min is None else sys.maxsize,
             )
     if specialized:
-        warnings.warn(
-            f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
-            "specializes sizes 0 and 1, so this shape compiles its own graph (a recompile). "
-            "Use drop_last=True, or pad that dim to >= 2.",
-            stacklevel=2,
-        )
+        warnings.warn(f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
+                      "specializes sizes 0 and 1, so this shape compiles its own graph (a "
+                      "recompile). Use drop_last=True, or pad that dim to >= 2.",
+                      stacklevel=2)
     return batch
 
 
@@ -167,14 +160,12 @@ def warmup_shapes(
         _restore_grads(saved)
     hits = _dynamo.recompile_limit_hits() - hits_before
     if hits:
-        warnings.warn(
-            f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming up "
-            f"{len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
-            f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled and runs "
-            f"eagerly. Use fewer buckets (or drop_last=True), or compile with "
-            f"recompile_limit={len(shapes)} (compile_regional and torch.compile take it)",
-            stacklevel=2,
-        )
+        warnings.warn(f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming "
+                      f"up {len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
+                      f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled "
+                      "and runs eagerly. Use fewer buckets (or drop_last=True), or compile with "
+                      f"recompile_limit={len(shapes)} (compile_regional and torch.compile take it)",
+                      stacklevel=2)
     return shapes
 
 

@@ -22,16 +22,13 @@ def _as_1d(value: Any, where: str) -> torch.Tensor:
         try:
             tensor = torch.as_tensor(value)
         except (TypeError, ValueError) as err:
-            raise BatchShapeError(
-                f"{where} is not a flat sequence of numbers ({err}); got {value!r:.80}"
-            ) from err
+            raise BatchShapeError(f"{where} is not a flat sequence of numbers ({err}); got "
+                                  f"{value!r:.80}") from err
         if tensor.numel() == 0:
             tensor = tensor.to(torch.long)
     if tensor.dim() != 1:
-        raise BatchShapeError(
-            f"{where} must be 1-D (one sequence), got shape {tuple(tensor.shape)!r}; "
-            "pass one list of token ids per sample"
-        )
+        raise BatchShapeError(f"{where} must be 1-D (one sequence), got shape "
+                              f"{tuple(tensor.shape)!r}; pass one list of token ids per sample")
     return tensor
 
 
@@ -88,18 +85,15 @@ def pad_to_bucket(sequences: Sequence[Sequence[int] | torch.Tensor], buckets: Se
     rows = [_as_1d(seq, f"sequences[{i}]") for i, seq in enumerate(sequences)]
     for index, row in enumerate(rows):
         if row.dtype != rows[0].dtype:
-            raise BatchShapeError(
-                f"sequences[{index}] has dtype {row.dtype!r} but sequences[0] has "
-                f"{rows[0].dtype!r}; convert them to one dtype first"
-            )
+            raise BatchShapeError(f"sequences[{index}] has dtype {row.dtype!r} but sequences[0] "
+                                  f"has {rows[0].dtype!r}; convert them to one dtype first")
     index = max(range(len(rows)), key=lambda i: rows[i].numel())
     longest = rows[index].numel()
     length = bucket_for(longest, buckets)
     if length < 0:
-        raise SequenceTooLongError(
-            f"sequences[{index}] has length {longest!r}, longer than the last bucket "
-            f"{buckets[-1]!r}; truncate it or plan buckets that cover it"
-        )
+        raise SequenceTooLongError(f"sequences[{index}] has length {longest!r}, longer than the "
+                                   f"last bucket {buckets[-1]!r}; truncate it or plan buckets "
+                                   "that cover it")
     return _pad_stack(rows, length, pad_value, padding_side)
 
 
@@ -161,36 +155,32 @@ class PadToBucketCollator:
             pad_token_id = tokenizer.pad_token_id
             padding_side = getattr(tokenizer, "padding_side", padding_side)
             if pad_token_id is None:
-                raise BatchShapeError(
-                    f"tokenizer {type(tokenizer).__name__!r} has no pad token "
-                    "(pad_token_id is None), so input_ids cannot be padded; set "
-                    "tokenizer.pad_token = tokenizer.eos_token (causal LMs) or add a pad token"
-                )
+                raise BatchShapeError(f"tokenizer {type(tokenizer).__name__!r} has no pad token "
+                                      "(pad_token_id is None), so input_ids cannot be padded; "
+                                      "set tokenizer.pad_token = tokenizer.eos_token (causal "
+                                      "LMs) or add a pad token")
         if pad_token_id is None:
-            raise BatchShapeError(
-                "pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be padded; pass the "
-                "tokenizer's pad id (pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer"
-            )
+            raise BatchShapeError("pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be "
+                                  "padded; pass the tokenizer's pad id "
+                                  "(pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer")
         _check_padding_side(padding_side)
         if max_length is not None:
             check_positive_int("max_length", max_length, error=BatchShapeError)
             if self.buckets is not None and max_length > self.buckets[-1]:
-                raise BatchShapeError(
-                    f"max_length={max_length!r} exceeds the last bucket {self.buckets[-1]!r}: "
-                    "samples up to max_length would fit no bucket; pass "
-                    f"max_length<={self.buckets[-1]} or add a bucket >= {max_length}"
-                )
+                raise BatchShapeError(f"max_length={max_length!r} exceeds the last bucket "
+                                      f"{self.buckets[-1]!r}: samples up to max_length would fit "
+                                      f"no bucket; pass max_length<={self.buckets[-1]} or add a "
+                                      f"bucket >= {max_length}")
         self.pad_token_id = pad_token_id
         self.label_pad_token_id = label_pad_token_id
         self.padding_side = padding_side
         self.max_length = max_length
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(buckets={self.buckets!r}, multiple_of={self.multiple_of!r}, "
-            f"pad_token_id={self.pad_token_id!r}, label_pad_token_id={self.label_pad_token_id!r}, "
-            f"padding_side={self.padding_side!r}, max_length={self.max_length!r})"
-        )
+        return (f"{type(self).__name__}(buckets={self.buckets!r}, "
+                f"multiple_of={self.multiple_of!r}, pad_token_id={self.pad_token_id!r}, "
+                f"label_pad_token_id={self.label_pad_token_id!r}, "
+                f"padding_side={self.padding_side!r}, max_length={self.max_length!r})")
 
     def target_length(self, longest: int) -> int:
         """The length a batch whose longest (truncated) sequence is ``longest`` pads to, or
@@ -203,10 +193,8 @@ class PadToBucketCollator:
         if self.buckets is not None:
             length = bucket_for(max(longest, 1), self.buckets)
             if length < 0:
-                raise SequenceTooLongError(
-                    f"a sequence of length {longest!r} is longer than the last bucket "
-                    f"{self.buckets[-1]!r}"
-                )
+                raise SequenceTooLongError(f"a sequence of length {longest!r} is longer than the "
+                                           f"last bucket {self.buckets[-1]!r}")
             return length
         length = round_up(max(longest, 1), self.multiple_of)
         return length if self.max_length is None else min(length, self.max_length)
@@ -226,10 +214,9 @@ class PadToBucketCollator:
             if set(feature.keys()) != set(keys):
                 missing = sorted(set(keys) - set(feature.keys()))
                 extra = sorted(set(feature.keys()) - set(keys))
-                raise BatchShapeError(
-                    f"features[{index}] has different keys from features[0]: missing {missing!r}, "
-                    f"extra {extra!r}; every sample of a batch needs the same keys"
-                )
+                raise BatchShapeError(f"features[{index}] has different keys from features[0]: "
+                                      f"missing {missing!r}, extra {extra!r}; every sample of a "
+                                      "batch needs the same keys")
         sequence_keys = [
             k for k in keys if k in _SEQUENCE_KEYS and _is_sequence_value(features[0][k])
         ]
@@ -254,10 +241,9 @@ class PadToBucketCollator:
         for index, feature in enumerate(features):
             value = feature[key]
             if not _is_sequence_value(value):
-                raise BatchShapeError(
-                    f"features[{index}][{key!r}] is {value!r:.60}, but features[0][{key!r}] is a "
-                    "sequence; give every sample the same kind of value"
-                )
+                raise BatchShapeError(f"features[{index}][{key!r}] is {value!r:.60}, but "
+                                      f"features[0][{key!r}] is a sequence; give every sample the "
+                                      "same kind of value")
             row = _as_1d(value, f"features[{index}][{key!r}]")
             if self.max_length is not None:
                 row = row[: self.max_length]
@@ -271,10 +257,9 @@ class PadToBucketCollator:
                 continue
             for index, (row, ref) in enumerate(zip(rows[key], rows[reference])):
                 if row.numel() != ref.numel():
-                    raise BatchShapeError(
-                        f"features[{index}][{key!r}] has length {row.numel()!r} but "
-                        f"features[{index}][{reference!r}] has {ref.numel()!r}; they must match"
-                    )
+                    raise BatchShapeError(f"features[{index}][{key!r}] has length {row.numel()!r} "
+                                          f"but features[{index}][{reference!r}] has "
+                                          f"{ref.numel()!r}; they must match")
 
     def _length_or_raise(self, rows: dict[str, list[torch.Tensor]], longest: int) -> int:
         try:
@@ -282,11 +267,10 @@ class PadToBucketCollator:
         except SequenceTooLongError:
             key, index = next((key, i) for key, key_rows in rows.items() for i,
                               r in enumerate(key_rows) if r.numel() == longest)
-            raise SequenceTooLongError(
-                f"features[{index}][{key!r}] has length {longest!r}, longer than the last bucket "
-                f"{self.buckets[-1]!r}; pass max_length={self.buckets[-1]} to truncate, filter "
-                "such samples out, or plan buckets that cover them"
-            ) from None
+            raise SequenceTooLongError(f"features[{index}][{key!r}] has length {longest!r}, "
+                                       f"longer than the last bucket {self.buckets[-1]!r}; pass "
+                                       f"max_length={self.buckets[-1]} to truncate, filter such "
+                                       "samples out, or plan buckets that cover them") from None
 
     def _pad_value(self, key: str) -> int:
         spec = _SEQUENCE_KEYS[key]
@@ -304,10 +288,9 @@ def _stack_or_list(values: list[Any], key: str) -> Any:
         for index, value in enumerate(values):
             if not isinstance(value, torch.Tensor) or value.shape != first.shape:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
-                raise BatchShapeError(
-                    f"features[{index}][{key!r}] has shape {shape!r} but features[0][{key!r}] "
-                    f"has {tuple(first.shape)!r}; non-sequence keys are stacked and must match"
-                )
+                raise BatchShapeError(f"features[{index}][{key!r}] has shape {shape!r} but "
+                                      f"features[0][{key!r}] has {tuple(first.shape)!r}; "
+                                      "non-sequence keys are stacked and must match")
         return torch.stack(values)
     if isinstance(first, (bool, int, float)) or (
         isinstance(first, (list, tuple)) and all(isinstance(v, (int, float)) for v in first)
@@ -315,8 +298,7 @@ def _stack_or_list(values: list[Any], key: str) -> Any:
         try:
             return torch.tensor(values)
         except (TypeError, ValueError) as err:
-            raise BatchShapeError(
-                f"features[*][{key!r}] cannot be stacked ({err}); give every sample the same "
-                "shape for this key, or drop it before collating"
-            ) from err
+            raise BatchShapeError(f"features[*][{key!r}] cannot be stacked ({err}); give every "
+                                  "sample the same shape for this key, or drop it before "
+                                  "collating") from err
     return values

@@ -31,48 +31,41 @@ def as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
     """``lengths`` (a list, tensor, array, Series, ``datasets`` column or iterable of whole numbers) as
     a list of positive ints, or ``BatchShapeError`` naming the index and the fix."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise BatchShapeError(
-            f"lengths must be one token length per sample (a list, array, tensor or column), got "
-            f"{type(lengths).__name__} {lengths!r:.80}; e.g. [len(x['input_ids']) for x in dataset]"
-        )
+        raise BatchShapeError("lengths must be one token length per sample (a list, array, "
+                              f"tensor or column), got {type(lengths).__name__} {lengths!r:.80}; "
+                              "e.g. [len(x['input_ids']) for x in dataset]")
     shape = getattr(lengths, "shape", None)
     if shape is not None and len(shape) != 1:
-        raise BatchShapeError(
-            f"lengths must be 1-D (one length per sample), got shape {tuple(shape)}; for a padded "
-            "batch of token ids pass its attention mask's row sums, mask.sum(dim=1)"
-        )
+        raise BatchShapeError("lengths must be 1-D (one length per sample), got shape "
+                              f"{tuple(shape)}; for a padded batch of token ids pass its "
+                              "attention mask's row sums, mask.sum(dim=1)")
     tolist = getattr(lengths, "tolist", None)
     values = tolist() if callable(tolist) else list(lengths)
     if not values:
-        raise BatchShapeError(
-            "lengths is empty: pass the token length of every sample of the dataset, "
-            "e.g. [len(x['input_ids']) for x in dataset]"
-        )
+        raise BatchShapeError("lengths is empty: pass the token length of every sample of the "
+                              "dataset, e.g. [len(x['input_ids']) for x in dataset]")
     return [_length(index, value) for index, value in enumerate(values)]
 
 
 def _length(index: int, value: object) -> int:
     """One sample's length as a Python int: integers of any library, or a whole float."""
     if isinstance(value, bool):
-        raise BatchShapeError(
-            f"lengths[{index}] is {value!r}, a bool; pass token counts, e.g. len(x['input_ids'])"
-        )
+        raise BatchShapeError(f"lengths[{index}] is {value!r}, a bool; pass token counts, e.g. "
+                              "len(x['input_ids'])")
     if isinstance(value, float) or (hasattr(value, "is_integer") and not hasattr(value, "__index__")):
         number = float(value)  # type: ignore[arg-type]
         if not number.is_integer():
-            raise BatchShapeError(
-                f"lengths[{index}] is {value!r}; a length is a whole number of tokens (a NaN or a "
-                "fraction here usually means a missing or averaged value: drop or recount it)"
-            )
+            raise BatchShapeError(f"lengths[{index}] is {value!r}; a length is a whole number of "
+                                  "tokens (a NaN or a fraction here usually means a missing or "
+                                  "averaged value: drop or recount it)")
         length = int(number)
     else:
         try:
             length = operator.index(value)  # Python, numpy and 0-d torch integers
         except TypeError:
-            raise BatchShapeError(
-                f"lengths[{index}] is {value!r} ({type(value).__name__}); every length must be an "
-                "int, the sample's token count, e.g. len(x['input_ids'])"
-            ) from None
+            raise BatchShapeError(f"lengths[{index}] is {value!r} ({type(value).__name__}); every "
+                                  "length must be an int, the sample's token count, e.g. "
+                                  "len(x['input_ids'])") from None
     if length < 1:
         raise BatchShapeError(
             f"lengths[{index}] is {length}; every length must be at least 1"
@@ -98,9 +91,8 @@ def check_buckets(buckets: Sequence[int]) -> list[int]:
         if values[index] is None or values[index] < 1:
             raise BatchShapeError(f"buckets[{index}] is {value!r}; buckets must be positive ints")
     if any(a >= b for a, b in itertools.pairwise(values)):
-        raise BatchShapeError(
-            f"buckets must be strictly ascending, got {values!r}; pass sorted(set(buckets))"
-        )
+        raise BatchShapeError(f"buckets must be strictly ascending, got {values!r}; pass "
+                              "sorted(set(buckets))")
     return values
 
 
@@ -124,13 +116,12 @@ def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller
     if max_tokens is None or buckets[-1] <= max_tokens:
         return
     over = [b for b in buckets if b > max_tokens]
-    raise BatchShapeError(
-        f"{caller}: max_tokens={max_tokens} is smaller than bucket(s) {over}: a batch of even one "
-        f"sample padded to {over[-1]} holds {over[-1]} tokens, over the budget. Raise max_tokens "
-        f"to at least {over[-1]}, or cap the buckets at the budget: plan_buckets(lengths, "
-        f"max_length={max_tokens}, ...) with PadToBucketCollator(max_length={max_tokens}) to "
-        f"truncate"
-    )
+    raise BatchShapeError(f"{caller}: max_tokens={max_tokens} is smaller than bucket(s) {over}: a "
+                          f"batch of even one sample padded to {over[-1]} holds {over[-1]} "
+                          f"tokens, over the budget. Raise max_tokens to at least {over[-1]}, or "
+                          "cap the buckets at the budget: plan_buckets(lengths, "
+                          f"max_length={max_tokens}, ...) with "
+                          f"PadToBucketCollator(max_length={max_tokens}) to truncate")
 
 
 def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[int], *,
@@ -157,10 +148,9 @@ def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[in
         check_positive_int("max_length", max_length, error=BatchShapeError)
         values = [min(value, max_length) for value in values]
     if max(values) > bounds[-1]:
-        raise SequenceTooLongError(
-            f"a length of {max(values)!r} exceeds the last bucket {bounds[-1]!r}; pass "
-            f"max_length={bounds[-1]} if the collator truncates to it"
-        )
+        raise SequenceTooLongError(f"a length of {max(values)!r} exceeds the last bucket "
+                                   f"{bounds[-1]!r}; pass max_length={bounds[-1]} if the collator "
+                                   "truncates to it")
     counts, sums = [0] * len(bounds), [0] * len(bounds)
     for value in values:
         position = bisect.bisect_left(bounds, value)
@@ -243,10 +233,9 @@ def plan_buckets(lengths: Iterable[int] | torch.Tensor, *, max_buckets: int = 8,
     check_positive_int("max_buckets", max_buckets, error=BatchShapeError)
     check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
     if batch_size is None and (drop_last or max_tokens is not None):
-        raise BatchShapeError(
-            f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the sampler's batches; "
-            "pass its batch_size too, e.g. plan_buckets(lengths, batch_size=64, drop_last=True)"
-        )
+        raise BatchShapeError(f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the "
+                              "sampler's batches; pass its batch_size too, e.g. "
+                              "plan_buckets(lengths, batch_size=64, drop_last=True)")
     values = as_lengths(lengths)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)

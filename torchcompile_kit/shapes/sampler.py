@@ -174,12 +174,11 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._num_replicas not in (None, 1, processes) or (
             self._num_replicas == processes and self._rank not in (None, wrapper.process_index)
         ):
-            raise BatchShapeError(
-                f"BucketBatchSampler(num_replicas={self._num_replicas!r}, rank={self._rank!r}) "
-                f"is dealt out by accelerate to process {wrapper.process_index!r} of "
-                f"{processes!r}; build it with num_replicas=None, rank=None (accelerate deals "
-                "the batches, each once)"
-            )
+            raise BatchShapeError(f"BucketBatchSampler(num_replicas={self._num_replicas!r}, "
+                                  f"rank={self._rank!r}) is dealt out by accelerate to process "
+                                  f"{wrapper.process_index!r} of {processes!r}; build it with "
+                                  "num_replicas=None, rank=None (accelerate deals the batches, "
+                                  "each once)")
         return processes, None
 
     def _deal(self, batches: list[list[int]], parts: int, rank: int | None) -> list[list[int]]:
@@ -235,11 +234,10 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(batch), self.buckets[max(self._bucket_of[i] for i in batch)]
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(buckets={self.buckets!r}, batch_sizes={self.batch_sizes!r}, "
-            f"shuffle={self.shuffle!r}, drop_last={self.drop_last!r}, seed={self.seed!r}, "
-            f"num_replicas={self.num_replicas!r}, rank={self.rank!r})"
-        )
+        return (f"{type(self).__name__}(buckets={self.buckets!r}, "
+                f"batch_sizes={self.batch_sizes!r}, shuffle={self.shuffle!r}, "
+                f"drop_last={self.drop_last!r}, seed={self.seed!r}, "
+                f"num_replicas={self.num_replicas!r}, rank={self.rank!r})")
 
 
 class _EpochRelay:
@@ -307,7 +305,6 @@ def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, 
         rank = torch.distributed.get_rank() if distributed else 0
     check_positive_int("num_replicas", num_replicas, error=BatchShapeError)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
-        raise BatchShapeError(
-            f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}"
-        )
+        raise BatchShapeError(f"rank must be an int in [0, num_replicas={num_replicas}), got "
+                              f"{rank!r}")
     return num_replicas, rank

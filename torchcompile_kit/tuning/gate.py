@@ -148,8 +148,7 @@ def _optimizer(model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateV
                 f"{(a - b).abs().max().item():.3g}"
             )
             break
-    verdict.summary += (
-        f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} steps of the run's "
-        f"compiled optimizer compared with an eager {type(optimizer).__name__} from the same state"
-    )
+    verdict.summary += (f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} "
+                        "steps of the run's compiled optimizer compared with an eager "
+                        f"{type(optimizer).__name__} from the same state")
     return verdict

@@ -129,10 +129,8 @@ def recommendation_reason(chosen: CandidateResult | None, candidates: list[Candi
             f"(of {steps_planned:,} planned)"
         )
     for c in sorted(losers, key=lambda c: c.break_even_steps)[:2]:
-        text += (
-            f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} steps to "
-            "pay back its compile time"
-        )
+        text += (f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} "
+                 "steps to pay back its compile time")
     if faster_unchecked:
         best = faster_unchecked[0]
         text += (

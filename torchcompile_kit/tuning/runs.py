@@ -62,12 +62,8 @@ def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
                          f"~{floor:.0f} s here (eager's run)")
     if result.reason is not None:
         emit(
-            {
-                "event": "candidate",
-                "name": candidate.name,
-                "status": "skipped",
-                "reason": result.reason,
-            }
+            {"event": "candidate", "name": candidate.name, "status": "skipped",
+             "reason": result.reason}
         )
         return result
     timeout, bound = budget.left(), None
@@ -111,12 +107,8 @@ def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
     result.graphs, result.recompiles = result.metrics.graphs, result.metrics.recompiles
     result.graph_breaks = result.metrics.graph_breaks
     emit(
-        {
-            "event": "candidate",
-            "name": candidate.name,
-            "status": result.status,
-            "reason": result.reason,
-        }
+        {"event": "candidate", "name": candidate.name, "status": result.status,
+         "reason": result.reason}
     )
     if result.status == "ok" and candidate.compile != "none":
         _read_check(result, emit)

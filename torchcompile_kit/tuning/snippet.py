@@ -52,10 +52,8 @@ def make_snippet(recipe: Recipe, *, spec: str, backend: str = "inductor", fullgr
     body = ["", f"# recipe chosen by `torchcompile-kit tune`: {recipe.name} ({recipe.description})",
             f"{unpack} = {function}()"]
     if not spec_optimizer:
-        body += [
-            "# the optimizer tune measured; return yours from the factory to keep it (docs/tune.md)",
-            "optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)",
-        ]
+        body += ["# the optimizer tune measured; return yours from the factory to keep it (docs/tune.md)",
+                 "optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)"]
     body += [*setup, "", "", "def train_step(batch):"]
     if recipe.mark_dynamic:
         body.append(f"    keys = [k for k in {_SEQ_KEYS!r} if k in batch]")

@@ -142,12 +142,10 @@ def _spec_string(model: str | Callable[[], Any] | None) -> str | None:
         or "." in qualname
         or "<" in qualname
     ):
-        raise ModelSpecError(
-            f"tune needs the model factory by name, because every candidate runs in a fresh "
-            f"process that calls it again; {model!r} is not a module-level function of an "
-            "importable module. Define it at the top level of a module and pass it (or "
-            "'module:function')."
-        )
+        raise ModelSpecError("tune needs the model factory by name, because every candidate runs "
+                             f"in a fresh process that calls it again; {model!r} is not a "
+                             "module-level function of an importable module. Define it at the "
+                             "top level of a module and pass it (or 'module:function').")
     return f"{module}:{qualname}"
 
 
