@@ -104,7 +104,7 @@ class CompileMonitor:
         self._logger.addHandler(self._recorder)
         _dynamo.limit_warning_logger().addHandler(self._recorder)
         if not self._logger.isEnabledFor(logging.DEBUG):
-            self._note("logging.disable() suppresses torch's structured trace: nothing is recorded")
+            self.add_note("logging.disable() suppresses torch's structured trace: nothing is recorded")
         return self
 
     def stop(self) -> None:
@@ -283,7 +283,8 @@ class CompileMonitor:
     def add_note(self, text: str) -> None:
         """Add a line to the record's ``notes`` (and the summary), once: for instruments that correct
         what was said before (the regional report withdraws a disproved preflight warning)."""
-        self._note(text)
+        if text not in self._notes:
+            self._notes.append(text)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -313,10 +314,6 @@ class CompileMonitor:
     def _cache_delta(self) -> dict[str, int]:
         now = _dynamo.compile_cache_counters()
         return {name: now[name] - self._cache_start.get(name, 0) for name in now}
-
-    def _note(self, text: str) -> None:
-        if text not in self._notes:
-            self._notes.append(text)
 
 
 def _seconds_by_function(frames: Iterable[Any]) -> dict[str, float]:

@@ -76,12 +76,8 @@ def _frame_owner(tb: TracebackType | None, file: str | None, function: str | Non
         if isinstance(owner, torch.nn.Module) and function is not None:
             for forward in (type(owner).forward, getattr(owner, "forward", None)):
                 code = getattr(getattr(forward, "__func__", forward), "__code__", None)
-                if (
-                    code is not None
-                    and code.co_name == function
-                    and code.co_firstlineno == line
-                    and code.co_filename == file
-                ):
+                if code is not None and (code.co_name, code.co_firstlineno, code.co_filename) == (
+                        function, line, file):
                     return owner
     return None
 
@@ -92,12 +88,8 @@ def _positional_names(module: torch.nn.Module) -> list[str]:
         params = inspect.signature(type(module).forward).parameters.values()
     except (TypeError, ValueError):
         return []
-    names = [
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    return names[1:]  # drop self
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in positional][1:]  # drop self
 
 
 def _input_name(source: str, module: torch.nn.Module | None) -> str:
