@@ -21,7 +21,6 @@ from torchcompile_kit import _dynamo
 from torchcompile_kit.errors import CompileCacheWarning
 from torchcompile_kit.regional import BackgroundCompile, get_background_compile
 
-pytestmark = pytest.mark.skipif(not _dynamo.precompile_supported(), reason="no dynamo precompile cache")
 
 MODEL = '''
 import time

@@ -15,7 +15,6 @@ from torchcompile_kit import _dynamo
 from torchcompile_kit._compat import version_at_least
 from torchcompile_kit import compile_peft as tck_compile_peft
 
-pytestmark = pytest.mark.skipif(not _dynamo.precompile_supported(), reason="no dynamo precompile cache")
 
 WORKER = Path(__file__).with_name("precompile_worker.py")
 REPO = Path(__file__).resolve().parents[2]

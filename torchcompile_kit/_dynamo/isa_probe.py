@@ -94,7 +94,7 @@ def start_cpu_isa_probe(known: list[list[str]] | None = None) -> threading.Threa
                              exc_info=True)
 
         # registered once; again if something cleared dynamo's callbacks since
-        if _wait_before_compiling not in getattr(callback_handler, "start_callbacks", ()):
+        if _wait_before_compiling not in callback_handler.start_callbacks:
             callback_handler.register_start_callback(_wait_before_compiling)
         _isa_probe = threading.Thread(target=run, name="tck-cpu-isa-probe", daemon=True)
         _isa_probe.start()

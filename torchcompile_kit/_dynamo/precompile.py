@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["drop_class_guards", "forget_unvetted_entry", "install_module_aliases",
            "is_package_error", "module_aliases", "dynamo_cache_counters", "dynamo_enabled",
-           "compile_starts", "loaded_regions", "precompile_supported", "precompiled_regions",
+           "compile_starts", "loaded_regions", "precompiled_regions",
            "precompiling", "refusals_logged", "remember_loaded_regions", "remember_region",
            "step_past_installed_names", "without_precompile"]
 
@@ -46,16 +46,6 @@ _LOADED: dict[str, dict[str, Any]] = {}
 # bit for bit. Upstream: https://github.com/pytorch/pytorch/pull/155913 (caching_precompile,
 # DynamoCache), https://github.com/pytorch/pytorch/pull/162886 (saved with the mega-cache).
 # Can go when torch.compile offers a public warm start that keeps (or lets us check) these guards.
-
-
-def precompile_supported() -> bool:
-    """Whether this torch has dynamo's precompile cache and the eager-backward switch it needs."""
-    import torch._dynamo.config as dynamo_config
-    import torch._functorch.config as functorch_config
-
-    return hasattr(dynamo_config, "caching_precompile") and hasattr(
-        functorch_config, "force_non_lazy_backward_lowering"
-    )
 
 
 @contextlib.contextmanager
@@ -178,7 +168,7 @@ def compile_starts() -> int:
     """
     from torch._dynamo.callback import callback_handler
 
-    if _count_start not in getattr(callback_handler, "start_callbacks", ()):
+    if _count_start not in callback_handler.start_callbacks:
         callback_handler.register_start_callback(_count_start)
     return _STARTS[0]
 
@@ -190,8 +180,7 @@ def dynamo_enabled() -> bool:
     import torch._dynamo.config as dynamo_config
     from torch._dynamo import eval_frame
 
-    stance = getattr(getattr(eval_frame, "_stance", None), "stance", "default")
-    return stance != "force_eager" and not dynamo_config.disable
+    return eval_frame._stance.stance != "force_eager" and not dynamo_config.disable
 
 
 _STARTS = [0]

@@ -68,10 +68,8 @@ def interned_string(index: int) -> str | None:
     monitor started is only in ``torch._logging.structured.INTERN_TABLE`` (private). Can go with
     the trace section above.
     """
-    try:
-        from torch._logging.structured import INTERN_TABLE
-    except ImportError:
-        return None
+    from torch._logging.structured import INTERN_TABLE
+
     for text, number in list(INTERN_TABLE.items()):
         if number == index:
             return text

@@ -41,8 +41,6 @@ logger = logging.getLogger(__name__)
 
 def precompile_refusal(compile_kwargs: dict[str, Any], preflight: Any) -> str | None:
     """Why a group cannot be precompiled safely here, or ``None`` when it can."""
-    if not _dynamo.precompile_supported():
-        return f"torch {torch.__version__} has no dynamo precompile cache"
     backend = compile_kwargs.get("backend", "inductor")
     if backend != "inductor":
         return f"backend {backend!r}: only inductor's compiled code can be saved with dynamo's"
