@@ -39,17 +39,14 @@ RULES: tuple[AdapterRule, ...] = (
                 "peft.get_peft_model(model, config) and pass that.",
                 check=lambda f: _if(not f.is_peft_model, repr(f.model_class))),
     AdapterRule(id="peft-on-compiled-model", severity="refuse",
-                condition="PEFT was applied to a torch.compile(...) wrapper: '_orig_mod' inside "
-                "the model",
-                evidence=f"{_TABLE} (the reload gives base-model outputs); huggingface/peft#949, "
-                "#2957",
+                condition="PEFT was applied to a torch.compile(...) wrapper: '_orig_mod' inside the model",
+                evidence=f"{_TABLE} (the reload gives base-model outputs); huggingface/peft#949, #2957",
                 message="PEFT was applied to a torch.compile() wrapper ({detail}): adapters save "
                 "under '_orig_mod.' keys and a reload silently gives base-model outputs. Apply "
                 "PEFT to the uncompiled model (base._orig_mod), then call compile_peft(model).",
                 check=lambda f: _if(bool(f.wrapped_before_peft), _names(f.wrapped_before_peft))),
     AdapterRule(id="already-compiled", severity="refuse",
-                condition="the model or one of its modules is already compiled (_orig_mod or "
-                "_compiled_call_impl)",
+                condition="the model or one of its modules is already compiled (_orig_mod or _compiled_call_impl)",
                 evidence=f"{_TABLE}; peft's utils/hotswap.py check_compiled uses the same test",
                 message="the model is already compiled ({detail}); compiling again stacks "
                 "compilers and hides which settings apply. Pass the uncompiled model "
@@ -108,8 +105,7 @@ RULES: tuple[AdapterRule, ...] = (
     AdapterRule(id="inductor-freezing-training", severity="refuse",
                 condition="backend='inductor' with freezing=True while training",
                 evidence=f"{_TABLE} (research run: LoRA hotswap under freezing=True, max diff "
-                "0.57, outputs silently stale); inductor freezing treats parameters as constants "
-                "by design",
+                "0.57, outputs silently stale); inductor freezing treats parameters as constants by design",
                 message="inductor freezing=True bakes the adapter weights into the graph as "
                 "constants ({detail}): training, hotswapping or loading adapters afterwards is "
                 "silently ignored. Drop options={{'freezing': True}} (and "
@@ -191,8 +187,7 @@ RULES: tuple[AdapterRule, ...] = (
                 check=lambda f: _if(f.quantization is not None, repr(f.quantization))),
     # --- runtime: compile_peft's guards --------------------------------------------------------
     AdapterRule(id="mixed-batch-fullgraph", severity="refuse",
-                condition="forward(..., adapter_names=[...]) on a model compiled with "
-                "fullgraph=True",
+                condition="forward(..., adapter_names=[...]) on a model compiled with fullgraph=True",
                 evidence=f"{_TABLE} (dynamo: setattr() on RemovableHandle in peft's forward hooks)",
                 message="adapter_names={detail} registers forward hooks, which fullgraph=True "
                 "cannot trace; compile with fullgraph=False, or batch by adapter and call "

@@ -188,7 +188,7 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
 
 def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
     counts, breaks = record["counts"], record["graph_breaks"]
-    preflight = group.preflight or Preflight(graphs=1)
+    preflight = group.preflight  # set with block_class by compile_regional
     graphs, predicted = counts["graphs"], preflight.graphs
     if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
         predicted += preflight.eval_graphs

@@ -302,7 +302,7 @@ def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequenc
 
 
 def _needed(group: BlockGroup) -> int:
-    return group.preflight.graphs + group.preflight.eval_graphs if group.preflight else 2
+    return group.preflight.graphs + group.preflight.eval_graphs  # set by compile_regional first
 
 
 def _forward_code(cls: type | None) -> Any:
