@@ -29,3 +29,26 @@ def test_the_verification_line_carries_steadiness_and_steal():
     assert "predicted 474.3 s, measured 507.0 s (predicted ÷ measured 0.94)" in line
     assert "the run kept its speed" in line and "took 0% of the CPU time" in line
     assert verification_line({"status": "failed", "error": "boom"}) == "verification: failed: boom"
+
+
+def test_the_chart_is_drawn_on_a_private_figure_without_touching_pyplot(tmp_path):
+    """tune() runs inside the user's process: its chart must not pick matplotlib's backend for them."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from torchcompile_kit.tuning.report import write_chart
+from torchcompile_kit.tuning.result import CandidateResult, TuneResult
+chosen = CandidateResult(name="regional", description="", status="ok", verdict="pass", step_s=0.1,
+                         compile_s=30.0, speedup=1.5, speedup_low=1.4, speedup_high=1.6)
+eager = CandidateResult(name="eager", description="", status="ok", verdict="eager", step_s=0.15)
+result = TuneResult(recommendation="regional", reason="", snippet="", steps_planned=1000,
+                    candidates=[chosen, eager])
+path = write_chart(result, {str(tmp_path / "tune.png")!r})
+print(path, "matplotlib.pyplot" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    path, pyplot_imported = out.stdout.split()
+    assert (tmp_path / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.endswith("tune.png")
+    assert pyplot_imported == "False"

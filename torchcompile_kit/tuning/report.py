@@ -153,25 +153,18 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     if not measured:
         return None
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # a private figure: no pyplot, no global backend
     except ImportError:
         return None
     horizon = max(2 * result.steps_planned, 10)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
     for c in measured:
         style = "--" if c.restart else ("-" if c.verdict != "fail" else ":")
-        width = 2.5 if c.name == result.recommendation else 1.2
         overhead = (c.compile_s or 0.0) + (c.recompile_s or 0.0)
-        (line,) = ax.plot(
-            [0, horizon],
-            [overhead, overhead + horizon * c.step_s],
-            style,
-            lw=width,
-            label=c.name + (" (wrong results)" if c.verdict == "fail" else ""),
-        )
+        (line,) = ax.plot([0, horizon], [overhead, overhead + horizon * c.step_s], style,
+                          lw=2.5 if c.name == result.recommendation else 1.2,
+                          label=c.name + (" (wrong results)" if c.verdict == "fail" else ""))
         if c.speedup_low is not None and c.speedup:  # the 95% interval of its paired ratio
             fast, slow = c.step_s * c.speedup / c.speedup_high, c.step_s * c.speedup / c.speedup_low
             ax.fill_between([0, horizon], [overhead, overhead + horizon * fast],
@@ -183,10 +176,8 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     ax.set_title(f"tune: recommendation {result.recommendation} for {result.steps_planned:,} steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return Path(path)
 
 
 def bucket_notes(lengths: list[int] | None, batch_size: int,
