@@ -155,11 +155,8 @@ def portable_model_spec(text: str) -> tuple[str, str | None]:
     origin = Path(found.origin).resolve()
     depth = module.count(".") + (1 if found.submodule_search_locations is not None else 0)
     root = origin.parents[depth]
-    installed = {
-        str(Path(p).resolve())
-        for key in ("purelib", "platlib", "stdlib", "platstdlib")
-        if (p := sysconfig.get_paths().get(key))
-    }
+    installed = {str(Path(p).resolve()) for key in ("purelib", "platlib", "stdlib", "platstdlib")
+                 if (p := sysconfig.get_paths().get(key))}
     return text, None if str(root) in installed else str(root)
 
 

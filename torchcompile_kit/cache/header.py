@@ -100,11 +100,8 @@ def compare_environment(saved: dict[str, Any],
     current = current_environment() if current is None else current
     fields = list(current) + [name for name in saved if name not in current]
     # JSON turns tuples into lists; compare through the same round trip.
-    return [
-        HeaderMismatch(field=name, saved=saved.get(name), current=current.get(name))
-        for name in fields
-        if _jsonable(saved.get(name)) != _jsonable(current.get(name))
-    ]
+    return [HeaderMismatch(field=name, saved=saved.get(name), current=current.get(name))
+            for name in fields if _jsonable(saved.get(name)) != _jsonable(current.get(name))]
 
 
 def _jsonable(value: Any) -> Any:

@@ -235,10 +235,8 @@ class CompileMonitor:
         tell. ``targets`` are models (every submodule's class counts) or classes."""
         classes = classes_of(targets)
         for frame in self.frames:
-            frame.owner = (
-                owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
-                or frame.owner
-            )
+            frame.owner = (owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
+                           or frame.owner)
         for event in [*self.graph_breaks, *self.recompiles]:
             if event.frame is not None:
                 event.owner = self.frames[event.frame].owner

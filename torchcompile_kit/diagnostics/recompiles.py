@@ -132,11 +132,9 @@ def _recompile_message(err: RuntimeError) -> str:
     subject = _describe(owner, file, function, line)
     is_optimizer = isinstance(owner, torch.optim.Optimizer) or bool(file and _TORCH_OPTIM in file)
     module = owner if isinstance(owner, torch.nn.Module) else None
-    mismatches = [
-        f"input {_input_name(m['name'], module)} has size {int(m['actual'])!r} at dim "
-        f"{m['dim']} (compiled for {m['expected']})"
-        for m in _SIZE_MISMATCH.finditer(text)
-    ]
+    mismatches = [f"input {_input_name(m['name'], module)} has size {int(m['actual'])!r} at dim "
+                  f"{m['dim']} (compiled for {m['expected']})"
+                  for m in _SIZE_MISMATCH.finditer(text)]
     guard_match = _GUARD.search(text)
     if mismatches:
         what = "; ".join(dict.fromkeys(mismatches))

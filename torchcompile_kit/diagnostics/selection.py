@@ -55,9 +55,7 @@ def frame_selector(target: Any) -> Callable[[str, str | None, int | None, str | 
             return False
         if fn == code.co_name and line == code.co_firstlineno:
             return True
-        return (
-            fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
-            and code.co_firstlineno <= line <= last
-        )
+        return (fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
+                and code.co_firstlineno <= line <= last)
 
     return keep

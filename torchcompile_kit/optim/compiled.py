@@ -364,12 +364,8 @@ class _CompiledStep:
     # -- static grads ---------------------------------------------------------------------
 
     def _mark_static_grads(self) -> None:
-        fresh = [
-            p.grad
-            for group in self.optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and not hasattr(p.grad, "_dynamo_static_input_type")
-        ]
+        fresh = [p.grad for group in self.optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and not hasattr(p.grad, "_dynamo_static_input_type")]
         if fresh and self._grads_marked and not self._warned_realloc:
             self._warned_realloc = True
             warnings.warn(f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) "

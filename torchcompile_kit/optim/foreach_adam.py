@@ -200,9 +200,8 @@ def make_foreach_map_step(optimizer: torch.optim.Optimizer,
         if not lists["params"]:
             return
         # One group (the common case): pass scalars, not one alias per tensor, to keep guards few.
-        with_grads = [
-            g for g in optimizer.param_groups if any(p.grad is not None for p in g["params"])
-        ]
+        with_grads = [g for g in optimizer.param_groups
+                      if any(p.grad is not None for p in g["params"])]
         per_tensor = {name: (values if len(with_grads) > 1 else values[0]) for name,
                       values in hyper.items()}
         functional(**lists, **per_tensor,

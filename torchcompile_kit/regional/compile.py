@@ -123,10 +123,8 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
     if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
-    set_by_user = [
-        "recompile_limit" in compile_kwargs or "recompile_limit" in group.compile_kwargs
-        for group in plan.groups
-    ]
+    set_by_user = ["recompile_limit" in compile_kwargs or "recompile_limit" in group.compile_kwargs
+                   for group in plan.groups]
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]

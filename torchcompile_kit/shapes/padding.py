@@ -217,15 +217,13 @@ class PadToBucketCollator:
                 raise BatchShapeError(f"features[{index}] has different keys from features[0]: "
                                       f"missing {missing!r}, extra {extra!r}; every sample of a "
                                       "batch needs the same keys")
-        sequence_keys = [
-            k for k in keys if k in _SEQUENCE_KEYS and _is_sequence_value(features[0][k])
-        ]
+        sequence_keys = [k for k in keys if k in _SEQUENCE_KEYS
+                         and _is_sequence_value(features[0][k])]
         rows = {key: self._rows(features, key) for key in sequence_keys}
         self._check_lengths(rows)
         if "input_ids" in rows and "attention_mask" not in rows:
-            rows["attention_mask"] = [
-                torch.ones_like(r, dtype=torch.long) for r in rows["input_ids"]
-            ]
+            rows["attention_mask"] = [torch.ones_like(r, dtype=torch.long)
+                                      for r in rows["input_ids"]]
         longest = max((r.numel() for key_rows in rows.values() for r in key_rows), default=0)
         length = self._length_or_raise(rows, longest)
         batch: dict[str, Any] = {}

@@ -152,9 +152,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
                 members = [members[i] for i in torch.randperm(len(members), generator=generator)]
             full, n_carried, used = carry_rule(len(carry), len(members), size)
             fill = carry[:n_carried] + members[full:used]
-            batches.extend(
-                [members[j], *fill[j * (size - 1) : (j + 1) * (size - 1)]] for j in range(full)
-            )
+            batches.extend([members[j], *fill[j * (size - 1) : (j + 1) * (size - 1)]]
+                           for j in range(full))
             carry = carry[n_carried:] + members[used:]
         if carry and not self.drop_last:
             batches.extend(carry[i : i + last_size] for i in range(0, len(carry), last_size))

@@ -96,14 +96,10 @@ def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
     """Each candidate's ``indistinguishable_from``: the others whose total intervals overlap it."""
     for result in measured:
         low, high = _total_interval(result)
-        result.indistinguishable_from = [
-            other.name
-            for other in measured
-            if other is not result
-            and (result.paired or other.paired)
-            and _total_interval(other)[0] <= high
-            and low <= _total_interval(other)[1]
-        ]
+        result.indistinguishable_from = [other.name for other in measured if other is not result
+                                         and (result.paired or other.paired)
+                                         and _total_interval(other)[0] <= high
+                                         and low <= _total_interval(other)[1]]
 
 
 def rank_candidates(

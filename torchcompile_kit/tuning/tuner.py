@@ -163,9 +163,8 @@ def _snippet(chosen: CandidateResult | None, plan: RunPlan, loaded: ModelSpec | 
         return ""
     # the snippet runs as a script from any directory: a file by its absolute path, a module
     # with the sys.path entry it was imported from here
-    spec, sys_path = portable_model_spec(
-        plan.spec or "torchcompile_kit.tuning.examples:captioner_tiny"
-    )
+    spec, sys_path = portable_model_spec(plan.spec
+                                         or "torchcompile_kit.tuning.examples:captioner_tiny")
     return make_snippet(RECIPES[chosen.name], spec=spec, sys_path=sys_path,
                         backend=plan.measure.backend, fullgraph=chosen.graph_breaks == 0,
                         steps_planned=plan.steps_planned,
@@ -174,9 +173,8 @@ def _snippet(chosen: CandidateResult | None, plan: RunPlan, loaded: ModelSpec | 
 
 
 def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, Any]:
-    versions = {
-        name: str(package_version(name) or "-") for name in ("torch", "transformers", "peft")
-    }
+    versions = {name: str(package_version(name) or "-")
+                for name in ("torch", "transformers", "peft")}
     return {"model": plan.spec or f"captioner:{plan.measure.preset}", **plan.measure.to_dict(),
             "budget_s": budget_s, "warm_start": plan.warm_start, "device": str(device),
             "versions": versions,
