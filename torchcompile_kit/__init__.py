@@ -15,39 +15,18 @@ __version__ = "0.1.0"
 # script calls or constructs it to apply, check or measure a recipe (docs/architecture.md gives
 # each one's reason); the types those calls return, the helpers around them and every error but
 # the base are imported from their topic (torchcompile_kit.regional, .errors, ...).
-_EXPORTS: dict[str, str] = {
-    "TorchCompileKitError": "errors",
-    # regional compilation
-    "compile_model": "regional",
-    "compile_regional": "regional",
-    "fix_loss_function": "regional",
-    "get_regional_plan": "regional",
-    "uncompile": "regional",
-    # optimizer
-    "compile_optimizer": "optim",
-    # shapes
-    "BucketBatchSampler": "shapes",
-    "PadToBucketCollator": "shapes",
-    "mark_dynamic_batch": "shapes",
-    "pad_to_bucket": "shapes",
-    "plan_buckets": "shapes",
-    "warmup_shapes": "shapes",
-    # diagnostics
-    "CompileMonitor": "diagnostics",
-    "EquivalenceStep": "diagnostics",
-    "check_compile_equivalence": "diagnostics",
-    "explain_graph_breaks": "diagnostics",
-    "no_recompiles": "diagnostics",
-    # cache
-    "compile_cache": "cache",
-    "load_compile_cache": "cache",
-    "save_compile_cache": "cache",
-    # adapters
-    "check_peft_compile_safety": "adapters",
-    "compile_peft": "adapters",
-    # tune
-    "tune": "tuning",
-}
+_EXPORTS: dict[str, str] = {name: topic for topic, names in (
+    ("errors", "TorchCompileKitError"),
+    ("regional", "compile_model compile_regional fix_loss_function get_regional_plan uncompile"),
+    ("optim", "compile_optimizer"),
+    ("shapes", "BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket plan_buckets "
+     "warmup_shapes"),
+    ("diagnostics", "CompileMonitor EquivalenceStep check_compile_equivalence explain_graph_breaks "
+     "no_recompiles"),
+    ("cache", "compile_cache load_compile_cache save_compile_cache"),
+    ("adapters", "check_peft_compile_safety compile_peft"),
+    ("tuning", "tune"),
+) for name in names.split()}
 _TOPICS = ("errors", "regional", "optim", "shapes", "diagnostics", "cache", "adapters", "integrations", "tuning")
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -23,31 +23,13 @@ from .report import render_table
 from .runner import RecipeResult, run_recipe_isolated
 
 __all__ = [
-    "PRESETS",
-    "RECIPES",
-    "MeasureConfig",
-    "Metrics",
-    "ModelSpec",
-    "ModelSpecError",
-    "Recipe",
-    "RecipeContext",
-    "RecipeResult",
-    "apply_recipe",
-    "setup_source",
+    "PRESETS", "RECIPES", "MeasureConfig", "Metrics", "ModelSpec", "ModelSpecError", "Recipe",
+    "RecipeContext", "RecipeResult", "apply_recipe", "setup_source",
     # also used by tune: the captioner and its batches for the correctness check, the loss
-    "batch_stream",
-    "build_captioner",
-    "load_model_spec",
-    "loss_of",
-    "missing_requirement",
+    "batch_stream", "build_captioner", "load_model_spec", "loss_of", "missing_requirement",
     # also used by tune: a run's ratio to eager from its paired blocks, with its interval
-    "paired_ratio",
-    "parse_model_spec",
-    "portable_model_spec",
-    "render_table",
-    "run_recipe_isolated",
-    "caption_length_mix",
-    "spec_buckets",
+    "paired_ratio", "parse_model_spec", "portable_model_spec", "render_table",
+    "run_recipe_isolated", "caption_length_mix", "spec_buckets",
 ]
 
 

@@ -18,13 +18,8 @@ from .session import CompileCacheSession, compile_cache
 
 __all__ = [
     # results
-    "CacheLoadResult",
-    "CacheSaveResult",
-    "CompileCacheSession",
-    "CompileCacheWarning",
+    "CacheLoadResult", "CacheSaveResult", "CompileCacheSession", "CompileCacheWarning",
     "HeaderMismatch",
     # top level UX
-    "compile_cache",
-    "load_compile_cache",
-    "save_compile_cache",
+    "compile_cache", "load_compile_cache", "save_compile_cache",
 ]

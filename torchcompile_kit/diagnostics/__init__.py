@@ -16,30 +16,18 @@ from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, 
 
 __all__ = [
     # top level UX
-    "CompileMonitor",
-    "check_compile_equivalence",
-    "explain_graph_breaks",
-    "no_recompiles",
+    "CompileMonitor", "check_compile_equivalence", "explain_graph_breaks", "no_recompiles",
     # the records
-    "CompiledFrame",
-    "EquivalenceReport",
-    "EquivalenceStep",
-    "FirstCallCheck",
-    "GraphBreak",
-    "LimitHit",
-    "Recompile",
-    "TensorDiff",
+    "CompiledFrame", "EquivalenceReport", "EquivalenceStep", "FirstCallCheck", "GraphBreak",
+    "LimitHit", "Recompile", "TensorDiff",
     # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
     "allow_first_compile",
     # for other topics: a compiled region whose compiles the monitor attributes to it
-    "current_region",
-    "mark_region",
+    "current_region", "mark_region",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process
     "first_call_checks_made",
     # for the fragile recipes (regional nested, adapters, optim): the first-call check
-    "FirstCallVerifier",
-    "check_in_place_update",
-    "check_verify_arg",
+    "FirstCallVerifier", "check_in_place_update", "check_verify_arg",
 ]

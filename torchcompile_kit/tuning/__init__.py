@@ -13,16 +13,7 @@ from .tuner import STEADY_S, tune
 
 __all__ = [
     # top level UX
-    "STEADY_S",
-    "CandidateResult",
-    "TuneResult",
-    "format_table",
-    "tune",
-    "verification_line",
+    "STEADY_S", "CandidateResult", "TuneResult", "format_table", "tune", "verification_line",
     # candidates and arithmetic
-    "CANDIDATES",
-    "Cost",
-    "break_even_steps",
-    "predicted_total",
-    "rank_candidates",
+    "CANDIDATES", "Cost", "break_even_steps", "predicted_total", "rank_candidates",
 ]
