@@ -56,16 +56,12 @@ RULES: tuple[AdapterRule, ...] = (
                 "compile_peft(uncompile(model), ...).",
                 check=lambda f: _if(bool(f.compiled_modules), _names(f.compiled_modules))),
     # --- loud failures and graph breaks on every version ---------------------------------------
-    AdapterRule(
-        id="dora-fullgraph",
-        severity="refuse",
-        condition="DoRA with fullgraph=True",
-        evidence=f"{_TABLE} (dynamo: 'Unsupported method call' in peft's "
-        "dequantize_module_weight, one per DoRA layer)",
-        message="DoRA adapters {detail} cannot be traced with fullgraph=True (a graph break in every "
-        "DoRA layer); pass fullgraph=False.",
-        check=lambda f: _if(f.fullgraph and bool(f.dora_adapters), _names(f.dora_adapters)),
-    ),
+    AdapterRule(id="dora-fullgraph", severity="refuse", condition="DoRA with fullgraph=True",
+                evidence=f"{_TABLE} (dynamo: 'Unsupported method call' in peft's "
+                "dequantize_module_weight, one per DoRA layer)",
+                message="DoRA adapters {detail} cannot be traced with fullgraph=True (a graph "
+                "break in every DoRA layer); pass fullgraph=False.",
+                check=lambda f: _if(f.fullgraph and bool(f.dora_adapters), _names(f.dora_adapters))),
     AdapterRule(
         id="dora-graph-breaks",
         severity="warn",
