@@ -19,10 +19,10 @@ _EXPORTS: dict[str, str] = {name: topic for topic, names in (
     ("errors", "TorchCompileKitError"),
     ("regional", "compile_model compile_regional fix_loss_function get_regional_plan uncompile"),
     ("optim", "compile_optimizer"),
-    ("shapes", "BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket plan_buckets "
-     "warmup_shapes"),
-    ("diagnostics", "CompileMonitor EquivalenceStep check_compile_equivalence explain_graph_breaks "
-     "no_recompiles"),
+    ("shapes", ("BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
+                "plan_buckets warmup_shapes")),
+    ("diagnostics", ("CompileMonitor EquivalenceStep check_compile_equivalence "
+                     "explain_graph_breaks no_recompiles")),
     ("cache", "compile_cache load_compile_cache save_compile_cache"),
     ("adapters", "check_peft_compile_safety compile_peft"),
     ("tuning", "tune"),
