@@ -49,6 +49,6 @@ path = write_chart(result, {str(tmp_path / "tune.png")!r})
 print(path, "matplotlib.pyplot" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    path, pyplot_imported = out.stdout.split()
+    path, pyplot_imported = out.stdout.rsplit(maxsplit=1)  # the path may hold spaces
     assert (tmp_path / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.endswith("tune.png")
     assert pyplot_imported == "False"
