@@ -89,13 +89,25 @@ def test_perturbing_backend_is_not_ok_on_a_peft_model():
     assert report.worst.name.startswith("output.")
 
 
-def test_tolerance_follows_the_dtype():
+def test_a_shift_rounding_cannot_explain_fails_and_a_given_tolerance_means_what_it_says():
+    """1e-6 on an fp32 output is far beyond what fp32 rounding does to it (eager is ~1e-7 from the
+    float64 reference): the comparator catches it, where the old fixed fp32 tolerance (atol 1e-5)
+    let it pass. A user's rtol/atol replace the rule and are applied as written."""
     torch.manual_seed(0)
     x = torch.randn(4, 8)
     small = shifted_backend(1e-6)
-    assert check_compile_equivalence(MLP(), x, backend=small, check_grads=False).ok  # fp32: atol 1e-5
-    report = check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False)
-    assert not report.ok  # fp64: atol 1e-7
+    report = check_compile_equivalence(MLP(), x, backend=small, check_grads=False)
+    assert not report.ok
+    (diff,) = report.diffs
+    assert (diff.judged_by, diff.reference) == ("reference", "float64")
+    assert diff.compiled_error > 3 * diff.eager_error and "judged against: eager in float64" in report.summary()
+    assert check_compile_equivalence(MLP(), x, backend=small, check_grads=False, atol=1e-5).ok
+    strict = check_compile_equivalence(MLP(), x, backend=small, check_grads=False, atol=1e-7, rtol=0.0)
+    assert not strict.ok and strict.diffs[0].judged_by == "tolerance"
+    assert "rtol=0.0, atol=1e-07 given" in strict.summary()
+    # a float64 model has nothing more precise to run against: the float64 tolerance (1e-7)
+    double = check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False)
+    assert not double.ok and double.reference.dtype is None and double.diffs[0].judged_by == "tolerance"
     assert check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False, atol=1e-5).ok
 
 
@@ -214,3 +226,24 @@ def test_steps_and_example_inputs_are_exclusive():
         check_compile_equivalence(MLP(), torch.randn(2, 8), steps=[torch.randn(2, 8)], backend="eager")
     with pytest.raises(ValueError, match="exactly one of example_inputs"):
         check_compile_equivalence(MLP(), backend="eager")
+
+
+def test_a_planted_miscompute_fails_under_bf16_autocast_and_says_what_it_was_judged_against():
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = check_compile_equivalence(gpt2(), token_batch(), backend=shifted_backend(1e-1))
+    assert not report.ok and report.reference.name == "float32"
+    assert "judged against: eager in float32 with autocast off" in report.summary()
+    assert any("noise measured" in note for note in report.notes)
+
+
+@pytest.mark.slow
+def test_a_healthy_inductor_compile_is_equal_under_bf16_autocast():
+    from tiny_models import llama
+
+    torch.manual_seed(0)
+    for model in (gpt2(n_layer=2, n_embd=64), llama(n_layer=2, hidden=64)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            report = check_compile_equivalence(model, token_batch())
+        assert report.ok and report.reference.name == "float32", report.summary()
+        assert any(d.name.startswith("param_after_step.") for d in report.diffs)

@@ -176,6 +176,9 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
     metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
     metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
+    if monitor.first_call_checks:
+        metrics.first_call_checks = [check.as_dict() for check in monitor.first_call_checks]
+        notes += [check.message() for check in monitor.first_call_checks]
     background = get_background_compile(ctx.model)
     if background is not None:
         metrics.background = {name: getattr(background, name) for name in (

@@ -104,6 +104,9 @@ class Metrics:
     ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""
     check: dict[str, Any] | None = None
     """``tune``'s correctness check of the run (``GateVerdict.to_dict()``)."""
+    first_call_checks: list[dict[str, Any]] | None = None
+    """``verify=True`` rows: the recipe's first-call checks (``FirstCallCheck.as_dict()``: status,
+    ``check_seconds`` against ``compiled_seconds``, what they were judged against)."""
     stopped: dict[str, Any] | None = None
     """``tune``: how far a run its budget stopped had got."""
     notes: list[str] = field(default_factory=list)

@@ -4,6 +4,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 ``check_compile_equivalence`` and the first-call checks the fragile recipes run (``verify=``).
 """
 
+from .comparator import TensorDiff, judge_tensors, needs_reference
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
 from .explain import explain_graph_breaks
 from .first_call import FirstCallVerifier, check_verify_arg
@@ -11,7 +12,6 @@ from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
 from .regions import current_region, mark_region
-from .tensor_diff import TensorDiff
 from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
 
 __all__ = [
@@ -30,4 +30,6 @@ __all__ = [
     "first_call_checks_made",
     # for the fragile recipes (regional nested, adapters, optim): the first-call check
     "FirstCallVerifier", "check_in_place_update", "check_verify_arg",
+    # for other topics (tune's gate): the comparator's verdict on tensors of its own
+    "judge_tensors", "needs_reference",
 ]

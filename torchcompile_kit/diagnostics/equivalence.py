@@ -3,7 +3,8 @@
 :func:`check_compile_equivalence` runs deep copies eagerly and compiled on the same inputs and
 compares outputs, gradients, parameters after an optimizer step and outputs after it (weights baked
 into a graph show there); with ``steps=[...]`` (:class:`EquivalenceStep`) it compares after each
-step of a sequence, where miscomputes between calls live.
+step of a sequence, where miscomputes between calls live. A third copy runs at higher precision as
+the comparator's reference (:mod:`.comparator`, :mod:`.reference`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import torch
 from torch import nn
 
 from .. import _dynamo
-from .tensor_diff import TensorDiff, compare_trees, leaves, max_abs_difference
+from .comparator import (
+    TensorDiff,
+    judge_trees,
+    leaves,
+    max_abs_difference,
+    needs_reference,
+    rms_differences,
+)
+from .reference import Reference, at_precision, autocast_active, casting_inputs, reference_dtype
 
 __all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_equivalence"]
 
@@ -31,16 +40,18 @@ class EquivalenceReport:
     """Result of :func:`check_compile_equivalence`."""
 
     ok: bool
-    """Every compared tensor is within tolerance."""
+    """No compared tensor was judged wrong."""
     backend: str
     diffs: list[TensorDiff] = field(default_factory=list)
     """One entry per compared tensor."""
+    reference: Reference = field(default_factory=lambda: Reference(dtype=None))
+    """What the tensors were judged against (``reference.describe()``)."""
     notes: list[str] = field(default_factory=list)
     """What was perturbed, and anything that weakens the check."""
 
     @property
     def failures(self) -> list[TensorDiff]:
-        """The tensors outside tolerance."""
+        """The tensors judged wrong."""
         return [d for d in self.diffs if not d.ok]
 
     @property
@@ -50,19 +61,17 @@ class EquivalenceReport:
 
     @property
     def worst(self) -> TensorDiff | None:
-        """The tensor furthest outside (or closest to) its tolerance."""
+        """The tensor that used the most of its allowance (:attr:`TensorDiff.ratio`)."""
         return max(self.diffs, key=lambda d: d.ratio, default=None)
 
     def summary(self) -> str:
-        """A few lines: verdict, counts, the worst tensor, notes."""
+        """A few lines: verdict, counts, what it was judged against, the worst tensor, notes."""
         worst = self.worst
         lines = [f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
-                 f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors within "
-                 "tolerance"]
+                 f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors pass",
+                 f"judged against: {self.reference.describe()}"]
         if worst is not None:
-            lines.append(f"worst: {worst.name} max_abs={worst.max_abs:.3g} "
-                         f"max_rel={worst.max_rel:.3g} ({worst.ratio:.3g}x "
-                         f"tolerance){' ' + worst.note if worst.note else ''}")
+            lines.append(f"worst: {worst.explain()}")
         if self.failed_steps:
             lines.append(f"first failing step: {self.failed_steps[0]}")
         lines += [f"failed: {d.name}" for d in self.failures[:10]]
@@ -138,10 +147,15 @@ def check_compile_equivalence(
 ) -> EquivalenceReport:
     """Run ``model`` eagerly and compiled on the same inputs and compare everything that matters.
 
-    Two deep copies are made (``model`` is not touched), run from the same seed with dropout off
-    (unless ``dropout=True``). Compared tensor by tensor: eval outputs; with ``check_grads``, the loss,
-    every trainable gradient, every parameter after one SGD step and the eval outputs after it. PEFT
-    adapters are first perturbed from their identity initialisation, so ignoring them cannot pass.
+    Deep copies are made (``model`` is not touched) and run from the same seed with dropout off
+    (unless ``dropout=True``), under the autocast the call is made in. Compared tensor by tensor:
+    eval outputs; with ``check_grads``, the loss, every trainable gradient, every parameter after one
+    SGD step and the eval outputs after it. Each tensor is judged by the comparator
+    (docs/diagnostics.md, "What equal to eager means"): a third copy runs the same at higher
+    precision (float64; float32 for a bf16/fp16 or autocast run) with autocast off, and a tensor is
+    wrong when the compiled run is more than 3x farther from it than eager is (plus a rounding
+    floor, and the run-to-run noise, measured when something fails). PEFT adapters are first
+    perturbed from their identity initialisation, so ignoring them cannot pass.
 
     Args:
         model: any uncompiled ``nn.Module``.
@@ -151,15 +165,18 @@ def check_compile_equivalence(
         backend: ``torch.compile`` backend for the compiled copy.
         compile_kwargs: further ``torch.compile`` keyword arguments.
         check_grads: also compare the loss, gradients, one optimizer step and the outputs after it.
-        rtol: relative tolerance for every tensor; default by dtype (fp32: 1e-4).
-        atol: absolute tolerance for every tensor; default by dtype (fp32: 1e-5).
+        rtol: a fixed relative tolerance instead of the comparator's rule: a tensor passes when
+            ``|compiled - eager| <= atol + rtol * |eager|`` elementwise (the other one, if not
+            given, is the dtype's default: fp32 rtol 1e-4, atol 1e-5).
+        atol: a fixed absolute tolerance instead of the comparator's rule (see ``rtol``).
         compile_fn: how the copy is compiled, ``compile_fn(copy, backend=, **compile_kwargs)``;
             default ``copy.compile(...)``. Pass ``compile_peft`` or ``compile_regional`` to check those.
         dropout: keep dropout active in train mode (compiled RNG may differ from eager).
         seed: the RNG seed both runs start from.
 
     Returns:
-        An :class:`EquivalenceReport`: ``.ok``, per-tensor ``.diffs``, ``.worst``, ``.notes``.
+        An :class:`EquivalenceReport`: ``.ok``, per-tensor ``.diffs``, ``.worst``, ``.reference``,
+        ``.notes``.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -170,6 +187,8 @@ def check_compile_equivalence(
         >>> report = check_compile_equivalence(model, batch, backend="aot_eager")  # doctest: +SKIP
         >>> report.ok  # doctest: +SKIP
         True
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):  # doctest: +SKIP
+        ...     report = check_compile_equivalence(model, batch)  # judged against float32
         >>> report = check_compile_equivalence(peft_model, steps=[batch, mixed_batch],
         ...                                    compile_fn=compile_peft)  # doctest: +SKIP
     """
@@ -181,27 +200,45 @@ def check_compile_equivalence(
                          f"steps={type(steps).__name__}.")
     kwargs = {"backend": backend, **(compile_kwargs or {})}
     report = EquivalenceReport(ok=True, backend=_backend_name(backend))
-    reference = copy.deepcopy(model)
-    perturbed = _perturb_adapters(reference, seed) if hasattr(model, "peft_config") else []
+    start = copy.deepcopy(model)
+    perturbed = _perturb_adapters(start, seed) if hasattr(model, "peft_config") else []
     if perturbed:
         report.notes.append(f"perturbed {len(perturbed)} adapter parameters away from identity")
-    eager = copy.deepcopy(reference)
-    compiled = (compile_fn or _compile_in_place)(copy.deepcopy(reference), **kwargs)
-    tolerance = (rtol, atol)
+    eager = copy.deepcopy(start)
+    compiled = (compile_fn or _compile_in_place)(copy.deepcopy(start), **kwargs)
+    tolerance = (rtol, atol) if rtol is not None or atol is not None else None
+    precision = reference_dtype(start, autocast=autocast_active(start))
     if steps is not None:
-        report.diffs += _compare_steps(eager, compiled, [_as_step(s) for s in steps], seed, tolerance)
-        report.ok = all(d.ok for d in report.diffs)
-        return report
-
-    eager_out = _run_eval(eager, example_inputs, seed)
-    report.diffs += compare_trees("output", eager_out, _run_eval(compiled, example_inputs, seed), tolerance)
-    if perturbed:
-        effect = max_abs_difference(_run_eval(copy.deepcopy(model), example_inputs, seed), eager_out)
+        sequence = [_as_step(s) for s in steps]
+        run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
+    else:
+        run = lambda m: _one_batch(m, example_inputs, seed, check_grads, dropout)
+    eager_result, compiled_result = run(eager), run(compiled)
+    judge_all = _judge_steps if steps is not None else _judge_batch
+    report.diffs = judge_all(eager_result, compiled_result, None, "", tolerance)
+    exact = None
+    if tolerance is not None:
+        report.reference = Reference(dtype=None, note=f"rtol={rtol}, atol={atol} given")
+    elif needs_reference(report.diffs):  # not rounding-level near eager: ask the reference
+        exact, report.reference = _reference_run(start, precision, run)
+        report.diffs = judge_all(eager_result, compiled_result, exact, report.reference.name, None)
+    else:
+        report.reference = Reference(dtype=None, needed=False)
+    if any(not d.ok for d in report.diffs) and tolerance is None:
+        noise, said = _noise(start, compiled, run, eager_result, compiled_result, steps is not None)
+        report.notes.append(said)
+        report.diffs = judge_all(eager_result, compiled_result, exact, report.reference.name, None, noise)
+    if steps is None and any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+                             for m in model.modules()):
+        report.notes.append(f"dropout: on in training, every run from seed {seed} (the same masks "
+                            "where the backend draws as eager does)" if dropout else
+                            "dropout: off in every run (eval dropout)")
+    if perturbed and steps is None:
+        effect = max_abs_difference(_run_eval(copy.deepcopy(model), example_inputs, seed),
+                                    eager_result["output"])
         if effect == 0:
             report.notes.append("the perturbed adapters do not change the outputs: this check "
                                 "cannot tell whether the compiled model applies them")
-    if check_grads:
-        report.diffs += _compare_training(eager, compiled, example_inputs, seed, dropout, tolerance)
     report.ok = all(d.ok for d in report.diffs)
     return report
 
@@ -249,37 +286,6 @@ def _as_step(item: Any) -> EquivalenceStep:
     return EquivalenceStep.forward(item)
 
 
-def _compare_steps(eager: nn.Module, compiled: nn.Module, steps: list[EquivalenceStep], seed: int,
-                   tolerance: tuple) -> list[TensorDiff]:
-    for model in (eager, compiled):
-        _set_mode(model, training=False, dropout=False)
-    diffs: list[TensorDiff] = []
-    for index, step in enumerate(steps):
-        label = f"{index}:{step.name}"
-        results: list[Any] = []
-        for model in (eager, compiled):
-            with torch.random.fork_rng():
-                torch.manual_seed(seed + index)  # e.g. add_adapter initialises alike in both
-                try:
-                    results.append(("ok", step.run(model)))
-                except Exception as error:  # noqa: BLE001 - reported as a difference
-                    results.append(("raised", f"{type(error).__name__}: {error}"))
-        (eager_kind, eager_value), (compiled_kind, compiled_value) = results
-        if eager_kind == compiled_kind == "ok":
-            step_diffs = compare_trees(label, eager_value, compiled_value, tolerance)
-        elif eager_kind == compiled_kind and eager_value.split(":")[0] == compiled_value.split(":")[0]:
-            step_diffs = []  # both raised alike: the step is equivalent (and says so in neither)
-        else:
-            side = "compiled" if compiled_kind == "raised" else "eager"
-            raised = compiled_value if side == "compiled" else eager_value
-            step_diffs = [TensorDiff(name=label, max_abs=math.inf, max_rel=math.inf, ratio=math.inf,
-                                     ok=False, note=f"only the {side} run raised: {str(raised)[:300]}")]
-        for diff in step_diffs:
-            diff.step = label
-        diffs += step_diffs
-    return diffs
-
-
 def _set_mode(model: nn.Module, *, training: bool, dropout: bool) -> None:
     model.train(training)
     if training and not dropout:
@@ -304,34 +310,129 @@ def _loss(output: Any) -> torch.Tensor:
         raise ValueError("check_grads=True needs a differentiable output: the model returned no "
                          "'loss' and no floating-point tensor that requires grad. Pass "
                          "check_grads=False, or labels.")
-    return sum(t.float().square().mean() for t in tensors)
+    # 16-bit outputs are summed in float32; a float64 reference keeps its precision
+    return sum(t.to(torch.promote_types(t.dtype, torch.float32)).square().mean() for t in tensors)
 
 
-def _compare_training(eager: nn.Module, compiled: nn.Module, example_inputs: Any, seed: int,
-                      dropout: bool, tolerance: tuple) -> list[TensorDiff]:
-    losses = []
-    for model in (eager, compiled):
-        _set_mode(model, training=True, dropout=dropout)
-        model.zero_grad(set_to_none=True)
+def _one_batch(model: nn.Module, example_inputs: Any, seed: int, check_grads: bool,
+               dropout: bool) -> dict[str, Any]:
+    """What one batch compares: eval outputs; with ``check_grads`` the loss, every trainable
+    gradient, the parameters after one SGD step and the eval outputs after it."""
+    result: dict[str, Any] = {"output": _run_eval(model, example_inputs, seed)}
+    if not check_grads:
+        return result
+    _set_mode(model, training=True, dropout=dropout)
+    model.zero_grad(set_to_none=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        loss = _loss(_call(model, example_inputs))
+    loss.backward()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    result["loss"] = loss.detach()
+    result["grad"] = {n: None if p.grad is None else p.grad.detach().clone() for n, p in trainable.items()}
+    torch.optim.SGD([p for p in trainable.values() if p.grad is not None], lr=_SGD_LR).step()
+    result["param_after_step"] = {n: p.detach().clone() for n, p in trainable.items()}
+    result["output_after_step"] = _run_eval(model, example_inputs, seed)
+    return result
+
+
+def _run_steps(model: nn.Module, steps: list[EquivalenceStep], seed: int) -> list[_StepResult]:
+    _set_mode(model, training=False, dropout=False)
+    results = []
+    for index, step in enumerate(steps):
+        label = f"{index}:{step.name}"
         with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            loss = _loss(_call(model, example_inputs))
-        loss.backward()
-        losses.append(loss.detach())
-    diffs = compare_trees("loss", losses[0], losses[1], tolerance)
-    eager_params = dict(eager.named_parameters())
-    compiled_params = dict(compiled.named_parameters())
-    for name, param in eager_params.items():
-        if param.requires_grad:
-            diffs += compare_trees(f"grad.{name}", param.grad, compiled_params[name].grad, tolerance)
-    for model in (eager, compiled):
-        trainable = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
-        torch.optim.SGD(trainable, lr=_SGD_LR).step()
-    for name, param in eager_params.items():
-        if param.requires_grad:
-            diffs += compare_trees(f"param_after_step.{name}", param, compiled_params[name], tolerance)
-    after = [_run_eval(model, example_inputs, seed) for model in (eager, compiled)]
-    return diffs + compare_trees("output_after_step", after[0], after[1], tolerance)
+            torch.manual_seed(seed + index)  # e.g. add_adapter initialises alike in every copy
+            try:
+                results.append(_StepResult(label=label, value=step.run(model)))
+            except Exception as error:  # noqa: BLE001 - reported as a difference
+                results.append(_StepResult(label=label, raised=f"{type(error).__name__}: {error}"))
+    return results
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class _StepResult:
+    label: str
+    value: Any = None
+    raised: str | None = None
+
+
+def _reference_run(start: nn.Module, precision: Reference, run: Callable[[nn.Module], Any]
+                   ) -> tuple[Any, Reference]:
+    """``run`` on a copy of ``start`` at the reference precision, autocast off, inputs cast."""
+    if precision.dtype is None:
+        return None, precision
+    model = copy.deepcopy(start)
+    try:
+        with at_precision(model, precision.dtype), casting_inputs(model, precision.dtype):
+            result = run(model)
+    except Exception as error:  # noqa: BLE001 - the model cannot run at that precision
+        return None, Reference(dtype=None, note=f"the model does not run in {precision.name}: "
+                               f"{type(error).__name__}: {str(error)[:160]}")
+    raised = next((r for r in result if r.raised), None) if isinstance(result, list) else None
+    if raised is not None:  # its later steps would start from another state than eager's
+        return None, Reference(dtype=None, note=f"step {raised.label} raised in {precision.name}: "
+                               f"{raised.raised[:160]}")
+    return result, precision
+
+
+def _judge_batch(eager: dict[str, Any], compiled: dict[str, Any], exact: dict[str, Any] | None,
+                 reference: str, tolerance: tuple | None,
+                 noise: dict[str, float] | None = None) -> list[TensorDiff]:
+    return judge_trees("", eager, compiled, exact, reference_dtype=reference, tolerance=tolerance,
+                       noise=noise)
+
+
+def _judge_steps(eager: list[_StepResult], compiled: list[_StepResult], exact: list[_StepResult] | None,
+                 reference: str, tolerance: tuple | None,
+                 noise: dict[str, float] | None = None) -> list[TensorDiff]:
+    diffs: list[TensorDiff] = []
+    for index, (left, right) in enumerate(zip(eager, compiled)):
+        if left.raised is None and right.raised is None:
+            exact_value = exact[index].value if exact is not None else None
+            step_diffs = judge_trees(left.label, left.value, right.value, exact_value,
+                                     reference_dtype=reference, tolerance=tolerance, noise=noise)
+        elif left.raised and right.raised and left.raised.split(":")[0] == right.raised.split(":")[0]:
+            step_diffs = []  # both raised alike: the step is equivalent (and says so in neither)
+        else:
+            side, raised = ("compiled", right.raised) if right.raised else ("eager", left.raised)
+            step_diffs = [TensorDiff(name=left.label, ok=False, ratio=math.inf, max_abs=math.inf,
+                                     max_rel=math.inf, note=f"only the {side} run raised: {str(raised)[:300]}")]
+        for diff in step_diffs:
+            diff.step = left.label
+        diffs += step_diffs
+    return diffs
+
+
+def _noise(start: nn.Module, compiled: nn.Module, run: Callable[[nn.Module], Any], eager_result: Any,
+           compiled_result: Any, is_steps: bool) -> tuple[dict[str, float], str]:
+    """The run-to-run noise of every tensor, measured after a tensor failed: eager rerun on a fresh
+    copy of the start and, for one batch, the compiled copy rerun from the start's weights."""
+    noise = _rms(eager_result, run(copy.deepcopy(start)), is_steps)
+    said = "noise measured (a tensor failed): eager against eager"
+    if not is_steps:
+        try:
+            compiled.load_state_dict(start.state_dict())
+            again = run(compiled)
+        except Exception:  # noqa: BLE001 - the compiled copy cannot be replayed: eager's noise only
+            again = None
+        if again is not None:
+            for name, value in _rms(compiled_result, again, is_steps).items():
+                noise[name] = max(value, noise.get(name, 0.0))
+            said += " and compiled against compiled"
+    return noise, said + (", rerun from the same start" if not is_steps else
+                          ", the sequence rerun from the start (a sequence is not replayed on "
+                          "the compiled copy)")
+
+
+def _rms(first: Any, second: Any, is_steps: bool) -> dict[str, float]:
+    if not is_steps:
+        return rms_differences("", first, second)
+    found: dict[str, float] = {}
+    for left, right in zip(first, second):
+        if left.raised is None and right.raised is None:
+            found |= rms_differences(left.label, left.value, right.value)
+    return found
 
 
 def _perturb_adapters(model: nn.Module, seed: int) -> list[str]:

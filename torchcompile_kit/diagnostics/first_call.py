@@ -1,11 +1,13 @@
 """The first-call check: a fragile recipe compares its compiled result with eager, once per state.
 
-The first call in each state (grad mode and train/eval, or the adapter state) also runs an eager
-reference on the same batch and weights, compares outputs and trainable gradients, and raises
-:class:`~torchcompile_kit.errors.CompiledMismatchError` before the call returns. What it leaves
-undisturbed (``.grad``, the RNG stream, buffers) and when it skips (random outputs under a backend
-that draws its own way, ``torch.distributed``) is in docs/regional.md ("The first-call
-check").
+The first call in each state (grad mode and train/eval, or the adapter state) also runs eagerly on
+the same batch and weights, and once more at higher precision (the comparator's reference,
+:mod:`.reference`); outputs and trainable gradients are judged by :mod:`.comparator`, and a tensor
+the compiled run got wrong raises :class:`~torchcompile_kit.errors.CompiledMismatchError` before
+the call returns. A failure is re-judged with the run-to-run noise measured (eager and the compiled
+call rerun from the same state). What it leaves undisturbed (``.grad``, the RNG stream, buffers) and
+when it skips (random outputs under a backend that draws its own way, ``torch.distributed``) is in
+docs/regional.md ("The first-call check").
 """
 
 from __future__ import annotations
@@ -16,15 +18,25 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import CompiledMismatchError
+from .comparator import (
+    NEAR_EPS,
+    TensorDiff,
+    judge_trees,
+    leaves,
+    max_abs_difference,
+    needs_reference,
+    rms_differences,
+)
 from .equivalence import _backend_name, _loss
 from .monitor import record_first_call_check
-from .tensor_diff import TensorDiff, compare_trees, leaves
+from .reference import Reference, at_precision, autocast_active, cast_floating, reference_dtype
 from .trace_records import FirstCallCheck
 
 __all__ = ["FirstCallVerifier", "check_verify_arg", "copy_into", "distributed_initialized", "make_record", "mismatch_message"]
@@ -85,20 +97,20 @@ class FirstCallVerifier:
     def wrap(self, compiled_call: Callable[..., Any]) -> Callable[..., Any]:
         """A call that runs ``compiled_call`` and checks it when its state is new.
 
-        The eager reference is ``compiled_call`` under ``torch.compiler.set_stance("force_eager")``.
+        The eager run is ``compiled_call`` under ``torch.compiler.set_stance("force_eager")``.
         """
 
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             if self._busy or not self._due(args, kwargs):
                 return compiled_call(*args, **kwargs)
-            self._begin(args, kwargs, lambda: _force_eager(compiled_call, args, kwargs),
+            self._begin(args, kwargs, lambda *a, **k: _force_eager(compiled_call, a, k),
                         rerun=lambda: compiled_call(*args, **kwargs))
             return self._finish(compiled_call(*args, **kwargs))
 
         return checked_call
 
     def install_hooks(self) -> Callable[[], None]:
-        """Add the forward pre-hook (eager reference) and hook (comparison); return the removal."""
+        """Add the forward pre-hook (eager runs) and hook (comparison); return the removal."""
         model = self.model
         pre = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         post = model.register_forward_hook(self._post_hook, with_kwargs=True)
@@ -114,7 +126,7 @@ class FirstCallVerifier:
         if self._busy or not self._due(args, kwargs):
             return
         # the eager call runs the hooks again; _busy makes ours step aside
-        self._begin(args, kwargs, lambda: _force_eager(module.forward, args, kwargs),
+        self._begin(args, kwargs, lambda *a, **k: _force_eager(module.forward, a, k),
                     rerun=lambda: module(*args, **kwargs))
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -137,37 +149,61 @@ class FirstCallVerifier:
             return False
         return True
 
-    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[[], Any], *,
+    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[..., Any], *,
                rerun: Callable[[], Any]) -> None:
+        """Before the compiled call: the eager run, from the current RNG state and buffers (kept
+        for the runs the check may add after it: the reference, the noise)."""
         key = (self.model.training, self.state(args, kwargs))
         start = time.perf_counter()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         grads_wanted = torch.is_grad_enabled() and bool(params) and key not in self.grads_checked
-        pending = _Pending(key=key, params=params)
-        pending.rerun = rerun
-        with self._aside(), _fork_rng(self.model):
-            output = run_eager()
-            if grads_wanted:
-                pending.eager_grads, pending.note = _grads(output, params, retain=False)
-            pending.eager_output = _detached(output)
-            del output
-        pending.grads_wanted = grads_wanted
-        pending.run_eager = run_eager
-        pending.rng_state = torch.random.get_rng_state()  # what the compiled call starts from
+        pending = _Pending(key=key, params=params, grads_wanted=grads_wanted, rerun=rerun,
+                           run_eager=lambda: run_eager(*args, **kwargs), args=args, kwargs=kwargs,
+                           call_eager=run_eager, rng_state=_rng_state(self.model),
+                           buffers={n: b.detach().clone() for n, b in self.model.named_buffers()},
+                           autocast=autocast_active(self.model), grad_mode=torch.is_grad_enabled())
+        pending.eager, pending.note = self._run(pending.run_eager, pending)
         pending.check_seconds = time.perf_counter() - start
         pending.compiled_start = time.perf_counter()
         self._pending = pending
 
+    def _reference(self, pending: _Pending) -> None:
+        """The eager run again at higher precision (the comparator's reference), as the first
+        one ran: same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast off."""
+        pending.reference = reference_dtype(self.model, autocast=pending.autocast)
+        dtype = pending.reference.dtype
+        if dtype is None:
+            return
+        args, kwargs = cast_floating(pending.args, dtype), cast_floating(pending.kwargs, dtype)
+        try:
+            with at_precision(self.model, dtype), torch.set_grad_enabled(pending.grad_mode):
+                pending.exact, _ = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
+        except Exception as error:  # noqa: BLE001 - a model that cannot run in dtype
+            pending.reference = Reference(dtype=None, note=f"the model does not run in "
+                                          f"{pending.reference.name}: {_first_line(error)}")
+
+    def _run(self, call: Callable[[], Any], pending: _Pending) -> tuple[dict[str, Any], str]:
+        """One run of the check's own from the state the compiled call started from (RNG, buffers):
+        ``{"output": ..., "grad": ...}`` (detached), and why gradients were not taken, if they were
+        wanted and could not be."""
+        with self._aside(), _fork_rng(self.model):
+            _set_rng_state(pending.rng_state)
+            _restore_buffers(self.model, pending.buffers)
+            output = call()
+            grads, note = (_grads(output, pending.params, retain=False) if pending.grads_wanted
+                           else (None, ""))
+            return _tree(output, pending.params, grads), note
+
     def _draws_its_own_random_numbers(self, pending: _Pending, diffs: list[TensorDiff]) -> bool:
         """Whether outputs that differ from eager's come from random numbers the backend draws
         its own way (dropout under inductor): an eager rerun from another seed then differs too.
-        Asked only of a mismatch, so a passing check costs one eager run, not two."""
+        Asked only of a mismatch, so a passing check costs no extra run."""
         if all(d.ok for d in diffs) or self.backend in _RNG_EXACT_BACKENDS or self.backend.startswith("aot_eager"):
             return False
         with self._aside(), _fork_rng(self.model), torch.no_grad():
             torch.manual_seed(torch.initial_seed() + 1)
             again = _detached(pending.run_eager())
-        return any(d.max_abs > 0 for d in compare_trees("output", pending.eager_output, again, (0.0, 0.0)))
+        return max_abs_difference(pending.eager["output"], again) > 0
 
     def _finish(self, output: Any) -> Any:
         pending, self._pending = self._pending, None
@@ -175,8 +211,31 @@ class FirstCallVerifier:
             return output
         compiled_seconds = time.perf_counter() - pending.compiled_start
         start = time.perf_counter()
-        diffs = compare_trees("output", pending.eager_output, _detached(output), (None, None))
-        if self._draws_its_own_random_numbers(pending, diffs):
+        compiled = {"output": _detached(output)}
+        compared = ["outputs"]
+        note = pending.note
+        if pending.key in self.grads_checked and torch.is_grad_enabled():
+            compared.append(f"gradients ({self.grads_checked[pending.key]})")
+        if pending.eager.get("grad") is not None:
+            backward_start = time.perf_counter()
+            compiled_grads, grad_note = _grads(output, pending.params, retain=True)
+            if compiled_grads is None and "donated buffers" in grad_note:
+                again, grad_note = self._second_compiled_call(pending)
+                compiled_grads = None if again.get("grad") is None else list(again["grad"].values())
+            # the compiled backward's first run compiles it, which the user's backward then skips:
+            # counted with the compiled call, not as the check's cost
+            backward = time.perf_counter() - backward_start
+            compiled_seconds += backward
+            start += backward
+            note = note or grad_note
+            if compiled_grads is not None:
+                compared.append("gradients")
+                compiled |= _tree(None, pending.params, compiled_grads)
+        diffs = self._judge(pending, compiled)
+        if needs_reference(diffs):  # not rounding-level near eager: ask the reference
+            self._reference(pending)
+            diffs = self._judge(pending, compiled)
+        if any(not d.ok for d in diffs) and self._draws_its_own_random_numbers(pending, diffs):
             self.checked.add(pending.key)
             note = (f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
                     "them differently from eager, so the outputs cannot be compared; run "
@@ -187,44 +246,45 @@ class FirstCallVerifier:
                 self._warned_skip = True
                 warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=4)
             return output
-        compared = ["outputs"]
-        note = pending.note
-        if pending.key in self.grads_checked and torch.is_grad_enabled():
-            compared.append(f"gradients ({self.grads_checked[pending.key]})")
-        if pending.eager_grads is not None:
-            backward_start = time.perf_counter()
-            compiled_grads, grad_note = _grads(output, pending.params, retain=True)
-            if compiled_grads is None and "donated buffers" in grad_note:
-                compiled_grads, grad_note = self._grads_of_a_second_call(pending)
-            # the compiled backward's first run compiles it, which the user's backward then skips:
-            # counted with the compiled call, not as the check's cost
-            backward = time.perf_counter() - backward_start
-            compiled_seconds += backward
-            start += backward
-            note = note or grad_note
-            if compiled_grads is not None:
-                compared.append("gradients")
-                for (name, _), eager, compiled in zip(pending.params, pending.eager_grads, compiled_grads):
-                    diffs += compare_trees(f"grad.{name}", eager, compiled, (None, None))
+        if any(not d.ok for d in diffs):
+            diffs = self._judge(pending, compiled, noise=self._noise(pending, compiled))
+        if _active_dropout(self.model):
+            same = "dropout active: every run of the check drew from the RNG state the compiled call started from"
+            note = "; ".join(filter(None, [note, same]))
         seconds = pending.check_seconds + time.perf_counter() - start
         skipped = pending.grads_wanted and "gradients" not in compared and note.startswith(
             _GRADS_FAILED)
         self._conclude(pending.key, diffs, compared, note=note, check_seconds=seconds,
-                       compiled_seconds=compiled_seconds, partial=skipped)
+                       compiled_seconds=compiled_seconds, partial=skipped,
+                       reference=_describe_reference(pending.reference, diffs))
         return output
 
-    def _grads_of_a_second_call(self, pending: _Pending) -> tuple[list[torch.Tensor | None] | None, str]:
-        """The compiled gradients from a second compiled call on the same batch, not retained.
+    def _judge(self, pending: _Pending, compiled: dict[str, Any],
+               noise: dict[str, float] | None = None) -> list[TensorDiff]:
+        eager = {k: v for k, v in pending.eager.items() if k in compiled}
+        exact = {k: v for k, v in pending.exact.items() if k in compiled} or None  # None: not run
+        name = pending.reference.name if pending.reference is not None else ""
+        return judge_trees("", eager, compiled, exact, reference_dtype=name, noise=noise)
 
-        A backward compiled with donated buffers (AOTAutograd frees saved tensors in it) refuses
-        ``retain_graph=True``, which the check's backward on the user's output needs. The same
-        graph runs again from the same RNG state (no compile), its backward runs once, and the
-        buffers it changed are restored.
+    def _noise(self, pending: _Pending, compiled: dict[str, Any]) -> dict[str, float]:
+        """The run-to-run noise of each tensor: eager against eager and the compiled call against
+        itself, rerun from the same state (nondeterministic kernels, atomics on a GPU)."""
+        eager_again, _ = self._run(pending.run_eager, pending)
+        compiled_again, _ = self._second_compiled_call(pending)
+        noise = rms_differences("", pending.eager, eager_again)
+        for name, value in rms_differences("", compiled, compiled_again).items():
+            noise[name] = max(value, noise.get(name, 0.0))
+        return noise
+
+    def _second_compiled_call(self, pending: _Pending) -> tuple[dict[str, Any], str]:
+        """The compiled call again on the same batch, from the same RNG state (no compile), its
+        gradients not retained; the buffers it changed are restored.
+
+        Also how the compiled gradients are taken when the backward was compiled with donated
+        buffers (AOTAutograd frees saved tensors in it), which refuses ``retain_graph=True``.
         """
-        with self._aside(), torch.random.fork_rng(devices=[]), torch.enable_grad():
-            torch.random.set_rng_state(pending.rng_state)
-            again = pending.rerun()
-            return _grads(again, pending.params, retain=False)
+        with torch.enable_grad() if pending.grads_wanted else contextlib.nullcontext():
+            return self._run(pending.rerun, pending)
 
     @contextlib.contextmanager
     def _aside(self) -> Iterator[None]:
@@ -258,22 +318,34 @@ class FirstCallVerifier:
         return record
 
 
+@dataclass(kw_only=True, slots=True)
 class _Pending:
-    __slots__ = ("check_seconds", "compiled_start", "eager_grads", "eager_output", "grads_wanted",
-                 "key", "note", "params", "rerun", "rng_state", "run_eager")
+    """A check between its eager runs and the compiled call's result."""
 
-    def __init__(self, *, key: Hashable, params: list[tuple[str, torch.Tensor]]) -> None:
-        self.key = key
-        self.params = params
-        self.eager_output: Any = None
-        self.eager_grads: list[torch.Tensor | None] | None = None
-        self.note = ""
-        self.check_seconds = 0.0
-        self.compiled_start = 0.0
-        self.grads_wanted = False
-        self.rerun: Callable[[], Any] = lambda: None
-        self.run_eager: Callable[[], Any] = lambda: None
-        self.rng_state: torch.Tensor | None = None
+    key: Hashable
+    params: list[tuple[str, torch.Tensor]]
+    grads_wanted: bool
+    run_eager: Callable[[], Any]
+    """The eager run on the call's own inputs."""
+    call_eager: Callable[..., Any]
+    """The eager run on given inputs (the reference's, cast)."""
+    args: tuple
+    kwargs: dict
+    rerun: Callable[[], Any]
+    rng_state: tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]
+    buffers: dict[str, torch.Tensor]
+    """The buffers as the compiled call found them (every run of the check starts from them)."""
+    autocast: bool
+    """Whether the call ran under autocast (the reference's precision depends on it)."""
+    grad_mode: bool
+    eager: dict[str, Any] = field(default_factory=dict)
+    exact: dict[str, Any] = field(default_factory=dict)
+    """The reference run's tree (empty until the reference runs: only when needed)."""
+    reference: Reference | None = None
+    """``None`` until the reference was asked for."""
+    note: str = ""
+    check_seconds: float = 0.0
+    compiled_start: float = 0.0
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -288,13 +360,35 @@ def _force_eager(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         return call(*args, **kwargs)
 
 
-def _fork_rng(model: nn.Module) -> Any:
+def _accelerator(model: nn.Module) -> tuple[str, list[int]] | None:
     accelerators = {p.device for p in model.parameters() if p.device.type != "cpu"}
     if not accelerators:
-        return torch.random.fork_rng(devices=[])
+        return None
     device_type = next(iter(accelerators)).type
-    indices = sorted({d.index or 0 for d in accelerators if d.type == device_type})
-    return torch.random.fork_rng(devices=indices, device_type=device_type)
+    return device_type, sorted({d.index or 0 for d in accelerators if d.type == device_type})
+
+
+def _fork_rng(model: nn.Module) -> Any:
+    found = _accelerator(model)
+    if found is None:
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=found[1], device_type=found[0])
+
+
+def _rng_state(model: nn.Module) -> tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]:
+    """The CPU's RNG state and that of each accelerator the model is on: what every run of a
+    check starts from, so dropout draws the same masks in each."""
+    found = _accelerator(model)
+    if found is None:
+        return torch.random.get_rng_state(), []
+    module = torch.get_device_module(found[0])
+    return torch.random.get_rng_state(), [(module, i, module.get_rng_state(i)) for i in found[1]]
+
+
+def _set_rng_state(state: tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]) -> None:
+    torch.random.set_rng_state(state[0])
+    for module, index, device_state in state[1]:
+        module.set_rng_state(device_state, index)
 
 
 def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
@@ -318,6 +412,39 @@ def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
 
 def _detached(tree: Any) -> Any:
     return {name: t.detach() for name, t in leaves(tree)}
+
+
+def _tree(output: Any, params: list[tuple[str, torch.Tensor]],
+          grads: list[torch.Tensor | None] | None) -> dict[str, Any]:
+    """What a check compares of one run: ``{"output": {...}, "grad": {param name: grad}}``."""
+    tree = {} if output is None else {"output": _detached(output)}
+    if grads is not None:
+        tree["grad"] = {name: grad for (name, _), grad in zip(params, grads)}
+    return tree
+
+
+def _active_dropout(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+               for m in model.modules())
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:200]
+
+
+def _judged(reference: str) -> str:
+    if reference.startswith("none"):
+        return f"judged by the fixed tolerance: no float64 reference, {reference.removeprefix('none ')}"
+    return f"judged against eager in {reference}, autocast off"
+
+
+def _describe_reference(reference: Reference | None, diffs: list[TensorDiff]) -> str:
+    if reference is None:
+        near = sum(d.judged_by == "eager" for d in diffs)
+        return (f"not needed: {near} of {len(diffs)} tensors within {NEAR_EPS:g} epsilons of eager, "
+                "the others exact" if near < len(diffs) else
+                f"not needed: every tensor within {NEAR_EPS:g} epsilons of eager")
+    return reference.name or f"none ({reference.note})"
 
 
 def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
@@ -362,9 +489,10 @@ def mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restore
     biggest = f"{largest.note}" if infinite else f"{largest.max_abs:.3g}"
     return (f"{record.recipe} computed a different result than eager at its first call "
             f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: "
-            f"largest difference {biggest} in {largest.name!r} (worst {worst.name!r}, "
-            f"{worst.ratio:.3g}x its tolerance); {len(failures)} of {record.tensors} tensors "
-            f"outside tolerance: {shown}. Nothing was trained on it ({kept}). This torch/backend "
+            f"largest difference {biggest} in {largest.name!r}; worst {worst.explain()}; "
+            f"{len(failures)} of {record.tensors} tensors wrong: {shown} ({_judged(record.reference)}). "
+            f"Nothing was trained on it ({kept}). "
+            "This torch/backend "
             "miscomputes this recipe: use another recipe or backend (e.g. "
             "compile_regional(model) block by block), report it with "
             "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway.")

@@ -1,19 +1,22 @@
-"""The first-step check of an in-place update (``compile_optimizer``'s step): eager and compiled
-from the same start, the compiled result kept, a mismatch refused before it is applied."""
+"""The first-step check of an in-place update (``compile_optimizer``'s step): eager, compiled and a
+higher-precision reference from the same start, the compiled result kept, a wrong one refused
+before it is applied."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ..errors import CompiledMismatchError
+from .comparator import TensorDiff, judge, needs_reference, pool_small_tensors
 from .equivalence import _backend_name
 from .first_call import copy_into, distributed_initialized, logger, make_record, mismatch_message
 from .monitor import record_first_call_check
-from .tensor_diff import TensorDiff, compare_trees
+from .reference import Reference
 from .trace_records import FirstCallCheck
 
 __all__ = ["check_in_place_update"]
@@ -22,12 +25,17 @@ __all__ = ["check_in_place_update"]
 def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Callable[[], Any],
                           run_compiled: Callable[[], Any], recipe: str, backend: Any,
                           updates: frozenset[str] = frozenset()) -> FirstCallCheck:
-    """Run an in-place update eagerly and compiled from the same start; keep the compiled result.
+    """Run an in-place update eagerly, at higher precision and compiled from the same start; keep
+    the compiled result.
 
-    ``tensors`` (parameters, optimizer state) are copied, ``run_eager`` runs, the start is restored
-    and ``run_compiled`` runs on the real tensors. On a mismatch the start is restored again before
-    ``CompiledMismatchError``. ``updates`` names tensors compared by the change they received. Costs
-    two copies of ``tensors`` while it runs; returns the record (also given to running monitors).
+    ``tensors`` (parameters, optimizer state) are copied; ``run_eager`` runs, the start is restored
+    and ``run_compiled`` runs on the real tensors. Each tensor is judged by the comparator
+    (:mod:`.comparator`); ``updates`` names tensors judged by the change they received. Where a
+    tensor is not rounding-level near eager, ``run_eager`` also runs from the start with them (and
+    the gradients of those named in ``updates``) swapped to float64 (float32 for 16-bit ones), the
+    comparator's reference. On a failure the start is restored again before
+    ``CompiledMismatchError``. Costs two copies of ``tensors`` (three, and one at the reference's
+    precision, when the reference runs); returns the record (also given to running monitors).
 
     Example:
         >>> check_in_place_update({"w": w}, run_eager=eager_step, run_compiled=compiled_step,
@@ -37,8 +45,8 @@ def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Cal
     if distributed_initialized():
         run_compiled()
         record = make_record(recipe, backend_name, "skipped", "first compiled step", [],
-                              note="torch.distributed is initialized: the check is per rank and "
-                              "could make ranks diverge, so it does not run")
+                             note="torch.distributed is initialized: the check is per rank and "
+                             "could make ranks diverge, so it does not run")
         record_first_call_check(record)
         return record
     start = time.perf_counter()
@@ -52,23 +60,81 @@ def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Cal
     run_compiled()
     compiled_seconds = time.perf_counter() - started
     start = time.perf_counter()
-    diffs: list[TensorDiff] = []
     with torch.no_grad():
-        for name, tensor in tensors.items():
-            if name in updates:
-                diffs += compare_trees(f"update.{name}", eager[name] - before[name],
-                                       tensor.detach() - before[name], (None, None))
-            else:
-                diffs += compare_trees(name, eager[name], tensor.detach(), (None, None))
+        diffs = _judge(tensors, before, eager, None, Reference(dtype=None), updates)
+        reference = Reference(dtype=None, needed=False)
+        if needs_reference(diffs):  # not rounding-level near eager: the step at higher precision
+            compiled = {name: t.detach().clone() for name, t in tensors.items()}
+            copy_into(tensors, before)
+            exact, reference = _reference_step(tensors, updates, run_eager)
+            copy_into(tensors, compiled)
+            diffs = _judge(tensors, before, eager, exact, reference, updates)
         failures = [d for d in diffs if not d.ok]
         if failures:
             copy_into(tensors, before)
     check_seconds += time.perf_counter() - start
     record = make_record(recipe, backend_name, "failed" if failures else "passed",
-                          "first compiled step", diffs, compared=["updates", "state"],
-                          check_seconds=check_seconds, compiled_seconds=compiled_seconds)
+                         "first compiled step", diffs, compared=["updates", "state"],
+                         check_seconds=check_seconds, compiled_seconds=compiled_seconds,
+                         reference=reference.name or (f"none ({reference.note})" if reference.needed
+                                                      else "not needed: rounding-level near eager"))
     record_first_call_check(record)
     logger.info("%s", record.message())
     if failures:
         raise CompiledMismatchError(mismatch_message(record, failures, restored=True), record=record)
     return record
+
+
+def _judge(tensors: Mapping[str, torch.Tensor], before: dict[str, torch.Tensor],
+           eager: dict[str, torch.Tensor], exact: dict[str, torch.Tensor] | None, reference: Reference,
+           updates: frozenset[str]) -> list[TensorDiff]:
+    diffs = []
+    for name, tensor in tensors.items():
+        exact_value = None if exact is None else exact[name]
+        if name in updates:  # the change a step made, in float64: the parameter's own
+            base = before[name].double()  # magnitude sets the rounding floor
+            diffs.append(judge(f"update.{name}", eager[name].double() - base,
+                               tensor.detach().double() - base,
+                               None if exact_value is None else exact_value.double() - base,
+                               reference_dtype=reference.name, floor_scale=base,
+                               floor_dtype=tensor.dtype))
+        else:
+            diffs.append(judge(name, eager[name], tensor.detach(), exact_value,
+                               reference_dtype=reference.name))
+    return pool_small_tensors(diffs)
+
+
+def _reference_step(tensors: Mapping[str, torch.Tensor], updates: frozenset[str],
+                    run_eager: Callable[[], Any]) -> tuple[dict[str, torch.Tensor] | None, Reference]:
+    """The eager step with every floating tensor it reads and writes (and the gradients) at the
+    reference precision; the real tensors are untouched."""
+    floating = [t for t in tensors.values() if t.is_floating_point()]
+    dtype = (torch.float32 if any(t.dtype in (torch.float16, torch.bfloat16) for t in floating)
+             else torch.float64 if all(t.dtype == torch.float32 for t in floating) else None)
+    if dtype is None:
+        return None, Reference(dtype=None, note="the tensors are neither 16-bit nor float32")
+    grads = [tensors[name].grad for name in updates if tensors[name].grad is not None]
+    try:
+        with _swapped([*floating, *grads], dtype):
+            run_eager()
+            return {name: t.detach().clone() for name, t in tensors.items()}, Reference(dtype=dtype)
+    except Exception as error:  # noqa: BLE001 - an optimizer that cannot step at that precision
+        name = str(dtype).removeprefix("torch.")
+        return None, Reference(dtype=None, note=f"the step does not run in {name}: "
+                               f"{type(error).__name__}: {str(error)[:160]}")
+
+
+@contextlib.contextmanager
+def _swapped(tensors: list[torch.Tensor], dtype: torch.dtype) -> Iterator[None]:
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    seen: set[int] = set()
+    try:
+        for tensor in tensors:
+            if id(tensor) not in seen and tensor.is_floating_point() and tensor.dtype != dtype:
+                seen.add(id(tensor))
+                saved.append((tensor, tensor.data))
+                tensor.data = tensor.data.to(dtype)
+        yield
+    finally:
+        for tensor, data in reversed(saved):
+            tensor.data = data

@@ -173,13 +173,16 @@ class FirstCallCheck:
     tensors: int = 0
     """Tensors compared."""
     failures: int = 0
-    """Tensors outside tolerance."""
+    """Tensors the comparator judged wrong."""
     max_abs: float = 0.0
     """The largest absolute difference over every compared tensor."""
     worst: str = ""
-    """The tensor furthest outside (or closest to) its tolerance."""
+    """The tensor that used the most of its allowance."""
     worst_ratio: float = 0.0
-    """Its difference over its tolerance (at most 1 passes)."""
+    """How much of its allowance it used (at most 1 passes; :attr:`TensorDiff.ratio`)."""
+    reference: str = ""
+    """What the tensors were judged against: the reference's dtype (``"float64"``, ``"float32"``:
+    eager at that precision, autocast off), or ``"none (<why>)"`` (the dtype's fixed tolerance)."""
     check_seconds: float = 0.0
     """Time the check added: the eager reference (forward, backward) and the comparison."""
     compiled_seconds: float = 0.0
@@ -190,10 +193,12 @@ class FirstCallCheck:
 
     def message(self) -> str:
         """One line: recipe, state, verdict, the largest difference, the cost."""
-        share = (f", {self.check_seconds:.3g} s check vs {self.compiled_seconds:.3g} s compiled call"
-                 if self.compiled_seconds else "")
+        share = (f", {self.check_seconds:.3g} s check vs {self.compiled_seconds:.3g} s compiled call "
+                 f"({self.check_seconds / self.compiled_seconds:.1%})" if self.compiled_seconds else "")
         what = "+".join(self.compared) or "nothing"
-        verdict = (f"{self.status.upper()} ({what}, {self.tensors} tensors, max diff "
+        against = (f", {self.reference} reference" if self.reference in ("float64", "float32")
+                   else f", reference {self.reference}" if self.reference else "")
+        verdict = (f"{self.status.upper()} ({what}, {self.tensors} tensors{against}, max diff "
                    f"{self.max_abs:.3g}{share})")
         if self.status == "skipped":
             verdict = f"SKIPPED{share and ' (' + share[2:] + ')'}"
