@@ -5,9 +5,9 @@ users expect (``ValueError`` for bad input, ``RuntimeError`` while running).
 from __future__ import annotations
 
 __all__ = ["BatchShapeError", "BlockSelectorError", "CompileCacheWarning", "CompiledMismatchError",
-           "NoRepeatedBlocksError", "SequenceTooLongError", "TorchCompileKitError",
-           "UnexpectedRecompileError", "UnsafeAdapterConfigError", "UnsafeCompileModeError",
-           "UnsupportedOptimizerError", "UnsupportedTorchError"]
+           "NoRepeatedBlocksError", "SequenceTooLongError", "SignatureRefused",
+           "TorchCompileKitError", "UnexpectedRecompileError", "UnsafeAdapterConfigError",
+           "UnsafeCompileModeError", "UnsupportedOptimizerError", "UnsupportedTorchError"]
 
 
 class TorchCompileKitError(Exception):
@@ -62,6 +62,12 @@ class CompiledMismatchError(TorchCompileKitError, RuntimeError):
     def __init__(self, message: str, *, record: object = None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class SignatureRefused(TorchCompileKitError, ValueError):
+    """A key was set and a file the library would load (a compile cache, a background compile's
+    hand-off) is unsigned, signed with another key, or was changed after it was signed. A compile
+    cache refused for it is a ``CompileCacheWarning`` and a cold compile, not this error."""
 
 
 class CompileCacheWarning(UserWarning):

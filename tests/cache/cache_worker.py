@@ -91,6 +91,7 @@ def warm(src: str) -> dict:
         "loss": loss,
         "loaded": bool(loaded),
         "reason": loaded.reason,
+        "signature": loaded.signature,
         "entries": loaded.mega_cache_entries,
         "kernel_files": loaded.kernel_files,
         "stats": loaded.cache_stats() if loaded else counters(),

@@ -14,23 +14,7 @@ from torchcompile_kit.cache import CompileCacheWarning, storage
 from torchcompile_kit.cache.artifact import KernelFile, pack
 from torchcompile_kit.cache.header import current_environment
 
-from .conftest import run_worker
-
-FAKE_MEGA = b"mega-cache bytes " * 700
-
-
-@pytest.fixture
-def fake_mega_cache(monkeypatch):
-    """Stand in for torch's mega-cache (the storage and format are under test, not inductor)."""
-    loaded: list[bytes] = []
-    monkeypatch.setattr(_dynamo, "save_mega_cache", lambda: (FAKE_MEGA, {"inductor": 3}))
-
-    def load(data: bytes):
-        loaded.append(data)
-        return {"inductor": 3}
-
-    monkeypatch.setattr(_dynamo, "load_mega_cache", load)
-    return loaded
+from .conftest import FAKE_MEGA, run_worker
 
 
 def _kernel_files(directory) -> list[str]:

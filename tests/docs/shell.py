@@ -12,6 +12,8 @@ commands, ``#`` starts a comment); each command then meets exactly one rule:
   candidate names checked against the registries the CLI uses.
 - ``python -m pytest ...``: the suite running this check; validated: its ``-m`` expression
   compiles and names only markers that ``pyproject.toml`` registers.
+- ``export NAME=VALUE``: validated: ``NAME`` is an environment variable the package reads (its
+  name appears in the package's source), so a renamed variable fails its docs.
 - anything else fails, naming the command, so a new kind of command gets a rule here.
 """
 
@@ -70,7 +72,17 @@ def check_command(argv: list[str], cwd: Path) -> str:
         return _cli(argv[3:], argv, cwd)
     if argv[:3] == ["python", "-m", "pytest"]:
         return _pytest(argv[3:])
+    if argv[0] == "export":
+        return _export(argv[1:])
     raise AssertionError(f"no rule for the documented command {shlex.join(argv)!r}: add one to {__file__}")
+
+
+def _export(args: list[str]) -> str:
+    assert len(args) == 1 and "=" in args[0], f"export {shlex.join(args)!r}: expected NAME=VALUE"
+    name = args[0].split("=", 1)[0]
+    source = "\n".join(p.read_text() for p in (ROOT / "torchcompile_kit").rglob("*.py"))
+    assert f'"{name}"' in source, f"export {name}: the package reads no environment variable {name!r}"
+    return f"validated: export {name}"
 
 
 def _pip_install(args: list[str]) -> str:

@@ -64,7 +64,7 @@ class _FramesPerEpoch(transformers.TrainerCallback):
         self.frames.append(self.counter.frame_count)
 
 
-def make_trainer(tmp_path: Path, compile_cache=None, **arg_overrides):
+def make_trainer(tmp_path: Path, compile_cache=None, compile_cache_key=None, **arg_overrides):
     rows, lengths = lm_dataset()
     counter = CompileCounterWithBackend("aot_eager")
     model = compile_regional(tiny_models.gpt2(), backend=counter)
@@ -79,6 +79,7 @@ def make_trainer(tmp_path: Path, compile_cache=None, **arg_overrides):
         compile_optimizer_kwargs={"backend": "eager"},  # wiring: dynamo traces, no AOT
         callbacks=[frames],
         compile_cache=compile_cache,
+        compile_cache_key=compile_cache_key,
     )
     return trainer, frames
 
@@ -281,3 +282,29 @@ def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path)
     assert session is not None and session.path == str(path)
     assert not session.loaded, session.loaded.summary()  # nothing there yet: a cold start
     assert session.monitor is not None and session.monitor.frames  # the cache saw the compiles
+
+
+def test_the_trainers_cache_key_signs_its_cache_and_refuses_one_signed_by_another(tmp_path, monkeypatch):
+    from torchcompile_kit import _dynamo
+    from torchcompile_kit.cache import ENV_KEY, CompileCacheWarning
+
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    loaded = []  # torch's mega-cache stands in (aot_eager compiles nothing to save)
+    monkeypatch.setattr(_dynamo, "save_mega_cache", lambda: (b"mega-cache " * 64, {"inductor": 1}))
+    monkeypatch.setattr(_dynamo, "load_mega_cache", lambda data: loaded.append(data) or {"inductor": 1})
+    path = tmp_path / "cc.tck"
+    trainer, _ = make_trainer(tmp_path / "a", compile_cache=path, compile_cache_key="team-key",
+                              max_steps=1, save_strategy="no")
+    trainer.train()
+    assert trainer.compile_cache_session.saved.signed_by  # signed with the trainer's key
+    same, _ = make_trainer(tmp_path / "b", compile_cache=path, compile_cache_key="team-key",
+                           max_steps=1, save_strategy="no")
+    same.train()
+    assert same.compile_cache_session.loaded.signature.startswith("verified") and len(loaded) == 1
+    other, _ = make_trainer(tmp_path / "c", compile_cache=path, compile_cache_key="other-key",
+                            max_steps=1, save_strategy="no")
+    with pytest.warns(CompileCacheWarning, match="signed with key"):
+        other.train()
+    assert not other.compile_cache_session.loaded and len(loaded) == 1  # nothing of it was used
+    with pytest.raises(TypeError, match="key must be a string or bytes"):
+        make_trainer(tmp_path / "d", compile_cache=path, compile_cache_key=5)

@@ -257,3 +257,71 @@ def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(fact
     uncompile(model)
     assert record._proc.poll() is not None
 
+
+
+@pytest.mark.slow
+def test_a_bf16_autocast_run_switches_once_the_workers_check_passes(tmp_path, monkeypatch):
+    """The worker checks its first call under the training process's autocast. With the fixed fp32
+    tolerance that check failed under bf16 and training stayed eager for the whole run."""
+    pytest.importorskip("transformers")
+    import tiny_models
+
+    monkeypatch.chdir(tmp_path)
+    model = tiny_models.gpt2(n_layer=2, n_embd=64)
+    ids = torch.randint(3, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    with CompileMonitor() as monitor:
+        compile_regional(model, background=True)
+        started = time.perf_counter()
+        while get_background_compile(model).stall_s is None and time.perf_counter() - started < 300:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            time.sleep(0.01)
+    record = get_background_compile(model)
+    assert record.state == "compiled" and record.worker_check == "passed", record.state
+    (check,) = monitor.first_call_checks  # the switch's own check, under bf16 too
+    assert check.status == "passed" and check.reference == "float32", check.message()
+
+
+class _Planted:
+    """Unpickling it creates a file: what a replaced hand-off pickle could do, harmlessly."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.slow
+def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(factory, tmp_path, monkeypatch):
+    """The worker unpickles the batch the training process hands it. Without a key, whoever can
+    write the folder can replace it and run code in the worker; with one, the worker refuses it
+    before ``torch.load``."""
+    import pickle
+
+    from torchcompile_kit.cache import ENV_KEY
+
+    for case in ("no key", "key"):
+        if case == "key":
+            monkeypatch.setenv(ENV_KEY, "team-key")
+        marker = tmp_path / f"pwned-{case.replace(' ', '-')}"
+        model = factory.build()
+        compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build", start_after_s=1.0,
+                                                             directory=str(tmp_path / case)))
+        model(torch.randn(4, 16)).backward()  # hands the batch over; the worker starts 1 s later
+        record = get_background_compile(model)
+        batch = record._job.with_name("batch.pt")
+        if case == "key":
+            assert batch.read_bytes()[-48:-40] == b"TCKSIGN1"  # signed, like the other hand-off files
+            assert record._job.read_bytes()[-48:-40] == b"TCKSIGN1"
+        batch.write_bytes(pickle.dumps({"args": (_Planted(marker),), "kwargs": {}}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _train(model, until=lambda r: r.state not in ("compiling", "switching"), limit_s=120)
+        assert record.state not in ("compiled", "compiling"), record.state  # the worker failed
+        if case == "no key":
+            assert marker.exists()  # today's behaviour without a key: the replaced pickle ran
+        else:
+            assert not marker.exists() and "not signed" in record.state, record.state
+        uncompile(model)

@@ -2,8 +2,9 @@
 
 :func:`save_compile_cache`, :func:`load_compile_cache` and :func:`compile_cache` (both around a
 training loop); :mod:`.header` (the environment header), :mod:`.artifact` (format and safe
-installation), :mod:`.storage` (local and fsspec paths). Artifacts hold pickles: load only from
-storage you trust. docs/cache.md is the guide.
+installation), :mod:`.signature` (signed artifacts), :mod:`.storage` (local and fsspec paths).
+Artifacts hold pickles: sign them with a key, or load only from storage only you can write.
+docs/cache.md is the guide.
 """
 
 from .api import (
@@ -15,11 +16,16 @@ from .api import (
 )
 from .header import HeaderMismatch
 from .session import CompileCacheSession, compile_cache
+from .signature import ENV_KEY, Keys, SignatureRefused, read_signed, resolve_keys, write_signed
 
 __all__ = [
-    # results
+    # the environment variable a key is read from (docs/cache.md, "Security")
+    "ENV_KEY",
+    # results; a refused signature; the keys of a save or load
     "CacheLoadResult", "CacheSaveResult", "CompileCacheSession", "CompileCacheWarning",
-    "HeaderMismatch",
-    # top level UX
-    "compile_cache", "load_compile_cache", "save_compile_cache",
+    "HeaderMismatch", "Keys", "SignatureRefused",
+    # top level UX, and for other topics the files the library writes and reads back (a
+    # background compile's hand-off: read_signed, resolve_keys, write_signed), signed alike
+    "compile_cache", "load_compile_cache", "read_signed", "resolve_keys", "save_compile_cache",
+    "write_signed",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import _dynamo
 from ..errors import CompileCacheWarning
-from . import storage
+from . import signature, storage
 from .artifact import (
     ArtifactRefused,
     ArtifactUnreadable,
@@ -24,6 +24,7 @@ from .artifact import (
     unpack,
 )
 from .header import HeaderMismatch, current_environment
+from .signature import KeyArg, Keys, SignatureRefused, resolve_keys
 
 __all__ = ["CacheLoadResult", "CacheSaveResult", "CompileCacheWarning", "load_compile_cache",
            "save_compile_cache"]
@@ -52,6 +53,9 @@ class CacheLoadResult:
     """Compiled-kernel files placed into the inductor cache dir (files already there excluded)."""
     artifact_bytes: int = 0
     """Size of the artifact read."""
+    signature: str = ""
+    """``"verified (key <id>)"``, ``"unsigned"`` (no key set), ``"signed by key <id>, not checked
+    (no key set)"``, or why it was refused (``reason`` then says so too)."""
     inductor_cache_dir: str = ""
     """The inductor cache dir the kernels went to."""
     precompiled_regions: list[str] = field(default_factory=list)
@@ -128,6 +132,8 @@ class CacheSaveResult:
     """Size of the artifact written."""
     digest: str = ""
     """sha256 of the artifact bytes (identical compiles give identical artifacts)."""
+    signed_by: str = ""
+    """The id of the key that signed it (``""``: unsigned, no key set)."""
 
     def __bool__(self) -> bool:
         return self.saved
@@ -146,33 +152,41 @@ def _rank() -> int | None:
     return None
 
 
-def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True) -> CacheSaveResult:
+def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
+                       key: KeyArg = None) -> CacheSaveResult:
     """Save everything inductor compiled (or loaded) in this process to ``path``, atomically.
 
     The mega-cache and every kernel of the inductor cache dir (point ``TORCHINDUCTOR_CACHE_DIR`` at a
-    per-job folder to keep it small), under an environment header and a content hash. In a
+    per-job folder to keep it small), under an environment header and a content hash; with a key,
+    signed (HMAC-SHA256), so a load with the key refuses an artifact anyone else wrote. In a
     distributed job every rank calls it; rank 0 writes and a barrier follows.
 
     Args:
         path: a local file path or fsspec URL; a folder (existing, or ending in ``/``) gets
             ``compile-cache.tck`` inside it.
         barrier: in a distributed job, wait for rank 0's write before returning.
+        key: sign with this key (a string or bytes; a list: the first signs). ``None``: the key in
+            ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set, else unsigned (docs/cache.md, "Security").
 
     Returns:
-        A :class:`CacheSaveResult`, falsy when nothing was written (and why).
+        A :class:`CacheSaveResult`, falsy when nothing was written (and why); ``signed_by`` names
+        the key's id.
 
     Raises:
         ImportError: ``path`` is a URL and fsspec is not installed.
+        TypeError: ``key`` is not a string, bytes or a list of them.
 
     Example:
         >>> save_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
         CacheSaveResult(path='s3://bucket/run-7/compile-cache.tck', saved=True, ...)
+        >>> save_compile_cache("ckpt/cc.tck", key=os.environ["MY_TEAM_KEY"])  # doctest: +SKIP
     """
-    return save_if_changed(path, barrier=barrier, unchanged_digest="")
+    keys = resolve_keys(key, caller="save_compile_cache")
+    return save_if_changed(path, barrier=barrier, unchanged_digest="", keys=keys)
 
 
-def save_if_changed(path: str | os.PathLike[str], *, barrier: bool,
-                    unchanged_digest: str) -> CacheSaveResult:
+def save_if_changed(path: str | os.PathLike[str], *, barrier: bool, unchanged_digest: str,
+                    keys: Keys) -> CacheSaveResult:
     """:func:`save_compile_cache`, skipping the write when the artifact's sha256 would be
     ``unchanged_digest`` (nothing new compiled since the last save of ``compile_cache``)."""
     target = storage.resolve_path(path)
@@ -181,7 +195,7 @@ def save_if_changed(path: str | os.PathLike[str], *, barrier: bool,
     try:
         if rank not in (None, 0):
             return CacheSaveResult(path=target, saved=False, reason=f"rank {rank}: rank 0 writes")
-        return _write_artifact(target, unchanged_digest)
+        return _write_artifact(target, unchanged_digest, keys)
     finally:
         if rank is not None and barrier:
             import torch.distributed as dist
@@ -189,7 +203,7 @@ def save_if_changed(path: str | os.PathLike[str], *, barrier: bool,
             dist.barrier()
 
 
-def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
+def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSaveResult:
     regions = _dynamo.precompiled_regions()
     # dynamo's entries of the precompiled regions join the mega-cache
     with _dynamo.precompiling() if regions else contextlib.nullcontext():
@@ -219,9 +233,12 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
     }
     data = pack(environment=current_environment(), mega_cache=mega_bytes, kernel_files=kernels,
                 contents=contents)
+    if keys.signing is not None:
+        data = signature.sign(data, keys.signing)
     digest = hashlib.sha256(data).hexdigest()
     result = CacheSaveResult(path=target, saved=True, mega_cache_entries=entries,
-                             kernel_files=len(kernels), artifact_bytes=len(data), digest=digest)
+                             kernel_files=len(kernels), artifact_bytes=len(data), digest=digest,
+                             signed_by=signature.key_id(keys.signing) if keys.signing else "")
     if digest == unchanged_digest:
         result.reason = "unchanged since the last save; not rewritten"
         return result
@@ -238,29 +255,41 @@ def _write_artifact(target: str, unchanged_digest: str) -> CacheSaveResult:
     return result
 
 
-def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
+def load_compile_cache(path: str | os.PathLike[str], *, key: KeyArg = None) -> CacheLoadResult:
     """Load a compile cache saved by :func:`save_compile_cache`, if it is whole and fits.
 
     Call it in a fresh process before the first compiled step (and before building the model: the
-    CPU ISA probe then runs beside the build). The artifact's hash and environment header are
-    checked, the kernels installed into the inductor cache dir and the mega-cache hot-loaded. It
-    holds pickles: load only from storage you trust.
+    CPU ISA probe then runs beside the build). With a key, the signature is checked first, on the
+    raw bytes: an artifact that is unsigned, signed with another key or changed after signing is
+    refused before anything in it is parsed, written or loaded. Then the hash and environment
+    header are checked, the kernels installed into the inductor cache dir and the mega-cache
+    hot-loaded. It holds pickles and shared libraries: without a key, load only from storage only
+    you can write (docs/cache.md, "Security").
 
     Args:
         path: a local file path or an fsspec URL, as given to :func:`save_compile_cache`.
+        key: the key it must be signed with (a list: any of them). ``None``: the key in
+            ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set, else nothing is checked.
 
     Returns:
         A :class:`CacheLoadResult`, truthy only when something was loaded (``reason`` and
-        ``mismatches`` say why not). An absent artifact is silent; a corrupt or mismatched one also
-        emits a :class:`CompileCacheWarning`.
+        ``mismatches`` say why not; ``signature`` what was checked). An absent artifact is silent; a
+        corrupt, mismatched or refused one also emits a :class:`CompileCacheWarning`, and so does a
+        signed one loaded without a key (its signature was not checked).
 
     Raises:
         ImportError: ``path`` is a URL and fsspec is not installed.
+        TypeError: ``key`` is not a string, bytes or a list of them.
 
     Example:
         >>> result = load_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
-        >>> print(result.summary())  # doctest: +SKIP
+        >>> print(result.summary(), result.signature)  # doctest: +SKIP
     """
+    return load_with_keys(path, resolve_keys(key, caller="load_compile_cache"))
+
+
+def load_with_keys(path: str | os.PathLike[str], keys: Keys) -> CacheLoadResult:
+    """:func:`load_compile_cache` with its keys resolved (``compile_cache``'s own)."""
     target = storage.resolve_path(path)
     cache_dir = _dynamo.inductor_cache_dir()
     result = CacheLoadResult(path=target, loaded=False, inductor_cache_dir=cache_dir)
@@ -274,6 +303,16 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
         result.reason = "no artifact at this path yet"
         return result
     result.artifact_bytes = len(data)
+    data, trailer = signature.split(data)
+    try:  # before anything in it is parsed, written or unpickled
+        result.signature = signature.check(data, trailer, keys)
+    except SignatureRefused as refused:
+        result.signature = f"refused: {refused}"
+        return _not_loaded(result, f"refused: {refused}; nothing in it was used")
+    if trailer is not None and not keys.accepted:
+        warnings.warn(f"compile cache {target!r} is {result.signature}: it is loaded as an "
+                      f"unsigned one would be. Set ${signature.ENV_KEY} (or pass key=) to check "
+                      "who wrote it.", CompileCacheWarning, stacklevel=3)
     try:
         artifact = unpack(data, current_environment=current_environment())
     except ArtifactRefused as refused:
@@ -308,5 +347,5 @@ def load_compile_cache(path: str | os.PathLike[str]) -> CacheLoadResult:
 def _not_loaded(result: CacheLoadResult, reason: str) -> CacheLoadResult:
     result.reason = reason
     warnings.warn(f"{result.summary()}. Training continues with a cold compile.",
-                  CompileCacheWarning, stacklevel=3)
+                  CompileCacheWarning, stacklevel=4)
     return result

@@ -18,9 +18,10 @@ from .api import (
     CacheLoadResult,
     CacheSaveResult,
     CompileCacheWarning,
-    load_compile_cache,
+    load_with_keys,
     save_if_changed,
 )
+from .signature import KeyArg, Keys, resolve_keys
 
 __all__ = ["CompileCacheSession", "compile_cache"]
 
@@ -45,6 +46,8 @@ class CompileCacheSession:
     """How many times :meth:`step` was called."""
     monitor: CompileMonitor | None = None
     """The ``CompileMonitor`` recording compiles (and cache hits) inside the block."""
+    keys: Keys = field(default_factory=Keys, repr=False)
+    """The keys its load checks and its saves sign with (their ids only, when printed)."""
     _digest: str = field(default="", repr=False)
 
     def step(self) -> None:
@@ -66,7 +69,8 @@ class CompileCacheSession:
         Returns:
             The :class:`CacheSaveResult` (also kept in ``saved``).
         """
-        self.saved = save_if_changed(self.path, barrier=self.barrier, unchanged_digest=self._digest)
+        self.saved = save_if_changed(self.path, barrier=self.barrier, unchanged_digest=self._digest,
+                                     keys=self.keys)
         if self.saved.digest and self.saved.saved:
             self._digest = self.saved.digest
         return self.saved
@@ -83,8 +87,8 @@ class CompileCacheSession:
 
 @contextlib.contextmanager
 def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_exit: bool = True,
-                  save_after: int | None = None,
-                  barrier: bool = True) -> Iterator[CompileCacheSession]:
+                  save_after: int | None = None, barrier: bool = True,
+                  key: KeyArg = None) -> Iterator[CompileCacheSession]:
     """Load the compile cache at ``path`` on enter (if there is one) and save it on exit.
 
     Enter it in a fresh process before the first compiled step. On exit, also when the block raises,
@@ -98,12 +102,16 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
         save_after: also save once after this many ``cache.step()`` calls, so a later crash still
             leaves a cache.
         barrier: in a distributed job, make saves collective (rank 0 writes, all wait).
+        key: sign saves with it and refuse to load an artifact not signed with it (a string or
+            bytes; a list: the first signs, any is accepted). ``None``: the key in
+            ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set (docs/cache.md, "Security").
 
     Returns:
         A context manager yielding a :class:`CompileCacheSession`.
 
     Raises:
-        ValueError: ``save_after`` is not a positive int.
+        ValueError: ``save_after`` is not a positive int, or ``key`` is empty.
+        TypeError: ``key`` is not a string, bytes or a list of them.
         ImportError: ``path`` is a URL and fsspec is not installed.
 
     Example:
@@ -115,9 +123,10 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
     if save_after is not None:
         check_positive_int("save_after", save_after)
     storage.check_storage(storage.resolve_path(path))  # a missing fsspec fails now, not on exit
-    session = CompileCacheSession(path=os.fspath(path), save_after=save_after, barrier=barrier)
+    keys = resolve_keys(key, caller="compile_cache")
+    session = CompileCacheSession(path=os.fspath(path), save_after=save_after, barrier=barrier, keys=keys)
     if load:
-        session.loaded = load_compile_cache(session.path)
+        session.loaded = load_with_keys(session.path, keys)
     session.monitor = CompileMonitor().start()
     try:
         yield session

@@ -12,7 +12,7 @@ import warnings
 from typing import Any, Literal
 
 from .. import _dynamo
-from ..cache import CompileCacheSession
+from ..cache import CompileCacheSession, resolve_keys
 from ..cache import compile_cache as cache_session
 from ..diagnostics import CompileMonitor
 from ..errors import BatchShapeError, UnsupportedOptimizerError
@@ -44,6 +44,8 @@ class CompileTrainerMixin:
         compile_cache: a path or fsspec URL for :func:`~torchcompile_kit.compile_cache`: ``train``
             loads it before the first step and saves on exit, also when training raises
             (:attr:`compile_cache_session`). ``None`` (default): no cache.
+        compile_cache_key: the key that signs the cache and that a load requires (``key=`` of
+            ``compile_cache``); ``None``: ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set.
         **kwargs: passed to ``Trainer``.
 
     Raises:
@@ -63,7 +65,7 @@ class CompileTrainerMixin:
     def __init__(self, *args: Any, train_batch_sampler: BucketBatchSampler | None = None,
                  compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
                  compile_monitor: bool = True, compile_cache: str | os.PathLike[str] | None = None,
-                 **kwargs: Any) -> None:
+                 compile_cache_key: str | bytes | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _refuse_whole_model_compile(self.args, self.model)
         if train_batch_sampler is not None:
@@ -82,6 +84,9 @@ class CompileTrainerMixin:
         self._compiled_optimizer: Any = None
         self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
         self.compile_cache = None if compile_cache is None else os.fspath(compile_cache)
+        if compile_cache_key is not None:  # a key of the wrong type is refused here, not at train()
+            resolve_keys(compile_cache_key, caller="CompileTrainer(compile_cache_key=...)")
+        self._compile_cache_key = compile_cache_key
         self.compile_cache_session: CompileCacheSession | None = None
 
     # -- data ------------------------------------------------------------------------------
@@ -160,7 +165,8 @@ class CompileTrainerMixin:
         """
         with contextlib.ExitStack() as stack:
             if self.compile_cache is not None:
-                self.compile_cache_session = stack.enter_context(cache_session(self.compile_cache))
+                self.compile_cache_session = stack.enter_context(
+                    cache_session(self.compile_cache, key=self._compile_cache_key))
                 logger.info("CompileTrainer: %s", self.compile_cache_session.loaded.summary())
             if self.monitor is not None:
                 stack.enter_context(self.monitor)

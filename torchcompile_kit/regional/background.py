@@ -12,6 +12,7 @@ keeps training eager, never a stale graph). docs/cache.md ("Train while it compi
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from .._undo import register_undo
-from ..cache import load_compile_cache
+from ..cache import Keys, load_compile_cache, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
 from .precompiled import regions_created
@@ -206,6 +207,12 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         _give_up(model, options, status)
 
 
+def _keys() -> Keys:
+    """The keys the hand-off files are signed and checked with: ``$TORCHCOMPILE_KIT_CACHE_KEY``'s,
+    which the worker inherits (none: unsigned, as the worker's private folder always was)."""
+    return resolve_keys(None, caller="background compile")
+
+
 def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any]) -> None:
     """At the compile call: the worker's folder and what it builds (rank 0 only)."""
     if _rank(at_start=True) not in (None, 0):
@@ -221,7 +228,8 @@ def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any])
     # the worker compiles for training's thread count (CPU kernels are built for it, and a cache
     # saved for another count is refused), whatever CPUs it runs on
     threads = torch.get_num_threads()
-    (folder / "model.json").write_text(json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}))
+    write_signed(folder / "model.json", json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}).encode(),
+                 _keys())
     if not _RUNNING:
         atexit.register(_stop_all)
     _RUNNING.append(options)  # its folder goes at exit even if no worker started
@@ -230,7 +238,7 @@ def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any])
 def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
     """``start_after_s`` after the first call (rank 0): the worker, with its job in its folder."""
     folder = options._job.parent
-    threads = json.loads((folder / "model.json").read_text())["threads"]
+    threads = json.loads(read_signed(folder / "model.json", _keys()))["threads"]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "OMP_NUM_THREADS": str(threads)}
     with open(folder / "worker.log", "wb") as log:
         options._proc = subprocess.Popen(
@@ -273,13 +281,15 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
         return
     began = time.perf_counter()
     folder = options._job.parent
-    torch.save({"args": args, "kwargs": kwargs}, folder / "batch.pt")
+    batch = io.BytesIO()
+    torch.save({"args": args, "kwargs": kwargs}, batch)
+    write_signed(folder / "batch.pt", batch.getvalue(), _keys())
     autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
                      for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
     job = {"parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
            "training": model.training, "grad": torch.is_grad_enabled(), "autocast": autocast,
            "device": str(_device(model))}
-    (folder / "job.tmp").write_text(json.dumps(job))
+    write_signed(folder / "job.tmp", json.dumps(job).encode(), _keys())
     os.replace(folder / "job.tmp", options._job)
     options._handed_at = time.perf_counter()
     options.handoff_s = options._handed_at - began
@@ -314,8 +324,8 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
     why = None if loaded else f"its cache did not load ({loaded.reason})"
     try:
-        result = json.loads(options._job.with_name("result.json").read_text())
-    except (OSError, ValueError) as err:
+        result = json.loads(read_signed(options._job.with_name("result.json"), _keys()))
+    except (OSError, ValueError) as err:  # SignatureRefused is a ValueError
         result, why = {"regions": {}, "check": {}}, why or f"its result.json could not be read ({err})"
     keys, check = set(result["regions"].values()), result["check"]
     options.worker_check = check.get("status")

@@ -12,6 +12,7 @@ compiled call in that state. Exit code 0 only when the artifact was written."""
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from .._factory import import_factory
-from ..cache import save_compile_cache
+from ..cache import read_signed, resolve_keys, save_compile_cache, write_signed
 from ..diagnostics import first_call_checks_made
 from .compile import compile_model, compile_regional
 from .precompiled import regions_created
@@ -29,11 +30,12 @@ from .precompiled import regions_created
 
 def main(folder: str) -> int:
     root = Path(folder)
-    spec = json.loads((root / "model.json").read_text())
+    keys = resolve_keys(None, caller="background worker")  # the training process's, inherited
+    spec = json.loads(read_signed(root / "model.json", keys))  # checked before it names code
     torch.set_num_threads(spec["threads"])  # the kernels are built for the training process's
     os.chdir(spec["cwd"])  # a factory's relative paths resolve as in the training process
     model = _build(spec["model"])
-    job = json.loads((root / "job.json").read_text())
+    job = json.loads(read_signed(root / "job.json", keys))
     model.to(job["device"])
     for name, param in model.named_parameters():
         dtype, requires_grad = job["parameters"].get(name, (None, param.requires_grad))
@@ -44,7 +46,8 @@ def main(folder: str) -> int:
     compile_fn = compile_regional if spec["recipe"] == "regional" else compile_model
     with regions_created() as regions:
         compile_fn(model, precompile=True, verify=True, **spec["compile_kwargs"])
-    batch = torch.load(root / "batch.pt", map_location=job["device"], weights_only=False)
+    batch = torch.load(io.BytesIO(read_signed(root / "batch.pt", keys)), map_location=job["device"],
+                       weights_only=False)  # the training process's own objects, signature checked
     autocast = job["autocast"]
     with first_call_checks_made() as checks, torch.set_grad_enabled(job["grad"]), torch.autocast(
         autocast["device_type"] if autocast else "cpu",
@@ -53,13 +56,13 @@ def main(folder: str) -> int:
     ):
         output = model(*batch["args"], **batch["kwargs"])  # the first-call check raises on a difference
     passed = any(c.status == "passed" and "gradients" in c.compared for c in checks)
-    (root / "result.json").write_text(json.dumps({
+    write_signed(root / "result.json", json.dumps({
         # every region's key, run or not (a loss the model computes itself never runs): the
         # training process compiles only when its own regions have the same keys
         "regions": {region.label: region.key for region in regions},
         "check": {"status": checks[0].status if checks else None,
                   "gradients_passed_in": [job["training"], job["grad"]] if passed else None},
-    }))
+    }).encode(), keys)
     if job["grad"]:
         _loss(output).backward()  # the backward graphs, as the training step compiles them
     saved = save_compile_cache(root / "compile-cache.tck", barrier=False)
