@@ -138,6 +138,7 @@ def test_a_kernel_built_while_loading_built_kernels_is_correct_without_the_preco
     torch.testing.assert_close(out, f(x))
 
 
+@pytest.mark.slow
 def test_a_known_isa_answer_fills_inductors_probe_without_building_and_a_wrong_one_is_ignored():
     """A warm start or a background compile's switch takes another process's ISA answer:
     inductor's probe cache is filled with the same ISAs and compiler flags and no test library is

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["check_choice", "check_module", "check_positive_int", "parameters_of"]
+__all__ = ["check_choice", "check_flag", "check_module", "check_positive_int", "parameters_of"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,21 @@ def check_positive_int(name: str, value: Any, *, error: type[Exception] = ValueE
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise error(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def check_flag(name: str, value: Any, *, caller: str, meaning: str) -> bool:
+    """``value`` if it is ``True`` or ``False``, else ``TypeError`` naming the call and the flag.
+
+    A string such as ``"yes"`` or ``"false"`` is refused: it is truthy whatever it says.
+
+    Example:
+        >>> check_flag("precompile", True, caller="compile_regional", meaning="save traced code")
+        True
+    """
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{caller}: {name}={value!r} must be True or False ({meaning}); got "
+                    f"{type(value).__name__}")
 
 
 def check_module(name: str, value: Any) -> nn.Module:

@@ -5,13 +5,19 @@ process. Imports nothing of the package."""
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["import_factory", "parse_factory"]
+__all__ = ["check_factory", "import_factory", "parse_factory"]
+
+
+def _named(flag: str, text: str) -> str:
+    """``--model 'x:y'`` for a CLI flag, ``background='x:y'`` for an argument (``flag`` ends in =)."""
+    return f"{flag}{text!r}" if flag.endswith("=") else f"{flag} {text!r}"
 
 
 def parse_factory(text: str, *, error: type[Exception] = ValueError, flag: str = "--model") -> tuple[str, str]:
@@ -23,9 +29,30 @@ def parse_factory(text: str, *, error: type[Exception] = ValueError, flag: str =
     """
     module, sep, function = str(text).rpartition(":")
     if not sep or not module or not function or not function.isidentifier():
-        raise error(f"{flag} {text!r} is not 'module:function'; pass e.g. mypkg.models:build "
+        raise error(f"{_named(flag, text)} is not 'module:function'; pass e.g. mypkg.models:build "
                     "(a module importable from the current directory) or path/to/file.py:build")
     return module, function
+
+
+def check_factory(text: str, *, error: type[Exception] = ValueError, flag: str = "--model") -> None:
+    """Refuse now, without importing it, a factory whose file or top-level module cannot be found
+    (its import runs later, in another process, where a typo would surface only then).
+
+    Example:
+        >>> check_factory("json:loads")
+    """
+    module, _ = parse_factory(text, error=error, flag=flag)
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        if not Path(module).is_file():
+            raise error(f"{_named(flag, text)}: file {module!r} does not exist")
+        return
+    top = module.split(".")[0]
+    if top in sys.modules or importlib.util.find_spec(top) is not None:
+        return
+    if importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:  # `python -m`'s path
+        raise error(f"{_named(flag, text)}: no module {top!r} is importable here (sys.path and the "
+                    "current directory); run from the directory that contains it, or pass a path: "
+                    "path/to/file.py:build")
 
 
 def import_factory(text: str, *, error: type[Exception] = ValueError, flag: str = "--model") -> Any:
@@ -37,12 +64,12 @@ def import_factory(text: str, *, error: type[Exception] = ValueError, flag: str 
     except error:
         raise
     except Exception as err:  # any import-time failure is the user's module's
-        raise error(f"{flag} {text!r}: importing {module_name!r} failed with "
+        raise error(f"{_named(flag, text)}: importing {module_name!r} failed with "
                     f"{type(err).__name__}: {err}. Run from the directory that contains it, or "
                     "pass a path: path/file.py:fn") from err
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise error(f"{flag} {text!r}: module {module_name!r} has no callable {function_name!r}")
+        raise error(f"{_named(flag, text)}: module {module_name!r} has no callable {function_name!r}")
     return function
 
 

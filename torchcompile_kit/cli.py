@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -50,9 +51,14 @@ def _pin(text: str) -> str:
     from .bench.config import MeasureConfig
 
     try:
-        MeasureConfig(pin=text)
+        train, compile_ = MeasureConfig(pin=text).pinned_cpus()
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    missing = sorted(set(train + compile_) - set(available or train + compile_))
+    if missing:
+        raise argparse.ArgumentTypeError(f"CPU(s) {missing} are not available to this process (it may "
+                                         f"use CPUs {available}); pass TRAIN:COMPILE lists of those")
     return text
 
 
@@ -78,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="where results.json, charts and logs go (default: %(default)s)")
     bench.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
                        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md")
-    bench.add_argument("--timeout", type=float, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
+    bench.add_argument("--timeout", type=_POSITIVE_FLOAT, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
     bench.add_argument("--repeat", type=_POSITIVE_INT, default=1, metavar="N",
                        help="run every row N times, in rounds, and pool their paired blocks (a narrower interval; "
                        "load in one round is outvoted); warm-up s is the median (default: %(default)s)")
@@ -151,6 +157,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.list:
         print(_recipe_list())
         return 0
+    try:  # before torch is imported: a typo is answered at once
+        names = check_recipe_names(args.recipes)
+    except UnknownRecipeError as err:
+        return _error(str(err))
     import torch
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -158,10 +168,6 @@ def _bench(args: argparse.Namespace) -> int:
                            backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps,
                            paired=not args.no_pair, pin=args.pin)
     config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
-    try:
-        names = check_recipe_names(args.recipes)
-    except UnknownRecipeError as err:
-        return _error(str(err))
     if not names:
         names = list(RECIPES) if args.all else default_recipe_names(device_type=device_type)
     if args.ddp and "ddp" not in names:

@@ -90,7 +90,13 @@ def logits(model, batch=None):
 # --- the matrix -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(MATRIX))
+# each of these takes 5-10 s on a 2-core CPU: run with the slow tests, LoRA's rows stay in the quick suite
+SLOW_MATRIX = {"adalora", "boft", "dora", "hra", "loha", "lokr", "oft"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.slow if name in SLOW_MATRIX else ()) for name in sorted(MATRIX)]
+)
 def test_matrix(name):
     report = check_compile_equivalence(
         build(name), token_batch(), backend="aot_eager", compile_fn=compile_peft
@@ -108,6 +114,7 @@ def test_matrix_inductor(name):
     assert report.ok, report.summary()
 
 
+@pytest.mark.slow
 def test_whole_model_compile_matches_eager():
     compile_whole = functools.partial(compile_peft, regional=False)
     torch.manual_seed(0)

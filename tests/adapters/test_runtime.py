@@ -157,6 +157,7 @@ def test_issue_sequence_matches_eager_with_inductor():
 # --- each runtime feature, interleaved --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adapter_selection_interleaved_with_training_and_generate():
     """adapter_names=, disable_adapter(), set_adapter: hooks per call, attributes read in forward
     and requires_grad flips, in an order that revisits every state after a training step."""
@@ -208,6 +209,7 @@ def _hotswap_other_into_default(model):
     hotswap_adapter_from_state_dict(model, state, adapter_name="default", config=model.peft_config["other"])
 
 
+@pytest.mark.slow
 def test_adapter_changes_interleaved_with_training_and_generate():
     """merge/unmerge, add_weighted_adapter, adding and deleting adapters after compiling, hotswap."""
     steps = [

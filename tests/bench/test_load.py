@@ -84,6 +84,7 @@ def _share(m):
     return max(m.cpu_neighbours, m.cpu_neighbours_steady)
 
 
+@pytest.mark.slow
 def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
     for name, m in quiet.items():
         assert m.speedup > 0 and m.cpu_neighbours is not None

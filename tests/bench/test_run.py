@@ -31,6 +31,7 @@ def _bench(out, *args):
     return main(["bench", *args, "--steps", "2", "--warmup-steps", "1", "--backend", "eager", "--out", str(out)])
 
 
+@pytest.mark.slow
 def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_path, capsys):
     out = tmp_path / "run"
     assert _bench(out, "eager", "eager-longest", "reduce-overhead", "--preset", "tiny") == 0
@@ -79,6 +80,25 @@ def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
         assert metrics.loss_max_abs_diff < 1e-5 and metrics.speedup > 0
 
 
+def test_the_progress_names_the_compile_only_where_a_row_compiles(in_process, tmp_path, monkeypatch):
+    """The eager row's set-up was labelled "compile", and a compiled row's first steps, where
+    dynamo and inductor compile (up to minutes), showed only a bar that did not move."""
+    from torchcompile_kit.bench import execute
+
+    phases: list[str] = []
+    emit = execute.emit_event
+
+    def record(**event):
+        if event["event"] == "phase":
+            phases.append(event["phase"])
+        emit(**event)
+
+    monkeypatch.setattr(execute, "emit_event", record)
+    assert _bench(tmp_path / "run", "eager", "full", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
+    compiling = "first steps: compiling (minutes on a CPU for a large model)"
+    assert phases == ["build", "set up", "build", "compile", compiling]
+
+
 def test_a_failing_recipe_is_a_row_and_the_run_goes_on(in_process, tmp_path, capsys):
     out = tmp_path / "run"
     code = _bench(out, "full", "eager", "--model", "tests.bench.user_models:compile_hostile", "--no-charts")
@@ -103,6 +123,7 @@ def test_user_model_buckets_need_the_lengths(in_process, tmp_path):
     assert rows["buckets"].metrics.graphs == 1  # every batch re-padded to the one bucket
 
 
+@pytest.mark.slow
 def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, monkeypatch):
     """... and its own temp dir, gone after the row: inductor keeps its precompiled C++ header
     there, which a row must not inherit from another row or an earlier run on the machine."""

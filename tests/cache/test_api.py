@@ -31,6 +31,7 @@ def _train_step_proceeds() -> None:
     assert model.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_round_trip_in_fresh_process_gives_cache_hits_and_same_loss(cold_artifact, tmp_path):
     path, cold = cold_artifact
     assert cold["counters"]["fxgraph_cache_miss"] >= 1 and cold["kernel_files"] > 0
@@ -61,6 +62,7 @@ def test_round_trip_in_fresh_process_gives_cache_hits_and_same_loss(cold_artifac
     assert warm["memory"]["entries"] == cold["entries"]
 
 
+@pytest.mark.slow
 def test_real_artifact_installs_kernels_whole_into_the_inductor_dir(cold_artifact, inductor_dir):
     path, cold = cold_artifact
     result = tck.load_compile_cache(path)
@@ -81,10 +83,16 @@ def test_absent_artifact_is_silent_and_falsy(tmp_path, inductor_dir):
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "bit_flip", "header_flip", "garbage"])
-def test_corrupt_artifact_is_ignored_with_a_warning(
-    damage, cold_artifact, tmp_path, inductor_dir, monkeypatch
-):
-    data = bytearray(cold_artifact[0].read_bytes())
+def test_corrupt_artifact_is_ignored_with_a_warning(damage, fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+    # a whole artifact holding a kernel file (the mega-cache faked: what is damaged is the format)
+    saving_dir = tmp_path / "saving"
+    (saving_dir / "ab").mkdir(parents=True)
+    (saving_dir / "ab" / "cabcdef.so").write_bytes(b"\x7fELF kernel" * 100)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(saving_dir))
+    whole = tck.save_compile_cache(tmp_path / "whole.tck")
+    assert whole.kernel_files == 1
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
+    data = bytearray((tmp_path / "whole.tck").read_bytes())
     if damage == "empty":
         data = bytearray()
     elif damage == "truncated":  # also what a half-finished upload looks like
@@ -195,12 +203,10 @@ def test_save_with_nothing_compiled_keeps_the_previous_artifact(monkeypatch, tmp
     assert path.read_bytes() == b"previous"
 
 
-def test_interrupted_save_leaves_the_previous_cache_intact(
-    cold_artifact, fake_mega_cache, tmp_path, inductor_dir, monkeypatch
-):
+def test_interrupted_save_leaves_the_previous_cache_intact(fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
     path = tmp_path / "cc.tck"
-    previous = cold_artifact[0].read_bytes()
-    path.write_bytes(previous)
+    assert tck.save_compile_cache(path)
+    previous = path.read_bytes()
     calls = []
 
     def write_then_die(handle, chunk):
@@ -209,6 +215,7 @@ def test_interrupted_save_leaves_the_previous_cache_intact(
             raise OSError("disk went away halfway")
         handle.write(chunk)
 
+    original = storage._CHUNK_BYTES, storage._write_chunk
     monkeypatch.setattr(storage, "_CHUNK_BYTES", 64)
     monkeypatch.setattr(storage, "_write_chunk", write_then_die)
 
@@ -217,9 +224,9 @@ def test_interrupted_save_leaves_the_previous_cache_intact(
 
     assert not result and len(calls) == 3
     assert path.read_bytes() == previous
-    assert [n for n in os.listdir(tmp_path) if n != "inductor"] == ["cc.tck"]  # no temp left
-    monkeypatch.undo()
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []  # no temp left
+    monkeypatch.setattr(storage, "_CHUNK_BYTES", original[0])
+    monkeypatch.setattr(storage, "_write_chunk", original[1])
     assert tck.load_compile_cache(path)  # and it still loads
 
 

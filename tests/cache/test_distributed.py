@@ -9,6 +9,7 @@ import pytest
 from .conftest import run_worker
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_rank0_writes_and_every_rank_reads(cold_artifact, tmp_path):
     shared = tmp_path / "shared" / "cc.tck"

@@ -157,6 +157,7 @@ def test_a_bad_key_is_refused_at_the_call_naming_it(key, error, tmp_path):
 # --- a real artifact: the same hits; a planted pickle never runs -----------------------------------
 
 
+@pytest.mark.slow
 def test_a_signed_real_artifact_gives_the_same_hits_and_loss_as_an_unsigned_one(cold_artifact, tmp_path):
     path, cold = cold_artifact
     signed = tmp_path / "signed.tck"

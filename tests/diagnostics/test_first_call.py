@@ -165,6 +165,7 @@ def test_regional_opt_in_passes_and_restores_buffers():
 # --- RNG: dropout ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dropout_is_compared_under_the_same_rng_with_aot_eager():
     model = gpt2()
     for module in model.modules():
@@ -216,6 +217,7 @@ def test_peft_raises_on_a_miscomputing_backend():
         compile_peft(_peft_model(), backend="eager", verify="on")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("regional", [True, False])
 def test_peft_checks_each_adapter_state_once(regional):

@@ -44,6 +44,7 @@ def _dynamo_names_frames(err: pytest.ExceptionInfo) -> bool:
 # --------------------------------------------------------------- the tour's combination
 
 
+@pytest.mark.slow
 def test_tour_combination_trains_inside_no_recompiles():
     """docs/index.md step 3 as written (backend eager instead of inductor): no error, measured."""
     torch.manual_seed(0)

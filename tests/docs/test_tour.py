@@ -87,6 +87,7 @@ def _run_tour(tmp_path, monkeypatch, *, backend: str | None):
     assert monitor.limit_hits == [], monitor.summary()
 
 
+@pytest.mark.slow
 def test_tour_trains_like_eager_and_compiles_nothing_after_warmup(tmp_path, monkeypatch):
     _run_tour(tmp_path, monkeypatch, backend="aot_eager")
 

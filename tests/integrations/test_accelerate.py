@@ -57,6 +57,7 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+@pytest.mark.slow
 def test_accelerate_one_process_trains_saves_and_loads(tmp_path, fresh_accelerate_state):
     accelerator = accelerate.Accelerator(cpu=True)
     counter = CompileCounterWithBackend("aot_eager")
@@ -307,6 +308,7 @@ def accelerate_body(rank: int, world: int) -> None:
         next(iter(loader))
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_bucket_sampler_shards_once_on_every_path_two_processes():
     """plain accelerator.prepare, prepare_bucket_dataloader, accelerate dealing, DDP by hand."""
@@ -374,6 +376,7 @@ def measure_regional_contrast(steps: int = 6) -> dict[str, dict[str, object]]:
     return figures
 
 
+@pytest.mark.slow
 def test_contrast_with_accelerate_regional_compilation():
     figures = measure_regional_contrast()
     ours = figures["torchcompile_kit.compile_regional"]

@@ -182,6 +182,7 @@ def background_body(rank: int, world: int, cwd: str) -> None:
     assert all(math.isfinite(x) for x in losses)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_background_compile_switches_every_rank_at_the_same_call(tmp_path):
     pytest.importorskip("transformers")

@@ -264,6 +264,7 @@ def trainer_body(rank: int, world: int, out: str) -> None:
     assert seen == expected[1][rank][3:], (rank, seen)  # exactly the batches not trained on
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_trainer_bucket_sampler_shards_once_and_resumes_two_processes(tmp_path):
     from integrations.spawn import run_on_ranks
@@ -271,6 +272,7 @@ def test_trainer_bucket_sampler_shards_once_and_resumes_two_processes(tmp_path):
     run_on_ranks(trainer_body, str(tmp_path), init_process_group=False)
 
 
+@pytest.mark.slow
 def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path):
     """A Trainer user can ask why (``trainer.monitor``) and get warm restarts (``compile_cache=``)."""
     path = tmp_path / "cc.tck"
@@ -284,6 +286,7 @@ def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path)
     assert session.monitor is not None and session.monitor.frames  # the cache saw the compiles
 
 
+@pytest.mark.slow
 def test_the_trainers_cache_key_signs_its_cache_and_refuses_one_signed_by_another(tmp_path, monkeypatch):
     from torchcompile_kit import _dynamo
     from torchcompile_kit.cache import ENV_KEY, CompileCacheWarning

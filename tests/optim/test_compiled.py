@@ -127,6 +127,7 @@ def test_float_lr_without_compile_optimizer_does_recompile():
     assert frames[-1] > frames[0]
 
 
+@pytest.mark.slow
 def test_onecycle_adam_no_recompiles_under_inductor():
     """OneCycleLR's float betas recompile Adam under inductor until the limit; tensor betas don't.
 

@@ -105,6 +105,8 @@ def _train(model, ref=None, *, until, limit_s=300.0):
     return losses, ref_losses
 
 
+@pytest.mark.slow
+@pytest.mark.torch_window
 def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(factory):
     model = factory.build()
     ref = copy.deepcopy(model)
@@ -133,6 +135,7 @@ def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(
     assert record._proc.poll() is not None  # the worker is gone
 
 
+@pytest.mark.slow
 def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
     """CPU kernels are built for a thread count, and a cache saved for another is refused: a worker
     pinned to one CPU compiles for training's two threads (it compiled for one, and the switch
@@ -156,9 +159,12 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
     [
         ("tck_bg_model:crash", "the worker failed (exit code 1)"),
         (BackgroundCompile(factory="tck_bg_model:hang", timeout_s=1.0), "ran past timeout_s=1"),
-        ("tck_bg_model:build_silu", "compiled Block for another model state"),
+        # these two compile in the worker (about 20 s each on a 2-core CPU): with the slow tests
+        pytest.param("tck_bg_model:build_silu", "compiled Block for another model state",
+                     marks=pytest.mark.slow, id="other-model"),
         # the worker's first-call check: the same outputs, other gradients (only its check sees it)
-        ("tck_bg_model:build_grad_twice", "CompiledMismatchError"),
+        pytest.param("tck_bg_model:build_grad_twice", "CompiledMismatchError",
+                     marks=pytest.mark.slow, id="worker-check-fails"),
     ],
     ids=["crash", "hang", "other-model", "worker-check-fails"],
 )
@@ -178,6 +184,7 @@ def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eag
         assert "grad.blocks." in record.state  # the gradients differed
 
 
+@pytest.mark.slow
 def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_whole(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
     import tiny_models

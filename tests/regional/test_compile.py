@@ -142,7 +142,7 @@ def _check_matches_eager(builder, backend, batch):
         torch.testing.assert_close(grads_c[name], grads_e[name], msg=name)
 
 
-@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama, tm.t5])
+@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama, pytest.param(tm.t5, marks=pytest.mark.slow)])
 def test_outputs_and_grads_match_eager_aot_eager(builder):
     batch = tm.token_batch()
     if builder is tm.t5:
@@ -150,6 +150,7 @@ def test_outputs_and_grads_match_eager_aot_eager(builder):
     _check_matches_eager(builder, "aot_eager", batch)
 
 
+@pytest.mark.slow
 def test_outputs_and_grads_match_eager_inductor():
     _check_matches_eager(tm.gpt2, "inductor", tm.token_batch())
 

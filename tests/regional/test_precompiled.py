@@ -90,6 +90,8 @@ def cold_torch_key(cold) -> tuple[Path, dict]:
     return control, _run("cold", model_dir, control, "torch-key")
 
 
+@pytest.mark.slow
+@pytest.mark.torch_window
 def test_the_cold_run_traces_once_and_saves_the_dynamo_entry(cold):
     _, _, result = cold
     assert result["path"] == "traced (saved for the next restart)"
@@ -98,6 +100,8 @@ def test_the_cold_run_traces_once_and_saves_the_dynamo_entry(cold):
     assert result["header_precompiles"] >= 1  # its C++ compiles used inductor's precompiled header
 
 
+@pytest.mark.slow
+@pytest.mark.torch_window
 def test_a_restart_runs_the_blocks_without_a_trace_and_equal_to_the_cold_run(cold):
     model_dir, artifact, first = cold
     warm = _run("warm", model_dir, artifact)
@@ -110,6 +114,7 @@ def test_a_restart_runs_the_blocks_without_a_trace_and_equal_to_the_cold_run(col
     assert warm["second_shape_frames"] >= 1  # a new shape after it is traced beside the loaded entry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("variant", "field"), [("frozen", "parameters"), ("config", "config")])
 def test_a_changed_block_is_traced_again_and_the_warning_names_what_changed(cold, variant, field):
     model_dir, artifact, _ = cold
@@ -119,6 +124,7 @@ def test_a_changed_block_is_traced_again_and_the_warning_names_what_changed(cold
     assert any(field in w for w in warm["warnings"])
 
 
+@pytest.mark.slow
 def test_a_forward_edited_without_moving_a_line_is_traced_again(cold, tmp_path):
     model_dir, artifact, first = cold
     edited = tmp_path / "model"
@@ -131,6 +137,7 @@ def test_a_forward_edited_without_moving_a_line_is_traced_again(cold, tmp_path):
     assert warm["frames"] >= 1 and warm["loss"] != first["loss"]  # the edited forward ran
 
 
+@pytest.mark.slow
 def test_a_swapped_activation_function_is_traced_again_where_torchs_key_alone_runs_the_stale_graph(
     cold, cold_torch_key
 ):
@@ -152,6 +159,7 @@ def test_a_swapped_activation_function_is_traced_again_where_torchs_key_alone_ru
     assert "CompiledMismatchError" in checked["stderr"]
 
 
+@pytest.mark.slow
 def test_an_entry_torch_fails_to_install_is_traced_again_never_a_crash(cold):
     """torch catches only a RuntimeError while it installs a loaded entry; anything else must not
     stop the step: the region compiles as if there were no entry and says why."""
@@ -179,6 +187,7 @@ def test_a_group_that_cannot_be_precompiled_is_compiled_the_usual_way_and_says_w
     assert all(_dynamo.is_compiled_module(m) for m in model)  # compiled, with module.compile()
 
 
+@pytest.mark.slow
 def test_a_transformers_restart_traces_nothing_blocks_and_pinned_loss_alike(tmp_path):
     pytest.importorskip("transformers")
     cold = _run("cold", Path("llama"), tmp_path / "llama.tck")
@@ -189,6 +198,7 @@ def test_a_transformers_restart_traces_nothing_blocks_and_pinned_loss_alike(tmp_
     assert (warm["loss"], warm["grads"]) == (cold["loss"], cold["grads"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["gpt2-whole", "lora-regional"])
 def test_a_transformers_model_compiled_whole_or_with_lora_restarts_without_a_trace(case, tmp_path):
     """compile_model and compile_peft: the restart traces no frame, and the
@@ -217,6 +227,7 @@ def test_a_transformers_model_compiled_whole_or_with_lora_restarts_without_a_tra
         assert warm["mixed_max_diff"] < 1e-5 and cold["mixed_max_diff"] < 1e-5
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_cache_dir_without_a_load_traces_again_and_never_crashes(tmp_path):
     """save_compile_cache also leaves torch's own precompile entries in the inductor cache dir, and
     torch looks them up at torch.compile time: a second run that loads no artifact found the GPT-2's
@@ -244,6 +255,7 @@ def test_a_whole_peft_model_is_not_precompiled_and_says_why():
     assert _dynamo.is_compiled_module(model) and regions == []
 
 
+@pytest.mark.slow
 def test_torch_cannot_reload_an_optimizer_step_so_compile_optimizer_is_not_precompiled(tmp_path):
     """The torch gap behind compile_optimizer's restart path (docs/cache.md): an optimizer step
     compiled under torch's precompile cache is a "package bypass" (its parameters are static
@@ -272,6 +284,8 @@ print(json.dumps({"paths": [r.path for r in regions], "diff": abs(loss.item() - 
 """
 
 
+@pytest.mark.slow
+@pytest.mark.torch_window
 def test_a_llama_compiled_whole_trains_with_precompile_on_every_torch(tmp_path):
     """compile_model(precompile=True) on a transformers Llama, in a fresh process and cache dir:
     torch 2.10's precompile cache fails on its own guards at the first trace (an AssertionError in

@@ -247,3 +247,86 @@ def test_a_recompile_limit_the_user_passes_is_kept_even_when_it_equals_a_groups_
     assert all(g.preflight.graphs + g.preflight.eval_graphs == 2 for g in plan.groups)
     assert [g.compile_kwargs["recompile_limit"] for g in plan.groups] == [2, 2]
     assert all(g.budget.limit == 2 for g in plan.groups)
+
+
+class _Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.proj(x)
+        torch._dynamo.graph_break()  # under fullgraph=True, what dynamo cannot compile
+        return torch.sigmoid(x)
+
+
+class _GatedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.gate = _Gate()
+
+    def forward(self, x):
+        return x + self.gate(self.norm(x))
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.ModuleList([_GatedBlock(), _GatedBlock()])
+
+    def forward(self, x):
+        for block in self.encoder:
+            x = block(x)
+        return x
+
+
+def test_a_compile_that_raises_names_the_module_it_was_raised_in_never_compiled_nothing():
+    """fullgraph=True and a submodule dynamo cannot compile: the user's call raises torch's error,
+    and the report says where, instead of "compiled nothing"."""
+    model = compile_regional(_Encoder(), backend="eager", fullgraph=True)
+    with CompileMonitor() as monitor, pytest.raises(Exception, match="graph_break") as raised:
+        model(torch.randn(2, 8))
+    assert _dynamo.compile_failure_stack(raised.value) is not None  # dynamo's own error propagated
+    (group,) = get_regional_plan(model).report(monitor).groups
+    assert group.failure is not None and group.flags[0].startswith("failed to compile: ")
+    assert "raised in encoder.0.gate, " in group.failure and __file__ in group.failure
+    assert group.failure.split(": ")[0] == type(raised.value).__name__
+    assert not any("compiled nothing" in flag for flag in group.flags)
+    assert "failed to compile" in get_regional_plan(model).report(monitor).summary()
+
+
+@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama], ids=["gpt2", "llama"])
+def test_the_compiled_loss_is_a_row_and_the_rows_add_up_to_dynamos_count(builder):
+    """The report said 1 graph per model where dynamo made 2: the loss compile_regional compiles
+    by default had no row. A base model's loss that is never called (GPT-2's transformer) has none."""
+    torch._dynamo.reset()  # the loss's code object is shared with earlier tests' models
+
+    def steps(model):
+        ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        with torch.no_grad():  # evaluation: a graph of its own for the blocks and the loss
+            model(input_ids=ids, labels=ids)
+
+    report, monitor, dynamo = _run(builder(), steps)
+    rows = [(g.class_name, g.blocks, g.graphs) for g in report.groups]
+    assert rows[-1] == ("loss_function (ForCausalLMLoss)", 0, 2), rows
+    _assert_agrees(report, monitor, dynamo)
+    assert not report.flagged, report.summary()
+
+
+def test_each_remainder_module_is_a_row_too():
+    torch._dynamo.reset()
+    counters.clear()
+    model = compile_regional(tm.gpt2(), backend="aot_eager", remainder=True)
+    with BreakLog() as breaks, CompileMonitor() as monitor:
+        _lm_step(model)
+    report = get_regional_plan(model).report(monitor)
+    kinds = {g.class_name: g.kind for g in report.groups}
+    assert {name: kinds.get(name) for name in get_regional_plan(model).remainder} == dict.fromkeys(
+        get_regional_plan(model).remainder, "module"
+    )
+    dynamo = dynamo_record(breaks)
+    assert sum(g.graphs for g in report.groups) == dynamo["graphs"] == monitor.snapshot()["graphs"]
+    assert sum(g.frames for g in report.groups) == dynamo["frames"]
+    assert not report.flagged, report.summary()

@@ -459,6 +459,7 @@ def test_expected_padding_is_what_the_sampler_batches_give(lengths, k, batch_siz
     assert predicted == pytest.approx(1 - real / computed, abs=1e-12)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(
     lengths=st.lists(st.integers(1, 40), min_size=1, max_size=40),
@@ -550,6 +551,7 @@ def test_batch_options_errors():
 # ---------------------------------------------------------------- end to end with a tiny GPT-2
 
 
+@pytest.mark.slow
 def test_training_over_the_seed_mix_compiles_one_graph_set_per_bucket():
     """Collator + sampler + warmup_shapes: at most len(buckets) shapes, 0 recompiles."""
     torch.manual_seed(0)

@@ -55,6 +55,7 @@ def test_tiny_gpt2_trains_over_lengths_with_one_graph_set():
     assert counter.frame_count == frames
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bounds", [{"max": 256}, {"min": 4}, {}], ids=["max only", "min only", "none"])
 def test_one_bound_alone_works_on_a_transformers_model(bounds):
     """docs/shapes.md's `mark_dynamic_batch(first, 1, max=256)`: torch asserts ("not simple sympy
@@ -152,6 +153,7 @@ def _global_forward_backward(batch):
     _WARM_MODEL(**batch).loss.backward()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reach", ["global", "closure", "compiled_module", "model_arg"])
 def test_warmup_leaves_no_gradients_for_the_first_optimizer_step(reach, monkeypatch):
     """The tour's loop (warm-up, then step before zero_grad) takes eager's first step.

@@ -203,6 +203,7 @@ def build():
 """
 
 
+@pytest.mark.slow
 def test_recommended_py_runs_as_a_script_from_anywhere_with_the_factorys_optimizer(
     tmp_path, monkeypatch
 ):

@@ -9,7 +9,7 @@ import logging
 logger = logging.getLogger(__name__)
 
 __all__ = ["LIMIT_WARNING_LOGGER_NAME", "TRACE_LOGGER_NAME", "close_trace_logger",
-           "interned_string", "limit_warning_logger", "open_trace_logger"]
+           "compile_failure_stack", "interned_string", "limit_warning_logger", "open_trace_logger"]
 
 
 # --- structured trace / compile events -------------------------------------------------------
@@ -74,3 +74,22 @@ def interned_string(index: int) -> str | None:
         if number == index:
             return text
     return None
+
+
+# --- compile failures ------------------------------------------------------------------------
+# Why: the regional report names where a compile failed ("failed to compile: ... raised in
+# encoder.0.gate") instead of "compiled nothing". dynamo's errors derive from
+# torch._dynamo.exc.TorchDynamoException (Unsupported, TorchRuntimeError, UserError,
+# BackendCompilerFailed, ...), and those raised while tracing carry `real_stack`, the user frames
+# being traced (torch/_dynamo/exc.py; present in 2.10-2.15).
+# Upstream: https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/exc.py
+# Can go when torch.compiler exposes a public compile-error type that carries the user stack.
+def compile_failure_stack(err: BaseException) -> list[tuple[str, int]] | None:
+    """``None`` unless dynamo raised ``err`` while compiling; else the ``(file, line)`` of the user
+    frames it was tracing, innermost last (empty when it has none: a backend's own failure)."""
+    import torch._dynamo.exc
+
+    if not isinstance(err, torch._dynamo.exc.TorchDynamoException):
+        return None
+    stack = getattr(err, "real_stack", None) or []
+    return [(frame.filename, frame.lineno) for frame in stack if frame.lineno is not None]

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from .. import _dynamo
-from .._checks import check_choice
+from .._checks import check_choice, check_flag
 from ..diagnostics import check_verify_arg
 from ..regional import compile_model, compile_regional, find_repeated_blocks, get_regional_plan
 from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
@@ -146,7 +146,8 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
         limit = max([limit, *(g.compile_kwargs.get("recompile_limit", limit) for g in plan.groups)]
                     ) if plan is not None else limit
     else:
-        if compile_kwargs.pop("precompile", False):
+        if check_flag("precompile", compile_kwargs.pop("precompile", False), caller="compile_peft",
+                      meaning="save the traced code with the compile cache"):
             warnings.warn("compile_peft(regional=False, precompile=True): a whole PeftModel is "
                           "not precompiled: torch saves its entry but cannot load it again "
                           "(measured on torch 2.10, 2.13 and 2.15: objects in its guards that do "

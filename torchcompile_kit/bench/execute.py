@@ -156,6 +156,8 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     stream, prepare = batch_stream(recipe, spec, preset, device)
     first = next(stream)
     step = _train_step(recipe, ctx, device, spec)
+    if _compiles(recipe):  # dynamo and inductor compile inside the first steps: say so first
+        emit_event(event="phase", phase="first steps: compiling (minutes on a CPU for a large model)")
     with CompileMonitor() as monitor:
         metrics = measure_training(
             step, itertools.chain([first], stream), warmup_steps=warmup_steps, steps=steps, device=device,
@@ -201,6 +203,11 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     return metrics
 
 
+def _compiles(recipe: Recipe) -> bool:
+    """Whether the recipe compiles anything (the model, its blocks or its optimizer step)."""
+    return recipe.compile != "none" or recipe.optimizer in ("compiled", "foreach_map")
+
+
 def _until_switched(model: Any) -> Any:
     """A background compile's row goes on until the model switched to compiled code (or gave up)."""
     record = get_background_compile(model)
@@ -229,7 +236,7 @@ def _set_up(recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: An
         torch.save(model.state_dict(), initial)
     ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"],
                         overrides=dict(request["compile_overrides"]), device=device)
-    emit_event(event="phase", phase="compile")
+    emit_event(event="phase", phase="compile" if _compiles(recipe) else "set up")
     with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
         warnings.simplefilter("always")
         apply_recipe(recipe, ctx)

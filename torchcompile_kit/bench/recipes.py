@@ -8,6 +8,7 @@ gate and snippet read these rows; nothing else describes a recipe. Groups follow
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -250,8 +251,10 @@ def check_recipe_names(names: Iterable[str]) -> list[str]:
     names = list(names)
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
-        raise UnknownRecipeError(f"unknown recipe(s) {unknown!r}; choose from {list(RECIPES)!r} "
-                                 "(torchcompile-kit bench --list describes them)")
+        guesses = {n: difflib.get_close_matches(str(n), list(RECIPES), n=1) for n in unknown}
+        hint = "; ".join(f"{n!r}: did you mean {g[0]!r}?" for n, g in guesses.items() if g)
+        raise UnknownRecipeError(f"unknown recipe(s) {unknown!r}{'; ' + hint if hint else ''}; choose "
+                                 f"from {list(RECIPES)!r} (torchcompile-kit bench --list describes them)")
     return names
 
 

@@ -17,6 +17,7 @@ from .api import (
 from .header import HeaderMismatch
 from .session import CompileCacheSession, compile_cache
 from .signature import ENV_KEY, Keys, SignatureRefused, read_signed, resolve_keys, write_signed
+from .storage import resolve_path
 
 __all__ = [
     # the environment variable a key is read from (docs/cache.md, "Security")
@@ -25,7 +26,8 @@ __all__ = [
     "CacheLoadResult", "CacheSaveResult", "CompileCacheSession", "CompileCacheWarning",
     "HeaderMismatch", "Keys", "SignatureRefused",
     # top level UX, and for other topics the files the library writes and reads back (a
-    # background compile's hand-off: read_signed, resolve_keys, write_signed), signed alike
-    "compile_cache", "load_compile_cache", "read_signed", "resolve_keys", "save_compile_cache",
-    "write_signed",
+    # background compile's hand-off: read_signed, resolve_keys, write_signed), signed alike, and
+    # the check of a path argument (resolve_path: the Trainer's compile_cache=)
+    "compile_cache", "load_compile_cache", "read_signed", "resolve_keys", "resolve_path",
+    "save_compile_cache", "write_signed",
 ]

@@ -181,6 +181,7 @@ def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
         CacheSaveResult(path='s3://bucket/run-7/compile-cache.tck', saved=True, ...)
         >>> save_compile_cache("ckpt/cc.tck", key=os.environ["MY_TEAM_KEY"])  # doctest: +SKIP
     """
+    storage.resolve_path(path, caller="save_compile_cache")  # a wrong path is refused by its name
     keys = resolve_keys(key, caller="save_compile_cache")
     return save_if_changed(path, barrier=barrier, unchanged_digest="", keys=keys)
 
@@ -244,6 +245,11 @@ def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSave
         return result
     try:
         storage.write_bytes(target, data)
+    except storage.ConcurrentSaveError as err:
+        result.saved = False
+        result.reason = f"another job's artifact is kept: {err}"
+        warnings.warn(f"compile cache not saved: {err}", CompileCacheWarning, stacklevel=3)
+        return result
     except Exception as err:  # noqa: BLE001 - a failed save costs the next run a cold compile, not this run
         result.saved = False
         result.reason = f"write failed: {type(err).__name__}: {err}"
@@ -285,6 +291,7 @@ def load_compile_cache(path: str | os.PathLike[str], *, key: KeyArg = None) -> C
         >>> result = load_compile_cache("s3://bucket/run-7/compile-cache.tck")  # doctest: +SKIP
         >>> print(result.summary(), result.signature)  # doctest: +SKIP
     """
+    storage.resolve_path(path, caller="load_compile_cache")  # a wrong path is refused by its name
     return load_with_keys(path, resolve_keys(key, caller="load_compile_cache"))
 
 

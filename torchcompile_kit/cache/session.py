@@ -122,7 +122,8 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
     """
     if save_after is not None:
         check_positive_int("save_after", save_after)
-    storage.check_storage(storage.resolve_path(path))  # a missing fsspec fails now, not on exit
+    target = storage.resolve_path(path, caller="compile_cache")
+    storage.check_storage(target)  # a missing fsspec fails now, not on exit
     keys = resolve_keys(key, caller="compile_cache")
     session = CompileCacheSession(path=os.fspath(path), save_after=save_after, barrier=barrier, keys=keys)
     if load:

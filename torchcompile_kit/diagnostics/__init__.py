@@ -11,7 +11,14 @@ from .first_call import FirstCallVerifier, check_verify_arg
 from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
-from .regions import current_region, mark_region
+from .regions import (
+    CompileFailure,
+    compile_failure,
+    current_region,
+    mark_call,
+    mark_region,
+    was_called,
+)
 from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
 
 __all__ = [
@@ -22,8 +29,9 @@ __all__ = [
     "LimitHit", "Recompile", "TensorDiff",
     # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
     "allow_first_compile",
-    # for other topics: a compiled region whose compiles the monitor attributes to it
-    "current_region", "mark_region",
+    # for other topics: a compiled region whose compiles the monitor attributes to it, and the
+    # compile that raised in it (the regional report names it)
+    "CompileFailure", "compile_failure", "current_region", "mark_call", "mark_region", "was_called",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process

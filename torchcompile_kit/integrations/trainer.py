@@ -12,7 +12,7 @@ import warnings
 from typing import Any, Literal
 
 from .. import _dynamo
-from ..cache import CompileCacheSession, resolve_keys
+from ..cache import CompileCacheSession, resolve_keys, resolve_path
 from ..cache import compile_cache as cache_session
 from ..diagnostics import CompileMonitor
 from ..errors import BatchShapeError, UnsupportedOptimizerError
@@ -83,6 +83,8 @@ class CompileTrainerMixin:
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
         self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
+        if compile_cache is not None:  # a wrong path is refused here, not at train()
+            resolve_path(compile_cache, caller="CompileTrainer(compile_cache=...)")
         self.compile_cache = None if compile_cache is None else os.fspath(compile_cache)
         if compile_cache_key is not None:  # a key of the wrong type is refused here, not at train()
             resolve_keys(compile_cache_key, caller="CompileTrainer(compile_cache_key=...)")

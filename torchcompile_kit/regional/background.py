@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._factory import check_factory
 from .._undo import register_undo
 from ..cache import Keys, load_compile_cache, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
@@ -135,8 +136,14 @@ def start_background_compile(model: nn.Module, background: bool | str | Backgrou
     ``"model"``) with ``compile_kwargs``; ``compile_now()`` compiles it in place at the switch,
     ``undo()`` undoes that when the worker's entries do not fit.
     Raises ``ValueError`` for what the worker could not reproduce (internal)."""
+    if not isinstance(background, (bool, str, BackgroundCompile)):
+        raise TypeError(f"background={background!r:.80} must be True (rebuild a transformers model "
+                        "from its class and config), a factory 'mypkg.models:build' or "
+                        f"BackgroundCompile(...); got {type(background).__name__}")
     options = background if isinstance(background, BackgroundCompile) else BackgroundCompile(
         factory=background if isinstance(background, str) else None)
+    if options.factory is not None:
+        check_factory(options.factory, flag="background=")
     if not options.start_after_s >= 0:
         raise ValueError(f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
                          "training before the worker starts, 0 or more (0: at the end of the first call)")

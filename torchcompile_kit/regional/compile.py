@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import _dynamo
-from .._checks import check_module
+from .._checks import check_flag, check_module
 from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
 from ..errors import UnsafeCompileModeError
@@ -25,7 +25,7 @@ from .background import (
     start_background_compile,
 )
 from .discovery import BlocksArg, find_repeated_blocks
-from .plan import PLAN_ATTR, get_regional_plan
+from .plan import PLAN_ATTR, ExtraRegion, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
 from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
 from .transformers_support import (
@@ -38,6 +38,8 @@ from .transformers_support import (
 __all__ = ["compile_model", "compile_regional", "uncompile"]
 
 logger = logging.getLogger(__name__)
+
+PRECOMPILE_MEANING = "save the traced code with the compile cache, so a restart does not trace"
 
 
 def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: bool = False,
@@ -89,8 +91,11 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         ``model`` itself. The plan is available from :func:`get_regional_plan`.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` is not a bool or ``None``.
-        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
+        TypeError: ``model`` is not an ``nn.Module``, ``verify`` is not a bool or ``None``,
+            ``precompile`` is not a bool, or ``background`` is not a bool, a factory string or a
+            ``BackgroundCompile``.
+        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``), or the
+            ``background`` factory's module or file cannot be found.
         NoRepeatedBlocksError: no block class repeats and ``blocks`` was not given.
         UnsafeCompileModeError: ``nested=True`` with inductor on CPU.
         BlockSelectorError: a ``blocks=`` selector matches nothing.
@@ -104,6 +109,7 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
     _check_model(model)
     _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_regional")
+    check_flag("precompile", precompile, caller="compile_regional", meaning=PRECOMPILE_MEANING)
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
     if _already_compiled(model):
         return model
@@ -146,7 +152,7 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         group.precompile = _compile_modules(instances, label, precompile, group.preflight,
                                             **group.compile_kwargs)
         # the measured report credits the group with what dynamo compiles inside these calls
-        group.region = mark_region(instances, group.class_name)
+        group.region = mark_region(instances, group.class_name, names=group.names)
         if cache_calls_eager:
             run_cache_calls_eagerly(instances, group.class_name)
     if remainder:
@@ -155,9 +161,15 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
             if any(True for _ in module.parameters()):
                 _compile_modules([module], name, precompile, None, **compile_kwargs)
                 plan.remainder.append(name)
+                region = mark_region([module], name, names=[name])
+                plan.extra_regions.append(ExtraRegion(label=name, kind="module", region=region))
     if compile_loss:
-        for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile, **compile_kwargs):
+        regions: list[tuple[str, str]] = []
+        for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile,
+                                                regions=regions, **compile_kwargs):
             register_undo(model, undo)
+        plan.extra_regions += [ExtraRegion(label=label, kind="function", region=region)
+                               for label, region in regions]
     if not keep_kv_cache:
         regions = [*plan.blocks, *plan.remainder]
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
@@ -195,8 +207,11 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         ``model`` itself.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` is not a bool or ``None``.
-        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
+        TypeError: ``model`` is not an ``nn.Module``, ``verify`` is not a bool or ``None``,
+            ``precompile`` is not a bool, or ``background`` is not a bool, a factory string or a
+            ``BackgroundCompile``.
+        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``), or the
+            ``background`` factory's module or file cannot be found.
 
     Example:
         >>> model = compile_model(torch.nn.Linear(4, 2), backend="eager")
@@ -206,6 +221,7 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
     _check_model(model)
     _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_model")
+    check_flag("precompile", precompile, caller="compile_model", meaning=PRECOMPILE_MEANING)
     if _already_compiled(model):
         return model
     if background:

@@ -67,13 +67,26 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
     classes = _without_stages(model, classes, notes=notes)
     names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
     if not names:
-        raise NoRepeatedBlocksError(
-            f"found no repeated blocks in {type(model).__name__}: no module class occurs twice "
-            "or more inside an nn.ModuleList/ModuleDict/Sequential. Name the blocks to compile, "
-            "e.g. compile_regional(model, blocks=MyLayer), blocks='MyLayer' or "
-            "blocks='layers.*'; or use model.compile() for the whole model."
-        )
+        raise NoRepeatedBlocksError(_no_blocks_message(model))
     return names, notes
+
+
+def _no_blocks_message(model: nn.Module) -> str:
+    """Why discovery found nothing: no class repeats in a container, or the repeated children are
+    plain containers themselves (an ``nn.Sequential`` per layer), which a class cannot select."""
+    nested = [name for name, module in model.named_modules() if isinstance(module, _CONTAINERS)
+              and sum(isinstance(child, _CONTAINERS) for child in module.children()) >= 2]
+    if nested:
+        path = nested[0] or "<model>"
+        selector = f"{nested[0]}.*" if nested[0] else "*"
+        return (f"found no repeated blocks in {type(model).__name__}: the repeated children of "
+                f"{path!r} are plain containers (nn.Sequential/ModuleList/ModuleDict), and a "
+                "container class is not taken as a block (every Sequential would match). Select "
+                f"them by path: compile_regional(model, blocks={selector!r}).")
+    return (f"found no repeated blocks in {type(model).__name__}: no module class occurs twice or "
+            "more inside an nn.ModuleList/ModuleDict/Sequential. Name the blocks to compile, e.g. "
+            "compile_regional(model, blocks=MyLayer), blocks='MyLayer' or blocks='layers.*'; or "
+            "use model.compile() for the whole model.")
 
 
 def _shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ..diagnostics import compile_failure, was_called
+
 if TYPE_CHECKING:
     from ..diagnostics import CompileMonitor
 
-__all__ = ["BlockGroup", "GroupReport", "PlanReport", "Preflight", "RegionalPlan", "SharedBudget",
-           "get_regional_plan"]
+__all__ = ["BlockGroup", "ExtraRegion", "GroupReport", "PlanReport", "Preflight", "RegionalPlan",
+           "SharedBudget", "get_regional_plan"]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
 
@@ -89,6 +91,21 @@ class SharedBudget:
     """Graphs those groups may need together (training and a no_grad evaluation)."""
 
 
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ExtraRegion:
+    """What a recipe compiled beside the block groups (a transformers model's loss, a module of
+    ``remainder=True``), measured as a region of its own so the report's rows add up to dynamo's
+    count."""
+
+    label: str
+    """``"loss_function (ForCausalLMLoss)"`` (prefixed by the model's path when it is nested), or
+    the module's path (``"lm_head"``)."""
+    kind: str
+    """``"function"`` or ``"module"``."""
+    region: str
+    """Its marked region (``diagnostics.mark_call`` / ``mark_region``)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RegionalPlan:
     """What ``compile_regional`` compiles and what stays eager.
@@ -105,6 +122,8 @@ class RegionalPlan:
     """The largest modules that contain no block: they run eagerly (unless ``remainder=True``)."""
     remainder: list[str] = field(default_factory=list)
     """Eager modules compiled as their own regions (``compile_regional(..., remainder=True)``)."""
+    extra_regions: list[ExtraRegion] = field(default_factory=list)
+    """What was compiled beside the blocks (the loss, the ``remainder`` modules), a report row each."""
 
     @property
     def blocks(self) -> list[str]:
@@ -134,12 +153,13 @@ class RegionalPlan:
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
-        """The measured side of the plan: what each group really compiled under ``monitor``.
+        """The measured side of the plan: what each group (and the compiled loss) really compiled
+        under ``monitor``.
 
         Per group (a marked region, so the groups add up to dynamo's own counts): predicted against
         measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile seconds.
-        A group that compiled nothing or more than predicted, broke its graph or hit the limit is
-        flagged; a preflight warning dynamo disproved is withdrawn (also as a note in the monitor).
+        A group whose compile raised (with the module it was raised in), that compiled nothing or
+        more than predicted, broke its graph or hit the limit is flagged; a preflight warning dynamo disproved is withdrawn (also as a note in the monitor).
         Returns a :class:`PlanReport`.
 
         Example:
@@ -166,6 +186,8 @@ class RegionalPlan:
             record = monitor.record_for_region(group.region)
             _name_entry_frames(monitor, group)
             groups.append(_group_report(group, record, monitor))
+        # one never called is left out: a base model's loss inside a task model
+        groups += [_extra_report(e, monitor) for e in self.extra_regions if was_called(e.region)]
         return PlanReport(groups=groups, notes=notes)
 
 
@@ -187,38 +209,59 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
 
 
 def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
-    counts, breaks = record["counts"], record["graph_breaks"]
     preflight = group.preflight  # set with block_class by compile_regional
-    graphs, predicted = counts["graphs"], preflight.graphs
+    graphs, predicted = record["counts"]["graphs"], preflight.graphs
     if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
         predicted += preflight.eval_graphs
-    flags, withdrawn = [], None
     precompiled = (group.precompile_path or "").startswith("precompiled")
-    if graphs == 0 and not precompiled:
-        flags.append("compiled nothing: the blocks ran eagerly (not called while the monitor "
-                     "recorded, or dynamo skipped them)")
-    elif graphs > predicted:
-        flags.append(f"{graphs} graphs where {predicted} were predicted")
-    if counts["graph_breaks"]:
-        flags.append(f"{counts['graph_breaks_met']} graph break(s) inside the blocks or their "
-                     "callees")
-    if counts["recompile_limit_hits"]:
-        flags.append("hit the recompile limit: later variants run eagerly")
+    nothing = None if precompiled else ("compiled nothing: the blocks ran eagerly (not called while "
+                                        "the monitor recorded, or dynamo skipped them)")
+    measured = _measured(record, group.region, predicted, where="the blocks or their callees",
+                         nothing=nothing)
+    withdrawn = None
     if preflight.warning and 0 < graphs < predicted:
         # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
         # and in the monitor's record, so the warning does not stand uncorrected
         withdrawn = (f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) "
                      f"is withdrawn: dynamo compiled {graphs} graph(s) for the group")
         monitor.add_note(withdrawn)
-    return GroupReport(class_name=group.class_name, blocks=len(group.names),
-                       predicted_graphs=predicted, graphs=graphs, frames=counts["frames"],
-                       recompiles=[r["guard"] for r in record["recompiles"]],
-                       graph_breaks=[f"{b['location']}: {b['reason']}" for b in breaks],
-                       graph_break_count=counts["graph_breaks_met"],
-                       limit_hits=[str(h["last_reason"]) for h in record["limit_hits"]],
-                       compile_seconds=counts["compile_seconds"], flags=flags, withdrawn=withdrawn,
+    return GroupReport(class_name=group.class_name, blocks=len(group.names), withdrawn=withdrawn,
                        shares_budget_with=list(group.budget.shared_with) if group.budget else [],
-                       precompile=group.precompile_path)
+                       precompile=group.precompile_path, **measured)
+
+
+def _extra_report(extra: ExtraRegion, monitor: Any) -> GroupReport:
+    """An extra region's row: one graph predicted, one more when it also ran under no_grad."""
+    record = monitor.record_for_region(extra.region)
+    predicted = 1 + any("grad_mode" in r["guard"] for r in record["recompiles"])
+    return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind,
+                       **_measured(record, extra.region, predicted, where=f"the {extra.kind}", nothing=None))
+
+
+def _measured(record: dict[str, Any], region: str | None, predicted: int, *, where: str,
+              nothing: str | None) -> dict[str, Any]:
+    """The measured fields of a report row, its flags included: a compile that raised, ``nothing``
+    (when given) for no graph, more graphs than ``predicted``, breaks inside ``where``, limit hits."""
+    counts = record["counts"]
+    failure = compile_failure(region)
+    flags = []
+    if failure is not None:
+        flags.append(f"failed to compile: {failure}")
+    elif nothing is not None and counts["graphs"] == 0:
+        flags.append(nothing)
+    elif counts["graphs"] > predicted:
+        flags.append(f"{counts['graphs']} graphs where {predicted} were predicted")
+    if counts["graph_breaks"]:
+        flags.append(f"{counts['graph_breaks_met']} graph break(s) inside {where}")
+    if counts["recompile_limit_hits"]:
+        flags.append("hit the recompile limit: later variants run eagerly")
+    return {"predicted_graphs": predicted, "graphs": counts["graphs"], "frames": counts["frames"],
+            "recompiles": [r["guard"] for r in record["recompiles"]],
+            "graph_breaks": [f"{b['location']}: {b['reason']}" for b in record["graph_breaks"]],
+            "graph_break_count": counts["graph_breaks_met"],
+            "limit_hits": [str(h["last_reason"]) for h in record["limit_hits"]],
+            "compile_seconds": counts["compile_seconds"], "flags": flags,
+            "failure": str(failure) if failure is not None else None}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -226,9 +269,11 @@ class GroupReport:
     """What one block group compiled, measured (see :meth:`RegionalPlan.report`)."""
 
     class_name: str
-    """The blocks' class."""
+    """The blocks' class, or an extra region's label (:class:`ExtraRegion`)."""
     blocks: int
-    """How many blocks the group has."""
+    """How many blocks the group has; 0 for an extra region's row."""
+    kind: str = "blocks"
+    """``"blocks"``, or an extra region's kind: ``"function"`` (the loss) or ``"module"``."""
     predicted_graphs: int
     """The preflight's prediction."""
     measured: bool = True
@@ -258,6 +303,9 @@ class GroupReport:
     """Other groups sharing the blocks' code object and so the recompile limit."""
     precompile: str | None = None
     """:attr:`BlockGroup.precompile_path` when the report was made."""
+    failure: str | None = None
+    """The compile that raised in the group's calls: ``"Unsupported: ... (raised in
+    encoder.0.gate, file:line)"`` (the error itself propagated to the caller)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -265,7 +313,8 @@ class PlanReport:
     """The measured side of a :class:`RegionalPlan`, per group."""
 
     groups: list[GroupReport]
-    """One report per block group."""
+    """One report per block group, then one per compiled function (the loss): together, everything
+    the recipe compiled, so their graphs add up to dynamo's count."""
     notes: list[str] = field(default_factory=list)
     """What the monitor could not see."""
 
@@ -281,7 +330,8 @@ class PlanReport:
             verdict = "; ".join(g.flags) if g.flags else "ok"
             if not g.measured:
                 verdict = "not measured per group"
-            lines.append(f"{g.class_name} ({g.blocks} blocks): predicted {g.predicted_graphs} "
+            what = f"{g.blocks} blocks" if g.kind == "blocks" else g.kind
+            lines.append(f"{g.class_name} ({what}): predicted {g.predicted_graphs} "
                          f"graph(s), measured {g.graphs}; {len(g.recompiles)} recompiles, "
                          f"{g.graph_break_count} graph breaks, {g.compile_seconds:.2f} s  "
                          f"{verdict}")

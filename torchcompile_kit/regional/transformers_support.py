@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .. import _dynamo
+from ..diagnostics import mark_call
 from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
 __all__ = ["cache_calls_compiled", "disable_cache_in_plain_forwards", "fix_loss_function",
@@ -72,23 +73,31 @@ def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
     return LOSS_MAPPING.get(getattr(module, "loss_type", None), LOSS_MAPPING["ForCausalLM"])
 
 
-def set_explicit_loss_functions(model: nn.Module, *, compile: bool = False,
-                                precompile: bool = False, **compile_kwargs: Any) -> list[Undo]:
+def set_explicit_loss_functions(model: nn.Module, *, compile: bool = False, precompile: bool = False,
+                                regions: list[tuple[str, str]] | None = None,
+                                **compile_kwargs: Any) -> list[Undo]:
     """Pin each transformers model's ``loss_function``; return how to undo it (internal). With
-    ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`."""
+    ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`; with
+    ``regions``, each compiled loss is a marked region (``mark_call``) and ``(label, region id)``
+    is appended to it, for the measured report."""
     import torch
 
     undo: list[Undo] = []
-    for module in _pretrained_modules(model):
+    for path, module in _named_pretrained_modules(model):
         if not hasattr(type(module), "loss_function"):
             continue
         previous = module.__dict__.get("_loss_function", None)
         loss = _resolved_loss(module)
         if compile and precompile and precompile_refusal(compile_kwargs, None) is None:
             fields = function_fingerprint(loss, compile_kwargs)
-            module.loss_function = PrecompiledRegion(f"loss_{loss.__name__}", fields, compile_kwargs, call=loss)
+            pinned = PrecompiledRegion(f"loss_{loss.__name__}", fields, compile_kwargs, call=loss)
         else:
-            module.loss_function = torch.compile(loss, **compile_kwargs) if compile else loss
+            pinned = torch.compile(loss, **compile_kwargs) if compile else loss
+        if compile and regions is not None:
+            label = f"{path + '.' if path else ''}loss_function ({loss.__name__})"
+            pinned, region = mark_call(pinned, label)
+            regions.append((label, region))
+        module.loss_function = pinned
 
         def restore(module: nn.Module = module, previous: Any = previous) -> None:
             if previous is None:

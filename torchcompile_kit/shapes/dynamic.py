@@ -57,13 +57,17 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
 
     Raises:
         ValueError: ``min < 2``, ``min > max``, a marked size outside ``[min, max]``, a key in
-            ``keys`` missing from the batch, or ``keys`` given for a batch that is not a mapping.
+            ``keys`` missing from the batch, ``keys`` given for a batch that is not a mapping, a
+            batch with no tensor, or ``dims`` that no tensor of the batch has.
 
     Example:
         >>> batch = {"input_ids": torch.ones(4, 16, dtype=torch.long), "labels": torch.ones(4, 16)}
         >>> batch = mark_dynamic_batch(batch, 1)  # one graph for every length >= 2
     """
-    dim_list = [dims] if isinstance(dims, int) else list(dims)
+    dim_list = list(dims) if isinstance(dims, Collection) else [dims]
+    if not dim_list or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dim_list):
+        raise BatchShapeError(f"dims={dims!r} must be a dim (int) or a collection of them, e.g. "
+                              "dims=1 for the sequence length of (batch, length) tensors")
     if min is not None and min < 2:
         raise BatchShapeError(f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are "
                               "always specialized), so the bound cannot hold; pass min=None or "
@@ -82,7 +86,16 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
     else:
         batch_view = batch
     specialized = []
-    for path, tensor in _tensors(batch_view):
+    tensors = list(_tensors(batch_view))
+    if not tensors:
+        raise BatchShapeError(f"batch holds no tensor to mark (got {type(batch).__name__}: "
+                              f"{batch!r:.60}); pass the batch itself: a tensor, or a mapping, list "
+                              "or tuple of tensors")
+    if not any(-tensor.dim() <= dim < tensor.dim() for _, tensor in tensors for dim in dim_list):
+        shapes = ", ".join(f"{path} {tuple(tensor.shape)}" for path, tensor in tensors[:4])
+        raise BatchShapeError(f"dims={dims!r}: no tensor of the batch has that dim ({shapes}); "
+                              "pass a dim the tensors have, e.g. dims=1 for (batch, length)")
+    for path, tensor in tensors:
         for dim in dim_list:
             if not -tensor.dim() <= dim < tensor.dim():
                 continue
@@ -142,6 +155,15 @@ def warmup_shapes(
         >>> warmup_shapes(step, [{"x": torch.ones(2, 8)}, {"x": torch.ones(2, 8)}])
         [{"batch['x']": (2, 8)}]
     """
+    if not callable(fn):
+        raise TypeError(f"warmup_shapes: fn={fn!r:.80} is not callable; pass the compiled step, "
+                        "called as fn(batch)")
+    if isinstance(batches, (Mapping, torch.Tensor)):  # iterating it would call fn on keys or rows
+        raise TypeError(f"warmup_shapes: batches is one batch (a {type(batches).__name__}), not an "
+                        "iterable of batches; pass [batch] for a single one, or a list or generator")
+    if isinstance(batches, (str, bytes)) or not hasattr(batches, "__iter__"):
+        raise TypeError(f"warmup_shapes: batches={batches!r:.80} is not an iterable of batches; pass "
+                        "a list or generator of batches, e.g. [batch] for a single one")
     params = _parameters_of([model] if model is not None else _modules_reached(fn))
     saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
     hits_before = _dynamo.recompile_limit_hits()

@@ -80,6 +80,9 @@ def check_buckets(buckets: Sequence[int]) -> list[int]:
     Shared with the padder and the sampler of this folder. Numpy or torch integers are taken as
     ints.
     """
+    if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__"):
+        raise BatchShapeError(f"buckets={buckets!r:.80} is not a sequence of lengths; pass the "
+                              "ascending padded lengths, e.g. buckets=plan_buckets(lengths)")
     values = list(buckets.tolist() if hasattr(buckets, "tolist") else buckets)
     if not values:
         raise BatchShapeError("buckets is empty; pass e.g. plan_buckets(lengths)")
