@@ -54,8 +54,10 @@ def _pin(text: str) -> str:
         train, compile_ = MeasureConfig(pin=text).pinned_cpus()
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
-    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    missing = sorted(set(train + compile_) - set(available or train + compile_))
+    if not hasattr(os, "sched_getaffinity"):  # macOS, Windows: nothing to check against
+        return text
+    available = sorted(os.sched_getaffinity(0))
+    missing = sorted(set(train + compile_) - set(available))
     if missing:
         raise argparse.ArgumentTypeError(f"CPU(s) {missing} are not available to this process (it may "
                                          f"use CPUs {available}); pass TRAIN:COMPILE lists of those")

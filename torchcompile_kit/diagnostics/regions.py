@@ -130,11 +130,11 @@ def _in_region(call: Callable[..., Any], region: str, module: nn.Module | None, 
         if torch.compiler.is_compiling():  # traced by an outer compile: be transparent
             return call(*args, **kwargs)
         token = _CURRENT.set(region)
-        _CALLED.add(region)
         try:
             if not first[0]:
                 return call(*args, **kwargs)
             first[0] = False
+            _CALLED.add(region)  # once per module, not on every call
             logger.info("%s: first compiled call: dynamo compiles it now (minutes for a large "
                         "block with inductor on CPU) ...", region)
             start = time.perf_counter()

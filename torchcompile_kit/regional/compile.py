@@ -164,12 +164,12 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
                 region = mark_region([module], name, names=[name])
                 plan.extra_regions.append(ExtraRegion(label=name, kind="module", region=region))
     if compile_loss:
-        regions: list[tuple[str, str]] = []
+        loss_regions: list[tuple[str, str]] = []
         for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile,
-                                                regions=regions, **compile_kwargs):
+                                                regions=loss_regions, **compile_kwargs):
             register_undo(model, undo)
         plan.extra_regions += [ExtraRegion(label=label, kind="function", region=region)
-                               for label, region in regions]
+                               for label, region in loss_regions]
     if not keep_kv_cache:
         regions = [*plan.blocks, *plan.remainder]
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):

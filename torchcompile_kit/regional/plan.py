@@ -153,13 +153,14 @@ class RegionalPlan:
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
-        """The measured side of the plan: what each group (and the compiled loss) really compiled
-        under ``monitor``.
+        """The measured side of the plan: what each group, the compiled loss and each remainder
+        module really compiled under ``monitor``.
 
-        Per group (a marked region, so the groups add up to dynamo's own counts): predicted against
+        Per row (a marked region, so the rows add up to dynamo's own counts): predicted against
         measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile seconds.
-        A group whose compile raised (with the module it was raised in), that compiled nothing or
-        more than predicted, broke its graph or hit the limit is flagged; a preflight warning dynamo disproved is withdrawn (also as a note in the monitor).
+        A row whose compile raised (with the module it was raised in), that compiled nothing or
+        more than predicted, broke its graph or hit the limit is flagged; a preflight warning
+        dynamo disproved is withdrawn (also as a note in the monitor).
         Returns a :class:`PlanReport`.
 
         Example:
@@ -234,8 +235,8 @@ def _extra_report(extra: ExtraRegion, monitor: Any) -> GroupReport:
     """An extra region's row: one graph predicted, one more when it also ran under no_grad."""
     record = monitor.record_for_region(extra.region)
     predicted = 1 + any("grad_mode" in r["guard"] for r in record["recompiles"])
-    return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind,
-                       **_measured(record, extra.region, predicted, where=f"the {extra.kind}", nothing=None))
+    measured = _measured(record, extra.region, predicted, where=f"the {extra.kind}", nothing=None)
+    return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind, **measured)
 
 
 def _measured(record: dict[str, Any], region: str | None, predicted: int, *, where: str,
@@ -313,8 +314,8 @@ class PlanReport:
     """The measured side of a :class:`RegionalPlan`, per group."""
 
     groups: list[GroupReport]
-    """One report per block group, then one per compiled function (the loss): together, everything
-    the recipe compiled, so their graphs add up to dynamo's count."""
+    """One report per block group, then one per extra region that ran (remainder modules, the
+    loss): together, everything the recipe compiled, so their graphs add up to dynamo's count."""
     notes: list[str] = field(default_factory=list)
     """What the monitor could not see."""
 
