@@ -16,7 +16,13 @@ import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounter
 
-from torchcompile_kit import _dynamo, compile_regional, get_regional_plan, no_recompiles
+from torchcompile_kit import (
+    CompileMonitor,
+    _dynamo,
+    compile_regional,
+    get_regional_plan,
+    no_recompiles,
+)
 from torchcompile_kit.regional import compile_in_place
 
 
@@ -68,25 +74,23 @@ class IndexedBlock(nn.Module):
         return self.lin(x) * (self.index + 1)
 
 
-def test_preflight_without_a_per_call_limit_warns_instead_of_raising_it(monkeypatch):
-    monkeypatch.setattr(_dynamo, "recompile_limit_kwarg", lambda compile_fn=None: None)
-    blocks = nn.Sequential(*[IndexedBlock(i) for i in range(12)])
-    with pytest.warns(UserWarning, match="cannot raise it per compile call"):
-        compile_regional(blocks, backend="eager")
-    (group,) = get_regional_plan(blocks).groups
-    assert "recompile_limit" not in group.compile_kwargs
-    assert group.preflight.graphs == 12
-
-
-@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="this torch's compile has no per-call recompile_limit")
-def test_preflight_raises_the_limit_per_group_where_torch_can():
+def test_a_group_with_more_variants_than_the_limit_compiles_them_all_on_every_torch():
+    """12 blocks, each its own graph: the group's calls compile under a limit sized for them (24
+    with evaluation), raised only while they run. It used to need torch.compile(recompile_limit=)
+    (torch >= 2.13) and warned on older torches, whose last variants then ran eagerly."""
     blocks = nn.Sequential(*[IndexedBlock(i) for i in range(12)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compile_regional(blocks, backend="eager")
     (group,) = get_regional_plan(blocks).groups
-    assert group.compile_kwargs["recompile_limit"] == 24
-    assert torch._dynamo.config.recompile_limit == 8  # never raised globally
+    assert group.budget.limit == group.budget.needed == 24
+    assert "recompile_limit" not in group.compile_kwargs
+    with CompileMonitor() as monitor:
+        blocks(torch.ones(2, 4))
+        with torch.no_grad():
+            blocks(torch.ones(2, 4))
+    assert monitor.snapshot()["graphs"] == 24 and not monitor.limit_hits, monitor.summary()
+    assert torch._dynamo.config.recompile_limit == 8  # never raised outside the group's calls
 
 
 def test_torch_nn_regions_without_isolated_caches_still_compile(monkeypatch):

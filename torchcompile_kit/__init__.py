@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 # the base are imported from their topic (torchcompile_kit.regional, .errors, ...).
 _EXPORTS: dict[str, str] = {name: topic for topic, names in (
     ("errors", "TorchCompileKitError"),
-    ("regional", "compile_model compile_regional fix_loss_function get_regional_plan uncompile"),
+    ("regional", ("compile_model compile_regional expect_shapes fix_loss_function "
+                  "get_regional_plan uncompile")),
     ("optim", "compile_optimizer"),
     ("shapes", ("BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
                 "plan_buckets warmup_shapes")),
@@ -27,7 +28,8 @@ _EXPORTS: dict[str, str] = {name: topic for topic, names in (
     ("adapters", "check_peft_compile_safety compile_peft"),
     ("tuning", "tune"),
 ) for name in names.split()}
-_TOPICS = ("errors", "regional", "optim", "shapes", "diagnostics", "cache", "adapters", "integrations", "tuning")
+_TOPICS = ("errors", "regional", "optim", "shapes", "diagnostics", "cache", "adapters", "integrations",
+           "tuning", "doctor")
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 

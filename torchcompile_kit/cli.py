@@ -1,4 +1,4 @@
-"""Command line: ``torchcompile-kit bench | report | tune`` (also ``python -m torchcompile_kit``).
+"""Command line: ``torchcompile-kit bench | report | tune | doctor`` (also ``python -m torchcompile_kit``).
 
 Nothing in the package imports this module.
 """
@@ -127,6 +127,25 @@ def _parser() -> argparse.ArgumentParser:
                       "candidates are then ranked on step times measured at different moments)")
     tune.add_argument("--verify", action="store_true", help="then run the recommendation for N steps: predicted vs measured total")
     tune.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # test switch, as for bench
+
+    doctor = sub.add_parser(
+        "doctor", help="when torch.compile crashes or miscomputes: at which backend, under which "
+        "settings and in which module (experimental)",
+        description="Triage (your model compiled whole, forward, loss, gradients and one step "
+        "judged against eager), then the backend ladder, the inductor settings that hide it, and "
+        "the smallest module whose compile alone reproduces it, confirmed both ways; each trial "
+        "in its own process. Writes DIR/doctor.json, DIR/doctor_repro.py and each trial's log.")
+    doctor.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
+                        help="your model, as for bench --model: build() -> (model, make_batch)")
+    doctor.add_argument("--out", default="doctor-results", metavar="DIR", help="where the record goes (default: %(default)s)")
+    doctor.add_argument("--backend", default="inductor",
+                        help="the backend you compile with, a name or MODULE:ATTRIBUTE (default: %(default)s)")
+    doctor.add_argument("--dynamic", choices=("true", "false"), default=None,
+                        help="the dynamic= you compile with (default: torch's, automatic)")
+    doctor.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
+                        help="run under torch.autocast with this dtype, as you train (default: none)")
+    doctor.add_argument("--timeout", type=_POSITIVE_FLOAT, default=600.0, metavar="S",
+                        help="seconds one trial may run before it counts as hung (default: %(default)s)")
     return parser
 
 
@@ -301,7 +320,31 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "doctor":
+        return _doctor(args)
     return _tune(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ._factory import check_factory
+    from .bench.model_spec import ModelSpecError
+    from .doctor import diagnose
+
+    try:
+        check_factory(args.model, error=ModelSpecError)
+        if ":" in args.backend:
+            check_factory(args.backend, error=ModelSpecError, flag="--backend")
+    except ModelSpecError as err:
+        return _error(str(err))
+    kwargs = {} if args.dynamic is None else {"dynamic": args.dynamic == "true"}
+    try:
+        diagnosis = diagnose(args.model, backend=args.backend, compile_kwargs=kwargs,
+                             autocast=args.autocast, out=args.out, timeout_s=args.timeout)
+    except (ValueError, TypeError) as err:
+        return _error(str(err))
+    print(diagnosis.summary())
+    print(f"\nrecord: {Path(args.out) / 'doctor.json'}")
+    return 0
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from torchcompile_kit.bench.paired import NEIGHBOUR_LIMIT, WIDTH_LIMIT
+from torchcompile_kit.bench.paired import NEIGHBOUR_LIMIT, STEAL_LIMIT, WIDTH_LIMIT
 from torchcompile_kit.bench.results import load_results
 from torchcompile_kit.bench.runner import INPROCESS_ENV
 from torchcompile_kit.cli import main
@@ -90,11 +90,12 @@ def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
         assert m.speedup > 0 and m.cpu_neighbours is not None
         assert bool(m.not_quotable) == (
             _share(m) > NEIGHBOUR_LIMIT
-            or (m.cpu_steal or 0) > 0.05
+            or (m.cpu_steal or 0) > STEAL_LIMIT
             or (name != "eager" and (m.speedup_high - m.speedup_low) / m.speedup > WIDTH_LIMIT)
         ), (name, m.not_quotable)
-        if _share(m) <= NEIGHBOUR_LIMIT and name != "eager":
-            # nobody else on the machine: the interval is narrow enough to quote
+        if _share(m) <= NEIGHBOUR_LIMIT and (m.cpu_steal or 0) <= STEAL_LIMIT and name != "eager":
+            # nobody else on the machine and no hypervisor steal (a shared CI host has some, measured
+            # 7% once): the interval is narrow enough to quote
             assert m.not_quotable == [], (name, m.not_quotable)
     for name in ("full", "full-warm"):
         assert quiet[name].speedup_paired and quiet[name].speedup_blocks >= 20

@@ -217,3 +217,43 @@ def test_the_charts_name_the_group_of_each_colour(tmp_path):
     assert [t.get_text() for t in axes.get_legend().get_texts()] == ["static", "warm-up"]
     written = charts.write_charts(BenchResults(rows=rows), tmp_path)
     assert {p.name for p in written} == {"warmup.png", "throughput.png", "speedup.png"}
+
+
+def _chart_rows():
+    loaded = ["other processes used 31% of the machine's CPU during it (limit 10%)"]
+
+    def row(name, group, steps_per_s, not_quotable):
+        return RecipeResult(name=name, group=group, status="ok", metrics=Metrics(
+            warmup_s=2.0, steps_per_s=steps_per_s, speedup=1.1, not_quotable=not_quotable))
+
+    return [row("eager", "static", 1.0, []), row("full", "static", 1.2, loaded),
+            row("eager-longest", "dynamic", 64.9, []), row("buckets", "dynamic", 70.0, loaded)]
+
+
+def test_every_chart_marks_the_rows_not_to_quote():
+    """throughput.png and warmup.png carried no marking; only speedup.png hatched such rows."""
+    from torchcompile_kit.bench import charts
+
+    rows = _chart_rows()
+    figures = [charts.bar_figure(rows, "warmup_s", "warm-up", "seconds"),
+               charts.throughput_figure(rows, "throughput"), charts.ratio_figure(rows, "ratio")]
+    for figure in figures:
+        hatched, labels = set(), []
+        for axes in figure.axes:
+            names = [t.get_text() for t in axes.get_yticklabels()]
+            bars = [p for p in axes.patches if p.get_height() > 0 and p.get_width() > 0]
+            hatched |= {name for name, bar in zip(names, bars) if bar.get_hatch()}
+            labels += [t.get_text() for t in axes.texts if "not quotable" in t.get_text()]
+        assert hatched == {"full", "buckets"}, (figure.axes[0].get_title(), hatched)
+        assert len(labels) == 2, labels
+        assert "hatched: not to be quoted" in figure.axes[-1].get_xlabel()
+
+
+def test_throughput_draws_each_baseline_on_its_own_axis():
+    """Steps/s of pad-to-max and pad-to-longest rows shared one axis (eager 1.00, eager-longest 64.9)."""
+    from torchcompile_kit.bench import charts
+
+    figure = charts.throughput_figure(_chart_rows(), "throughput")
+    panels = [sorted(t.get_text() for t in axes.get_yticklabels()) for axes in figure.axes
+              if axes.get_yticklabels()]
+    assert sorted(panels) == [["buckets", "eager-longest"], ["eager", "full"]], panels

@@ -91,3 +91,49 @@ def test_without_isolated_caches_each_break_says_it_used_the_budget(monkeypatch)
     monkeypatch.setattr(_dynamo, "isolated_cache_kwarg", lambda compile_fn=None: {})
     breaks = explain_graph_breaks(noisy, torch.ones(2))
     assert breaks and all("used one entry of their recompile budget" in b.hints[-1] for b in breaks)
+
+
+class _Chatty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        print("block")  # CHATTY_PRINT
+        y = self.lin(x)
+        if y.sum().item() > 0:  # CHATTY_ITEM
+            y = y * 2
+        return y
+
+
+class _ChattyStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_Chatty() for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_regionally_compiled_model_lists_every_break_with_its_modules(fullgraph, capsys, recwarn):
+    """It used to fire the library's own "a whole-model torch.compile is tracing it" warning, and
+    with fullgraph=True blocks it raised torch's Unsupported instead of listing the break."""
+    from torchcompile_kit import compile_regional, get_regional_plan
+
+    model = compile_regional(_ChattyStack(), backend="eager", fullgraph=fullgraph)
+    breaks = explain_graph_breaks(model, torch.randn(2, 4))
+    lines = {b.line for b in breaks}
+    assert {_line_of("CHATTY_PRINT"), _line_of("CHATTY_ITEM")} <= lines, breaks
+    item = next(b for b in breaks if b.line == _line_of("CHATTY_ITEM"))
+    assert item.owner == "_Chatty" and item.modules == [f"layers.{i}" for i in range(4)]
+    assert not [w for w in recwarn if "whole-model torch.compile is tracing" in str(w.message)]
+    # the blocks still run their regional compile afterwards (fullgraph=True: it raises, as
+    # the breaks listed say it must)
+    if not fullgraph:
+        with CompileMonitor() as monitor:
+            model(torch.randn(2, 4))
+        region = get_regional_plan(model).groups[0].region
+        assert any(frame.region == region for frame in monitor.frames), monitor.summary()

@@ -334,7 +334,22 @@ def test_a_recompile_names_every_earlier_graphs_failed_guard():
     # every earlier graph's own failed guard is named (torch >= 2.13 keeps a frozen variant:
     # 2 earlier graphs; torch 2.10 reuses the first graph for it: 1)
     assert len(last.reasons) == len(mon.frames) - 1, (last.reasons, mon.frames)
-    assert all(r.strip().split("\n")[0].split("#")[0].strip() in last.guard for r in last.reasons)
+    # both earlier graphs refused the new length on its size: named once, not once per graph
+    assert last.guard.count("size mismatch") == 1, last.guard
+
+
+def test_a_recompile_names_the_guard_that_failed_for_it_once_not_every_bucket_again():
+    """8 bucket lengths, dynamic=False: the 7th recompile's line used to hold 7 size guards."""
+    step = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
+    with CompileMonitor() as mon:
+        for length in range(8, 72, 8):
+            step(torch.ones(2, length))
+    assert len(mon.recompiles) == 7, mon.summary()
+    last = mon.recompiles[-1]
+    assert len(last.reasons) == 7, last.reasons
+    assert last.guard.count("size mismatch") == 1, last.guard
+    assert "expected 56, actual 64" in last.guard and "(and 6 earlier graphs alike)" in last.guard
+    assert mon.summary().count("size mismatch") == 7  # one per recompile line
 
 
 def test_logging_disable_is_said_in_the_notes_not_silently_an_empty_record():

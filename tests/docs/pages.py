@@ -257,6 +257,7 @@ DEFAULTS: dict[str, Factory] = {
     "ds": _rows,
     "rows": _rows,
     "train_ds": _rows,
+    "eval_rows": _rows,
     "buckets": lambda _: [8, 16, 32],
     "tok": _tokenizer,
     "tokenizer": _tokenizer,
@@ -281,7 +282,11 @@ DEFAULTS: dict[str, Factory] = {
 }
 
 PER_PAGE: dict[str, dict[str, Factory]] = {
-    "README.md": {"model": _gpt2},  # "12 x GPT2Block": a 2-layer one here
+    "README.md": {  # "12 x GPT2Block": a 2-layer one here; enough rows for batches of 64
+        "model": _gpt2,
+        "lengths": lambda _: torch.randint(4, 31, (1024,),
+                                           generator=torch.Generator().manual_seed(0)).tolist(),
+    },
     "docs/regional.md": {
         "model": lambda _: tm.vision_encoder_decoder(),  # the page's encoder / decoder patterns
         "gpt2": lambda _: tm.gpt2(n_layer=12),  # find_repeated_blocks only: nothing compiles

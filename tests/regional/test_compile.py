@@ -321,14 +321,13 @@ def test_global_kwargs_are_overridden_per_group():
 # --- guard preflight -------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="this torch's compile has no per-call recompile_limit (test_dynamo covers the warning instead)")
 def test_preflight_warns_on_distinct_int_read_in_forward_and_sizes_limit():
     model = Stack(n=12, scale_by_idx=True)
     counter = CompileCounter()
     with pytest.warns(UserWarning, match=r"12 of 12 IndexedBlock blocks.*`layer_idx`.*argument"):
         compile_regional(model, backend=counter)
     (group,) = get_regional_plan(model).groups
-    assert group.compile_kwargs["recompile_limit"] >= 12
+    assert group.budget.limit >= 12  # raised around the group's calls, on every torch
     eager = copy.deepcopy(model)
     uncompile(eager)
     x = torch.randn(2, 8)
@@ -336,16 +335,14 @@ def test_preflight_warns_on_distinct_int_read_in_forward_and_sizes_limit():
     assert counter.frame_count == 12  # every layer compiled: none silently fell back to eager
 
 
+@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="only a per-call limit (torch >= 2.13) can hold the blocks to 8 now")
 def test_without_sizing_the_limit_blocks_fall_back_to_eager():
-    # the failure the sizing prevents: same model, the global limit (8) applies
+    # the failure the sizing prevents: same model, a limit of 8 given by the user is kept
     model = Stack(n=12, scale_by_idx=True)
     counter = CompileCounter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if _dynamo.recompile_limit_kwarg():
-            compile_regional(model, backend=counter, recompile_limit=8)
-        else:  # torch < 2.13: the global limit (8) is all there is
-            compile_regional(model, backend=counter)
+        compile_regional(model, backend=counter, recompile_limit=8)
     model(torch.randn(2, 8))
     assert counter.frame_count == 8
 

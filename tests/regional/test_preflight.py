@@ -223,10 +223,8 @@ def test_frozen_blocks_are_predicted_and_budgeted(layers, frozen, frozen_embeddi
 @pytest.mark.slow
 def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
     """5 blocks, each frozen differently: 10 graphs with evaluation, over the limit of 8."""
-    from torchcompile_kit import CompileMonitor, _dynamo
+    from torchcompile_kit import CompileMonitor
 
-    if _dynamo.recompile_limit_kwarg() is None:
-        pytest.skip("this torch has no per-call recompile_limit: compile_regional warns instead")
     torch.manual_seed(0)
     model = tm.gpt2(n_layer=5)
     model.transformer.wte.requires_grad_(False)
@@ -237,7 +235,7 @@ def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
             getattr(block, part).requires_grad_(False)
     compile_regional(model, backend="aot_eager")
     (group,) = get_regional_plan(model).groups
-    assert group.compile_kwargs["recompile_limit"] == group.budget.needed == 10
+    assert group.budget.limit == group.budget.needed == 10  # on every torch of the window
     with CompileMonitor() as monitor:
         _train_with_eval(model)
     report, loss = get_regional_plan(model).report(monitor).groups  # the block group, the loss's row

@@ -202,16 +202,22 @@ def test_two_block_classes_share_one_code_object_and_their_counts_still_add_up()
 
 
 def test_the_recompile_limit_is_sized_for_all_classes_sharing_a_code_object():
-    if _dynamo.recompile_limit_kwarg() is None:
-        pytest.skip("this torch has no per-call recompile_limit")
     with torch._dynamo.config.patch(recompile_limit=3):
         model = compile_regional(tm.vision_encoder_decoder(), backend="eager")
-    plan = get_regional_plan(model)
-    needed = sum(2 * g.preflight.graphs for g in plan.groups)
-    assert needed > 3  # each class alone fits in 3, together they do not
-    assert all(2 * g.preflight.graphs <= 3 for g in plan.groups)
-    assert [g.compile_kwargs.get("recompile_limit") for g in plan.groups] == [needed, needed]
-    assert f"share one recompile limit: {needed} for up to {needed} graphs" in plan.summary()
+        plan = get_regional_plan(model)
+        needed = sum(2 * g.preflight.graphs for g in plan.groups)
+        assert needed > 3  # each class alone fits in 3, together they do not
+        assert all(2 * g.preflight.graphs <= 3 for g in plan.groups)
+        assert [g.budget.limit for g in plan.groups] == [needed, needed]
+        assert f"share one recompile limit: {needed} for up to {needed} graphs" in plan.summary()
+        with CompileMonitor() as monitor:  # training and evaluation: every graph, no hit
+            batch = {"pixel_values": torch.randn(2, 3, 32, 32),
+                     "labels": tm.token_batch()["input_ids"]}
+            model(**batch).loss.backward()
+            with torch.no_grad():
+                model(**batch)
+        assert not monitor.limit_hits, monitor.summary()
+        assert torch._dynamo.config.recompile_limit == 3  # raised only inside the blocks' calls
 
     default = get_regional_plan(compile_regional(tm.vision_encoder_decoder(), backend="eager"))
     assert all("recompile_limit" not in g.compile_kwargs for g in default.groups)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import (
     cache,
     counting,
+    doctor,
     hook_guards,
     inductor,
     isa_probe,
@@ -24,6 +25,7 @@ from . import (
 )
 from .cache import *  # noqa: F403
 from .counting import *  # noqa: F403
+from .doctor import *  # noqa: F403
 from .hook_guards import *  # noqa: F403
 from .inductor import *  # noqa: F403
 from .isa_probe import *  # noqa: F403
@@ -36,6 +38,6 @@ from .paths import *  # noqa: F403
 from .precompile import *  # noqa: F403
 from .trace import *  # noqa: F403
 
-__all__ = [*cache.__all__, *counting.__all__, *hook_guards.__all__, *inductor.__all__,
+__all__ = [*cache.__all__, *counting.__all__, *doctor.__all__, *hook_guards.__all__, *inductor.__all__,
            *isa_probe.__all__, *limits.__all__, *marking.__all__, *modules.__all__, *nested.__all__,
            *optim.__all__, *paths.__all__, *precompile.__all__, *trace.__all__]

@@ -4,8 +4,9 @@ Part of the one door to torch's private compiler APIs (see ``_dynamo/__init__.py
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from ..errors import UnsupportedTorchError
 
 __all__ = ["check_per_call_kwargs", "isolated_cache_kwarg", "recompile_limit",
-           "recompile_limit_kwarg"]
+           "recompile_limit_at_least", "recompile_limit_kwarg"]
 
 
 # --- the recompile limit --------------------------------------------------------------------
@@ -25,6 +26,36 @@ __all__ = ["check_per_call_kwargs", "isolated_cache_kwarg", "recompile_limit",
 def recompile_limit() -> int:
     """Dynamo's per-code-object recompile limit (8 by default)."""
     return int(torch._dynamo.config.recompile_limit)
+
+
+@contextlib.contextmanager
+def recompile_limit_at_least(limit: int) -> Iterator[None]:
+    """Raise dynamo's recompile limit to ``limit`` while the block runs (never lower it).
+
+    Why: a compiled region whose graphs are known (a block per bucket shape, in training and in
+    evaluation) needs a limit sized for them, raised only while its own calls run, on every torch
+    of the window and also after it was compiled (``torch.compile(recompile_limit=)`` is fixed at
+    compile time and missing before torch 2.13). Dynamo reads ``config.recompile_limit`` when it
+    compiles a frame, inside the call; a per-call ``recompile_limit=`` given to ``torch.compile``
+    still wins for its frames. Upstream: ``torch._dynamo.config.recompile_limit`` (private config,
+    no public setter; https://github.com/pytorch/pytorch/blob/main/torch/_dynamo/config.py). Can
+    go when torch takes a limit per region that can be changed after compile.
+
+    Example:
+        >>> with recompile_limit_at_least(16):
+        ...     recompile_limit() >= 16
+        True
+    """
+    config = torch._dynamo.config
+    before = config.recompile_limit
+    if limit <= before:
+        yield
+        return
+    config.recompile_limit = limit
+    try:
+        yield
+    finally:
+        config.recompile_limit = before
 
 
 def recompile_limit_kwarg(compile_fn: Callable[..., Any] | None = None) -> str | None:

@@ -143,7 +143,7 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
         # the limit in force for the blocks: compile_regional may have sized one for their
         # frozen/trainable variants (what the guard's messages must name)
         plan = get_regional_plan(model)
-        limit = max([limit, *(g.compile_kwargs.get("recompile_limit", limit) for g in plan.groups)]
+        limit = max([limit, *(g.budget.limit for g in plan.groups if g.budget is not None)]
                     ) if plan is not None else limit
     else:
         if check_flag("precompile", compile_kwargs.pop("precompile", False), caller="compile_peft",

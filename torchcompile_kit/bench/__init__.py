@@ -17,7 +17,7 @@ from .model_spec import (
     portable_model_spec,
 )
 from .outcome import Metrics
-from .paired import paired_ratio
+from .paired import paired_ratio, ratio_interval
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .report import render_table
 from .runner import RecipeResult, run_recipe_isolated
@@ -27,8 +27,8 @@ __all__ = [
     "RecipeContext", "RecipeResult", "apply_recipe", "setup_source",
     # also used by tune: the captioner and its batches for the correctness check, the loss
     "batch_stream", "build_captioner", "load_model_spec", "loss_of", "missing_requirement",
-    # also used by tune: a run's ratio to eager from its paired blocks, with its interval
-    "paired_ratio", "parse_model_spec", "portable_model_spec", "render_table",
+    # also used by tune and the doctor: a ratio to eager from paired blocks, with its interval
+    "paired_ratio", "ratio_interval", "parse_model_spec", "portable_model_spec", "render_table",
     "run_recipe_isolated", "caption_length_mix", "spec_buckets",
 ]
 

@@ -11,9 +11,11 @@ from typing import Any
 
 from .._compat import is_package_available
 from .outcome import RecipeResult
+from .recipes import RECIPES
 from .results import BenchResults
 
-__all__ = ["charts_available", "write_charts", "write_comparison_chart"]
+__all__ = ["bar_figure", "charts_available", "ratio_figure", "throughput_figure", "timeline_figure",
+           "write_charts", "write_comparison_chart"]
 
 _GROUP_COLORS = {"static": "#4C72B0", "dynamic": "#55A868", "warm-up": "#C44E52", "distributed": "#8172B2"}
 _OTHER_COLOR = "#937860"  # a row of no known group (a custom recipe)
@@ -43,27 +45,75 @@ def _figure(height_rows: int) -> Any:
     return Figure(figsize=(8, 1.2 + 0.35 * max(height_rows, 1)), dpi=110)
 
 
-def _bar_chart(rows: Sequence[RecipeResult], key: str, title: str, xlabel: str, path: Path) -> Path | None:
+_NOT_QUOTABLE = "//"  # the hatch of a row whose timings are not to be quoted, in every chart
+
+
+def _bars(axes: Any, rows: Sequence[RecipeResult], key: str) -> None:
+    """One horizontal bar per row (first row on top): hatched and labelled when not quotable."""
+    rows = list(rows)[::-1]
+    values = [getattr(r.metrics, key) for r in rows]
+    bars = axes.barh([r.name for r in rows], values, color=[_color(r.group) for r in rows],
+                     hatch=[_NOT_QUOTABLE if r.metrics.not_quotable else "" for r in rows])
+    axes.bar_label(bars, labels=[f"{v:.3g}" + (" not quotable" if r.metrics.not_quotable else "")
+                                 for v, r in zip(values, rows)], padding=3, fontsize=8)
+    axes.margins(x=0.3)
+
+
+def bar_figure(rows: Sequence[RecipeResult], key: str, title: str, xlabel: str) -> Any:
+    """One bar per ok row of ``key`` (warm-up seconds), or ``None`` without such a row."""
     ok = [r for r in rows if r.status == "ok" and getattr(r.metrics, key)]
     if not ok:
         return None
-    names = [r.name for r in ok][::-1]
-    values = [getattr(r.metrics, key) for r in ok][::-1]
-    colors = [_color(r.group) for r in ok][::-1]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
-    bars = axes.barh(names, values, color=colors)
-    axes.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=3, fontsize=8)
+    _bars(axes, ok, key)
     _group_legend(axes, ok)
     axes.set_title(title, fontsize=10)
-    axes.set_xlabel(xlabel)
-    axes.margins(x=0.15)
+    axes.set_xlabel(f"{xlabel}; hatched: not to be quoted")
+    return figure
+
+
+def throughput_figure(rows: Sequence[RecipeResult], title: str) -> Any:
+    """Steps/s, one panel per baseline: rows padded differently (pad to max, pad to longest) step
+    different batches, so their steps/s share no axis; within a panel, a baseline and the rows
+    compared with it. ``None`` without an ok row."""
+    ok = [r for r in rows if r.status == "ok" and r.metrics.steps_per_s]
+    if not ok:
+        return None
+    panels: dict[str, list[RecipeResult]] = {}
+    for row in ok:
+        panels.setdefault(_baseline_of(row, ok), []).append(row)
+    figure = _figure(len(ok) + 2 * len(panels))
+    for index, (baseline, members) in enumerate(panels.items()):
+        axes = figure.add_subplot(len(panels), 1, index + 1)
+        _bars(axes, members, "steps_per_s")
+        _group_legend(axes, members)
+        axes.set_title(f"rows compared with {baseline}" + (f": {title}" if index == 0 else ""),
+                       fontsize=9)
+    figure.axes[-1].set_xlabel("steps/s (higher is better; each panel its own batches and axis; "
+                               "hatched: not to be quoted)")
+    return figure
+
+
+def _baseline_of(row: RecipeResult, rows: Sequence[RecipeResult]) -> str:
+    """The baseline a row is compared with (a baseline: itself)."""
+    recipe = RECIPES.get(row.name)
+    baseline = row.metrics.speedup_baseline or (recipe.baseline if recipe is not None else "eager")
+    if any(RECIPES.get(other.name) is not None and RECIPES[other.name].baseline == row.name
+           for other in rows) or row.name == "eager":
+        return row.name
+    return baseline
+
+
+def _save(figure: Any, path: Path) -> Path | None:
+    if figure is None:
+        return None
     figure.tight_layout()
     figure.savefig(path)
     return path
 
 
-def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path | None:
+def ratio_figure(rows: Sequence[RecipeResult], title: str) -> Any:
     """× base per recipe with its interval as error bars; rows not to be quoted are hatched."""
     ok = [r for r in rows if r.status == "ok" and r.metrics.speedup]
     if not ok:
@@ -77,7 +127,7 @@ def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path |
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh([r.name for r in ok], values, xerr=[low, high], capsize=3,
                      color=[_color(r.group) for r in ok],
-                     hatch=["//" if m.not_quotable else "" for m in metrics])
+                     hatch=[_NOT_QUOTABLE if m.not_quotable else "" for m in metrics])
     labels = [
         f"{m.speedup:.2f}" + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
         + (" not quotable" if m.not_quotable else "")
@@ -89,12 +139,10 @@ def _ratio_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path |
     axes.set_title(title, fontsize=10)
     axes.set_xlabel("× the group's baseline, 95% interval (higher is better; hatched: not to be quoted)")
     axes.margins(x=0.35)
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
+    return figure
 
 
-def _timeline_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Path | None:
+def timeline_figure(rows: Sequence[RecipeResult], title: str) -> Any:
     """Steps done against wall time, one line per row, when a row compiled in the background."""
     ok = [r for r in rows if r.status == "ok" and r.metrics.step_ends_s]
     if not any(r.metrics.background for r in ok):
@@ -111,9 +159,7 @@ def _timeline_chart(rows: Sequence[RecipeResult], title: str, path: Path) -> Pat
     axes.set_xlabel("seconds from the first step (the dot: the switch to compiled code)")
     axes.set_ylabel("steps done")
     axes.legend(fontsize=8, loc="best")
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -126,11 +172,13 @@ def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> lis
     out.mkdir(parents=True, exist_ok=True)
     settings, env, rows = document.settings, document.environment, document.rows
     where = f"{settings.get('model')}, {env.get('device')}, torch {env.get('torch')}"
+    warmup = f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})"
     written = [
-        _bar_chart(rows, "warmup_s", f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})", "seconds (lower is better)", out / "warmup.png"),
-        _bar_chart(rows, "steps_per_s", f"steady throughput, median of {settings.get('steps')} steps ({where})", "steps/s (higher is better)", out / "throughput.png"),
-        _ratio_chart(rows, f"paired ratio to the baseline ({where})", out / "speedup.png"),
-        _timeline_chart(rows, f"steps done against wall time ({where})", out / "timeline.png"),
+        _save(bar_figure(rows, "warmup_s", warmup, "seconds (lower is better)"), out / "warmup.png"),
+        _save(throughput_figure(rows, f"median of {settings.get('steps')} steps ({where})"),
+              out / "throughput.png"),
+        _save(ratio_figure(rows, f"paired ratio to the baseline ({where})"), out / "speedup.png"),
+        _save(timeline_figure(rows, f"steps done against wall time ({where})"), out / "timeline.png"),
     ]
     return [path for path in written if path is not None]
 

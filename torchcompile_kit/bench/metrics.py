@@ -262,19 +262,26 @@ def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
     the median of its block ratios; an unpaired row divides its steps/s by its baseline row's. Rows
     of an unknown recipe (a custom ``tune`` row) compare with ``"eager"``.
     """
-    from .paired import not_quotable, paired_ratio
+    from .paired import not_quotable, paired_ratio, rerun_spread, widen_for_rerun
 
     by_name = {row.name: row for row in rows if row.status == "ok"}
+    for row in by_name.values():
+        ratio = paired_ratio(row.metrics)
+        if ratio is not None:
+            metrics = row.metrics
+            metrics.speedup, metrics.speedup_low, metrics.speedup_high = ratio["ratio"], ratio["low"], ratio["high"]
+            metrics.speedup_blocks, metrics.speedup_method = ratio["blocks"], ratio["method"]
+            metrics.speedup_baseline, metrics.speedup_paired = ratio["baseline"], True
+    # the same compiled code in two processes: what a rerun gives, so every interval covers it
+    same_code = {name: getattr(recipes.get(name), "cache_from", None) for name in by_name}
+    spread = rerun_spread({name: row.metrics for name, row in by_name.items()}, same_code)
     for row in by_name.values():
         recipe = recipes.get(row.name)
         metrics = row.metrics
         # the group's baseline (eager-longest for dynamic shapes), else eager when it did not run
         base = by_name.get(getattr(recipe, "baseline", None) or "eager") or by_name.get("eager")
-        ratio = paired_ratio(metrics)
-        if ratio is not None:
-            metrics.speedup, metrics.speedup_low, metrics.speedup_high = ratio["ratio"], ratio["low"], ratio["high"]
-            metrics.speedup_blocks, metrics.speedup_method = ratio["blocks"], ratio["method"]
-            metrics.speedup_baseline, metrics.speedup_paired = ratio["baseline"], True
+        if metrics.speedup_paired:
+            widen_for_rerun(metrics, spread)
         elif base is not None and metrics.steps_per_s and base.metrics.steps_per_s:
             metrics.speedup = metrics.steps_per_s / base.metrics.steps_per_s
             metrics.speedup_paired = base is row  # a baseline is its own pair

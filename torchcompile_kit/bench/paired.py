@@ -8,6 +8,7 @@ runs. docs/benchmarks.md ("Reading the intervals") says what each figure means.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import warnings
@@ -18,8 +19,9 @@ from typing import Any
 from .outcome import Metrics
 
 __all__ = ["CONFIDENCE", "MIN_BLOCKS", "NEIGHBOUR_LIMIT", "STEAL_LIMIT", "WIDTH_LIMIT",
-           "CpuSnapshot", "block_steps_for", "cpu_snapshot", "merge_repeats", "neighbour_share",
-           "not_quotable", "paired_ratio", "ratio_interval"]
+           "CpuSnapshot", "RerunSpread", "block_steps_for", "cpu_snapshot", "merge_repeats",
+           "neighbour_share", "not_quotable", "paired_ratio", "ratio_interval", "rerun_spread",
+           "widen_for_rerun"]
 
 CONFIDENCE = 0.95
 """Confidence level of the interval."""
@@ -135,6 +137,71 @@ def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
 def _steps(block: Any) -> list[float]:
     """A block's step seconds (a list), or its one number (a block given as its total)."""
     return list(block) if isinstance(block, (list, tuple)) else [float(block)]
+
+
+# --- between processes: what a rerun of the same code gives --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RerunSpread:
+    """How far the ratio of the same compiled code moved between processes of one run."""
+
+    log_spread: float
+    """``|ln(ratio_a / ratio_b)|``, the largest over the pairs measured."""
+    between: str
+    """What was compared: ``"full and full-warm"``, ``"the 3 rounds of regional"``."""
+
+    @property
+    def percent(self) -> float:
+        """The spread as a share of the ratio (``e^spread - 1``)."""
+        return math.exp(self.log_spread) - 1
+
+
+def rerun_spread(rows: Mapping[str, Any], same_code: Mapping[str, str | None]) -> RerunSpread | None:
+    """The largest move of a paired ratio between processes that ran the same compiled code: a
+    warm row against the cold row whose cache it loaded (``same_code``: row -> that row), and the
+    rounds of one row under ``--repeat``. ``None`` when the run has neither.
+
+    A paired interval covers the spread of the blocks inside one process; a process started
+    minutes later lands elsewhere (other memory layout, CPU frequency, neighbours), measured: the
+    same code at 1.10–1.18 and 1.08–1.09 in two rows of one quiet run.
+
+    Example:
+        >>> rows = {"full": Metrics(speedup=1.14), "full-warm": Metrics(speedup=1.085)}
+        >>> round(rerun_spread(rows, {"full-warm": "full"}).percent, 3)
+        0.051
+    """
+    found: list[tuple[float, str]] = []
+    for name, metrics in rows.items():
+        other = rows.get(same_code.get(name) or "")
+        if other is not None and metrics.speedup_paired and other.speedup_paired:
+            found.append((abs(math.log(metrics.speedup / other.speedup)),
+                          f"{same_code[name]} and {name}"))
+        rounds = [r["speedup"] for r in metrics.repeats if r.get("speedup")]
+        if len(rounds) > 1:
+            found.append((math.log(max(rounds) / min(rounds)),
+                          f"the {len(rounds)} rounds of {name}"))
+    if not found:
+        return None
+    log_spread, between = max(found)
+    return RerunSpread(log_spread=log_spread, between=between)
+
+
+def widen_for_rerun(metrics: Metrics, spread: RerunSpread | None) -> None:
+    """Widen a paired row's interval, in place, by the spread between processes, so that it covers
+    what a rerun of the same code gives; the method says so. Without a spread, the method says the
+    interval is of this process only."""
+    if metrics.speedup_low is None or metrics.speedup_high is None:
+        return
+    if spread is None:
+        metrics.speedup_method = (f"{metrics.speedup_method}; this process only (a rerun may "
+                                  "land outside it: run a warm row or --repeat 2 to measure)")
+        return
+    factor = math.exp(spread.log_spread)
+    metrics.speedup_low, metrics.speedup_high = (metrics.speedup_low / factor,
+                                                 metrics.speedup_high * factor)
+    metrics.speedup_method = (f"{metrics.speedup_method}, widened by ±{spread.percent:.1%}: the "
+                              f"ratio's spread between processes ({spread.between}, same code)")
 
 
 # --- the machine: who else used the CPU ----------------------------------------------------------

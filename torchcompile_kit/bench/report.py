@@ -38,7 +38,9 @@ _GROUP_TITLES = {
 }
 _HOW_TO_READ = ("× base: the median of the per-block ratios of the row's steps to its baseline's, "
                 "stepped in alternating blocks in the row's own process (load that comes and goes "
-                "hits both); 95% interval: bootstrap over the blocks. others CPU: the share of "
+                "hits both); 95% interval: bootstrap over the blocks, widened by how far the "
+                "same compiled code's ratio moved between processes in this run (the line "
+                "below). others CPU: the share of "
                 "the machine's CPU other processes used during the row. quote NO: see the note "
                 "under the table. A row whose interval reads 'unpaired' (--no-pair, DDP) divides "
                 "its steps/s by the baseline row's.")
@@ -107,6 +109,11 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
         _HOW_TO_READ if settings.get("paired", True) else "× base: steps/s ÷ the baseline row's (--no-pair: "
         "rows measured minutes apart, not robust to load from other processes)",
     ]
+    methods = [row.metrics.speedup_method for row in document.rows
+               if row.status == "ok" and row.metrics.speedup_low is not None]
+    for marker in ("widened by", "this process only"):  # what the intervals cover
+        if methods and settings.get("paired", True) and marker in methods[0]:
+            out.append("intervals: " + methods[0][methods[0].index(marker):])
     if not document.complete:
         done = {row.name for row in document.rows}
         missing = [name for name in settings.get("recipes", []) if name not in done]

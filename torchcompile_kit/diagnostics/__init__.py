@@ -6,7 +6,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 
 from .comparator import TensorDiff, judge_tensors, needs_reference
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
-from .explain import explain_graph_breaks
+from .explain import explain_graph_breaks, explaining
 from .first_call import FirstCallVerifier, check_verify_arg
 from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
@@ -15,8 +15,10 @@ from .regions import (
     CompileFailure,
     compile_failure,
     current_region,
+    grad_modes,
     mark_call,
     mark_region,
+    set_recompile_limit,
     was_called,
 )
 from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
@@ -30,8 +32,12 @@ __all__ = [
     # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
     "allow_first_compile",
     # for other topics: a compiled region whose compiles the monitor attributes to it, and the
-    # compile that raised in it (the regional report names it)
-    "CompileFailure", "compile_failure", "current_region", "mark_call", "mark_region", "was_called",
+    # compile that raised in it (the regional report names it), and the recompile limit its calls
+    # compile under
+    "CompileFailure", "compile_failure", "current_region", "grad_modes", "mark_call", "mark_region",
+    "set_recompile_limit", "was_called",
+    # for other topics: explain_graph_breaks is tracing (the regional recipe's own warning waits)
+    "explaining",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process

@@ -125,6 +125,11 @@ class CompileMonitor:
         if self in _RUNNING:
             _RUNNING.remove(self)
 
+    @property
+    def running(self) -> bool:
+        """Whether it is recording now (between :meth:`start` and :meth:`stop`)."""
+        return self._running
+
     def __enter__(self) -> CompileMonitor:
         return self.start()
 

@@ -24,8 +24,16 @@ from torch import nn
 
 from .. import _dynamo
 
-__all__ = ["CompileFailure", "compile_failure", "current_region", "mark_call", "mark_region",
-           "was_called"]
+__all__ = [
+    "CompileFailure",
+    "compile_failure",
+    "current_region",
+    "grad_modes",
+    "mark_call",
+    "mark_region",
+    "set_recompile_limit",
+    "was_called",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +41,8 @@ _CURRENT: ContextVar[str | None] = ContextVar("torchcompile_kit_region", default
 _NUMBERS = itertools.count()
 _FAILURES: dict[str, CompileFailure] = {}
 _CALLED: set[str] = set()
+_LIMITS: dict[str, int] = {}
+_GRAD_MODES: dict[str, set[bool]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,17 @@ def was_called(region: str) -> bool:
     return region in _CALLED
 
 
+def grad_modes(region: str) -> frozenset[bool]:
+    """The grad modes ``region``'s calls ran in (``True``: training, ``False``: under
+    ``torch.no_grad()``); dynamo guards the grad mode, so each is a graph of its own.
+
+    Example:
+        >>> grad_modes("GPT2Block#0")
+        frozenset()
+    """
+    return frozenset(_GRAD_MODES.get(region, ()))
+
+
 def compile_failure(region: str | None) -> CompileFailure | None:
     """The first compile failure inside ``region``'s calls (:func:`mark_region`), or ``None``.
 
@@ -73,6 +94,20 @@ def compile_failure(region: str | None) -> CompileFailure | None:
         True
     """
     return _FAILURES.get(region) if region is not None else None
+
+
+def set_recompile_limit(region: str, limit: int | None) -> None:
+    """Let ``region``'s calls compile under a recompile limit of at least ``limit`` (``None``:
+    dynamo's own). Read at every call, so a limit raised after compile (more shapes expected)
+    holds from the next call; it is raised only while the region's calls run.
+
+    Example:
+        >>> set_recompile_limit("GPT2Block#0", 16)
+    """
+    if limit is None:
+        _LIMITS.pop(region, None)
+    else:
+        _LIMITS[region] = limit
 
 
 def current_region() -> str | None:
@@ -125,10 +160,19 @@ def mark_call(call: Callable[..., Any], label: str) -> tuple[Callable[..., Any],
 
 def _in_region(call: Callable[..., Any], region: str, module: nn.Module | None, name: str) -> Callable[..., Any]:
     first = [True]  # per module: its first call is where a cold compile stalls the loop
+    modes = _GRAD_MODES.setdefault(region, set())
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # traced by an outer compile: be transparent
             return call(*args, **kwargs)
+        modes.add(torch.is_grad_enabled())
+        limit = _LIMITS.get(region)
+        if limit is None:
+            return in_region(*args, **kwargs)
+        with _dynamo.recompile_limit_at_least(limit):
+            return in_region(*args, **kwargs)
+
+    def in_region(*args: Any, **kwargs: Any) -> Any:
         token = _CURRENT.set(region)
         try:
             if not first[0]:

@@ -98,6 +98,9 @@ class GraphBreak:
     """How often the same break (line and reason) was met while recording."""
     frame: int | None = None
     """Index of that frame in the monitor's ``frames``, where it was recorded."""
+    modules: list[str] = field(default_factory=list)
+    """Paths of the modules whose code it is in (``layers.0`` ... ; by
+    ``explain_graph_breaks`` on a module): the instances of :attr:`owner`."""
     owner: str | None = None
     """The module class it belongs to, once attributed."""
     region: str | None = None
@@ -133,15 +136,30 @@ class Recompile(_InCode):
 
     @property
     def guard(self) -> str:
-        """The failed guards in one line, without dynamo's stack and padding.
+        """The guard that failed for this recompile, in one line, each kind of failure once.
 
-        With one earlier graph, its failed guard. With several, each earlier graph's own failed
-        guard (``0/1: ...; 0/0: ...``, most recent first): a call recompiles only when every
-        graph refused it, and the most recent graph's guard alone can name the wrong cause (a
-        new sequence length shown as the ``requires_grad`` guard of a frozen block's graph).
+        A call recompiles only when every earlier graph refused it, so dynamo logs one failed
+        guard per earlier graph. Those of one kind (the same guard with other numbers: each
+        bucket's graph refusing a new length) are named once, the most recent with a count of
+        the others; a different kind is named too, since the most recent graph's guard alone can
+        name the wrong cause (a new length shown as the ``requires_grad`` guard of a frozen
+        block's graph).
+
+        Example:
+            >>> Recompile(file="m.py", line=1, function="f", reasons=[
+            ...     "0/2: tensor 'x' size mismatch at index 1. expected 64, actual 96",
+            ...     "0/1: tensor 'x' size mismatch at index 1. expected 48, actual 96",
+            ...     "0/0: tensor 'x' size mismatch at index 1. expected 32, actual 96"]).guard
+            "0/2: tensor 'x' size mismatch at index 1. expected 64, actual 96 (and 2 earlier graphs alike)"
         """
-        shown = dict.fromkeys(short_reason(r) for r in (self.reasons or [self.reason]))
-        return "; ".join(r for r in shown if r) or short_reason(self.reason)
+        kinds: dict[str, list[str]] = {}
+        for reason in self.reasons or [self.reason]:
+            short = short_reason(reason)
+            if short:
+                kinds.setdefault(_guard_kind(short), []).append(short)
+        shown = [f"{same[0]} (and {len(same) - 1} earlier graph{'s' * (len(same) > 2)} alike)"
+                 if len(same) > 1 else same[0] for same in kinds.values()]
+        return "; ".join(shown) or short_reason(self.reason)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
@@ -262,6 +280,11 @@ def short_reason(text: str | None) -> str:
     """
     first = (text or "").strip().split("\n", 1)[0]
     return re.sub(r"\s{2,}#", "  #", first)
+
+
+def _guard_kind(short: str) -> str:
+    """A failed guard without its compile id and numbers: what two graphs' failures share."""
+    return re.sub(r"\d+", "N", re.sub(r"^\d+/\d+:\s*", "", short))
 
 
 def code_label(function: str, owner: str | None = None) -> str:

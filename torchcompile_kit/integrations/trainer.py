@@ -17,8 +17,8 @@ from ..cache import compile_cache as cache_session
 from ..diagnostics import CompileMonitor
 from ..errors import BatchShapeError, UnsupportedOptimizerError
 from ..optim import compile_optimizer
-from ..regional import get_regional_plan
-from ..shapes import BucketBatchSampler
+from ..regional import expect_shapes, get_regional_plan
+from ..shapes import BucketBatchSampler, PadToBucketCollator
 from .accelerate import check_sharding, shard_once
 
 __all__ = ["CompileTrainerMixin"]  # and CompileTrainer, built on first access (__getattr__)
@@ -39,14 +39,22 @@ class CompileTrainerMixin:
             :func:`~torchcompile_kit.compile_optimizer`. ``None`` (default): ``{}`` when it can be
             compiled, else eager with a warning (Trainer's default ``adamw_torch_fused`` is already
             one kernel); a dict: compile with it, or raise; ``False``: leave it eager.
-        compile_monitor: log the ``compile/*`` figures of a ``CompileMonitor`` counted while
-            ``train`` runs (:attr:`monitor`); ``False`` to skip.
+        compile_monitor: log the ``compile/*`` figures of a ``CompileMonitor`` that records
+            while ``train``, ``evaluate`` and ``predict`` run (:attr:`monitor`); each
+            ``evaluate``/``predict`` call logs the figures of its own monitor
+            (:attr:`eval_monitor`, the last call's). ``False`` to skip.
         compile_cache: a path or fsspec URL for :func:`~torchcompile_kit.compile_cache`: ``train``
             loads it before the first step and saves on exit, also when training raises
             (:attr:`compile_cache_session`). ``None`` (default): no cache.
         compile_cache_key: the key that signs the cache and that a load requires (``key=`` of
             ``compile_cache``); ``None``: ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set.
         **kwargs: passed to ``Trainer``.
+
+    With a ``compile_regional`` model, the plan is told the shapes the run feeds before the first
+    step (:func:`~torchcompile_kit.expect_shapes`): the sampler's batch shapes in training and,
+    with ``PadToBucketCollator``, the evaluation batches' shapes (each evaluation dataset, in the
+    evaluation loader's order), so the recompile limits hold every graph of both modes and the
+    plan's report predicts them.
 
     Raises:
         ValueError: ``args.torch_compile`` is set and the model is regionally compiled.
@@ -83,6 +91,8 @@ class CompileTrainerMixin:
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
         self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
+        self.eval_monitor: CompileMonitor | None = None
+        self._call_monitor: CompileMonitor | None = None  # the evaluate()/predict() running now
         if compile_cache is not None:  # a wrong path is refused here, not at train()
             resolve_path(compile_cache, caller="CompileTrainer(compile_cache=...)")
         self.compile_cache = None if compile_cache is None else os.fspath(compile_cache)
@@ -90,6 +100,9 @@ class CompileTrainerMixin:
             resolve_keys(compile_cache_key, caller="CompileTrainer(compile_cache_key=...)")
         self._compile_cache_key = compile_cache_key
         self.compile_cache_session: CompileCacheSession | None = None
+        if self._regional() and train_batch_sampler is not None:
+            expect_shapes(self.model, train_batch_sampler, mode="train")
+        self._expect_eval_shapes(self.eval_dataset)
 
     # -- data ------------------------------------------------------------------------------
 
@@ -174,19 +187,81 @@ class CompileTrainerMixin:
                 stack.enter_context(self.monitor)
             return super().train(*args, **kwargs)
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.evaluate`` with its batch shapes told to the plan and its own monitor.
+
+        Returns:
+            Trainer's metrics dict; its ``compile/*`` figures are this call's.
+        """
+        dataset = kwargs.get("eval_dataset", args[0] if args else None)
+        return self._observed(super().evaluate, dataset, *args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.predict`` with its batch shapes told to the plan and its own monitor.
+
+        Returns:
+            Trainer's ``PredictionOutput``; its metrics' ``compile/*`` figures are this call's
+            (:attr:`eval_monitor`).
+        """
+        dataset = kwargs.get("test_dataset", args[0] if args else None)
+        return self._observed(super().predict, dataset, *args, **kwargs)
+
+    def _observed(self, call: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(dataset, str) and isinstance(self.eval_dataset, dict):  # a key of it
+            dataset = self.eval_dataset.get(dataset)
+        elif dataset is None:
+            dataset = self.eval_dataset
+        self._expect_eval_shapes(dataset)
+        if self.monitor is None:
+            return call(*args, **kwargs)
+        outer = self._call_monitor
+        with contextlib.ExitStack() as stack:
+            if not self.monitor.running:  # outside train(): the trainer's monitor records it too
+                stack.enter_context(self.monitor)
+            self._call_monitor = self.eval_monitor = stack.enter_context(CompileMonitor())
+            try:
+                result = call(*args, **kwargs)
+            finally:
+                self._call_monitor = outer
+        if hasattr(result, "metrics") and isinstance(result.metrics, dict):  # predict()
+            self._add_figures(result.metrics, self.eval_monitor)
+        return result
+
+    def _regional(self) -> bool:
+        plan = get_regional_plan(self.model) if self.model is not None else None
+        return plan is not None and any(group.region for group in plan.groups)
+
+    def _expect_eval_shapes(self, dataset: Any) -> None:
+        """Tell the plan the evaluation batches' shapes: the loader keeps the dataset's order, so
+        they follow from the samples' lengths and the collator's buckets."""
+        if not self._regional() or not isinstance(self.data_collator, PadToBucketCollator):
+            return
+        datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
+        for one in datasets:
+            if one is None or not hasattr(one, "__len__") or not hasattr(one, "__getitem__"):
+                continue  # an iterable dataset: its shapes are not known before it runs
+            shapes = self.data_collator.batch_shapes(one, self.args.eval_batch_size,
+                                                     drop_last=self.args.dataloader_drop_last)
+            expect_shapes(self.model, shapes, mode="eval")
+
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """Add the compile figures to ``logs``, then log as Trainer does (every consumer sees them).
+        """Add the compile figures to ``logs``, then log as Trainer does (every consumer sees them):
+        inside ``evaluate``/``predict`` that call's own, else those of :attr:`monitor`.
 
         Args:
             logs: the values to log.
             *args: passed on (``start_time``).
             **kwargs: passed on.
         """
-        if self.monitor is not None:
-            for key, value in self.monitor.snapshot().items():
+        self._add_figures(logs, self._call_monitor or self.monitor)
+        super().log(logs, *args, **kwargs)
+
+    @staticmethod
+    def _add_figures(logs: dict[str, Any], monitor: CompileMonitor | None) -> None:
+        if monitor is not None:
+            for key, value in monitor.snapshot().items():
                 if isinstance(value, (int, float)):
                     logs[_LOG_PREFIX + key] = value
-        super().log(logs, *args, **kwargs)
 
 
 def _refuse_whole_model_compile(args: Any, model: Any) -> None:

@@ -6,15 +6,16 @@ The topic's API.
 from .background import BackgroundCompile, get_background_compile
 from .compile import compile_in_place, compile_model, compile_regional, uncompile
 from .discovery import find_repeated_blocks
-from .plan import BlockGroup, RegionalPlan, get_regional_plan
+from .expected_shapes import expect_shapes
+from .plan import BlockGroup, ExpectedShapes, RegionalPlan, get_regional_plan
 from .transformers_support import cache_calls_compiled, fix_loss_function, has_transformers_model
 
 __all__ = [
     # top level UX
-    "compile_model", "compile_regional", "find_repeated_blocks", "fix_loss_function",
-    "get_regional_plan", "uncompile",
+    "compile_model", "compile_regional", "expect_shapes", "find_repeated_blocks",
+    "fix_loss_function", "get_regional_plan", "uncompile",
     # the plan, and a background compile's options and record
-    "BackgroundCompile", "BlockGroup", "get_background_compile", "RegionalPlan",
+    "BackgroundCompile", "BlockGroup", "ExpectedShapes", "get_background_compile", "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
     "cache_calls_compiled", "compile_in_place", "has_transformers_model",
 ]

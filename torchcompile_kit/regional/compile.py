@@ -16,7 +16,7 @@ from torch import nn
 from .. import _dynamo
 from .._checks import check_flag, check_module
 from .._undo import has_undo, register_undo, run_undo
-from ..diagnostics import FirstCallVerifier, check_verify_arg, mark_region
+from ..diagnostics import FirstCallVerifier, check_verify_arg, explaining, mark_region
 from ..errors import UnsafeCompileModeError
 from .background import (
     BackgroundCompile,
@@ -27,7 +27,7 @@ from .background import (
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, ExtraRegion, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
-from .preflight import preflight_group, requires_grad_variants, share_recompile_budget
+from .preflight import preflight_group, requires_grad_variants, size_recompile_limits
 from .transformers_support import (
     disable_cache_in_plain_forwards,
     has_transformers_model,
@@ -129,21 +129,14 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
     if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
-    set_by_user = ["recompile_limit" in compile_kwargs or "recompile_limit" in group.compile_kwargs
-                   for group in plan.groups]
+    plan.dynamic = compile_kwargs.get("dynamic")
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
-        preflight = preflight_group(group.class_name, instances,
-                                    compile_kwargs=group.compile_kwargs,
-                                    cache_disabled=not keep_kv_cache,
-                                    requires_grad=requires_grad_variants(model, instances))
-        group.preflight = preflight
+        group.preflight = preflight_group(group.class_name, instances,
+                                          cache_disabled=not keep_kv_cache,
+                                          requires_grad=requires_grad_variants(model, instances))
         group.block_class = type(instances[0])  # for the measured report (plan.report)
-        if preflight.recompile_limit is not None:
-            group.compile_kwargs["recompile_limit"] = preflight.recompile_limit
-    # one code object, one limit: sized for all its groups
-    share_recompile_budget(plan.groups, set_by_user=set_by_user)
     cache_calls_eager = not keep_kv_cache and has_transformers_model(model)
     labels = [g.class_name for g in plan.groups]
     for index, group in enumerate(plan.groups):
@@ -170,6 +163,8 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
             register_undo(model, undo)
         plan.extra_regions += [ExtraRegion(label=label, kind="function", region=region)
                                for label, region in loss_regions]
+    # one code object, one limit: sized for all its groups (again by expect_shapes)
+    size_recompile_limits(plan)
     if not keep_kv_cache:
         regions = [*plan.blocks, *plan.remainder]
         for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
@@ -380,7 +375,7 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
 
     @torch.compiler.assume_constant_result  # runs in Python once per trace: no graph break
     def note() -> bool:
-        if not noted:
+        if not noted and not explaining():  # explain_graph_breaks traces it on purpose
             noted.append(True)
             warnings.warn(f"{type(model).__name__} was compiled regionally ({groups}), and now a "
                           "whole-model torch.compile is tracing it (torch.compile(model), "

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..diagnostics import compile_failure, was_called
+from ..diagnostics import compile_failure, grad_modes, was_called
 
 if TYPE_CHECKING:
     from ..diagnostics import CompileMonitor
 
-__all__ = ["BlockGroup", "ExtraRegion", "GroupReport", "PlanReport", "Preflight", "RegionalPlan",
-           "SharedBudget", "get_regional_plan"]
+__all__ = ["BlockGroup", "ExpectedShapes", "ExtraRegion", "GroupReport", "PlanReport", "Preflight",
+           "RegionalPlan", "SharedBudget", "get_regional_plan", "predicted_graphs"]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
 
@@ -61,17 +62,16 @@ class Preflight:
     the verdict, :meth:`RegionalPlan.report`)."""
 
     graphs: int
-    """Graphs the group needs in training (grad on), from reading its code and its parameters:
-    one per structure, per value of state the code decides on and per ``requires_grad`` pattern
-    (frozen and trainable blocks)."""
+    """Graphs the group needs in training (grad on) for one batch shape, from reading its code
+    and its parameters: one per structure, per value of state the code decides on and per
+    ``requires_grad`` pattern (frozen and trainable blocks). Times the shapes expected
+    (:func:`predicted_graphs`)."""
     eval_graphs: int = 1
-    """Graphs it needs on top of those in a ``torch.no_grad()`` evaluation (grad mode is guarded;
-    the parameters' ``requires_grad`` patterns still are)."""
+    """Graphs it needs on top of those in a ``torch.no_grad()`` evaluation, for one batch shape
+    (grad mode is guarded; the parameters' ``requires_grad`` patterns still are)."""
     may_vary: tuple[str, ...] = ()
     """Attributes that differ and are handed on to other functions: each may add graphs (e.g.
     ``self_attn.sliding_window`` on models with alternating attention)."""
-    recompile_limit: int | None = None
-    """A per-group ``recompile_limit`` to pass to ``torch.compile``, when one is needed."""
     warning: str | None = None
     """The warning the preflight gave (``None`` if it gave none)."""
 
@@ -88,7 +88,53 @@ class SharedBudget:
     limit: int
     """The recompile limit in force for it, sized for every group that runs it."""
     needed: int
-    """Graphs those groups may need together (training and a no_grad evaluation)."""
+    """Graphs those groups may need together (training and a no_grad evaluation, for the
+    shapes expected)."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ExpectedShapes:
+    """The distinct batch shapes a run will feed, per mode (:func:`expect_shapes`; empty: not
+    known, one shape assumed)."""
+
+    train: tuple[tuple[int, ...], ...] = ()
+    """Shapes of the training batches (grad on), e.g. ``(batch, length)`` per bucket."""
+    evaluation: tuple[tuple[int, ...], ...] = ()
+    """Shapes of the evaluation batches (under ``torch.no_grad()``); empty: the training ones."""
+
+    def __bool__(self) -> bool:
+        return bool(self.train or self.evaluation)
+
+
+def predicted_graphs(train: int, evaluation: int, expected: ExpectedShapes,
+                     dynamic: bool | None) -> tuple[int, int]:
+    """Graphs a region may compile in training and in a ``no_grad`` evaluation: its variants per
+    shape (``train``, ``evaluation``: the preflight's counts) times the shapes the run feeds.
+
+    With ``dynamic=False`` each shape is a graph; with ``dynamic=True`` none is; by default
+    (``None``: automatic dynamic) the first shape is a static graph and each dimension that then
+    changes may add one dynamic graph, so the count is an upper bound. Without expected shapes,
+    one shape.
+
+    Example:
+        >>> buckets = ExpectedShapes(train=((8, 32), (8, 64), (8, 128)))
+        >>> predicted_graphs(1, 1, buckets, dynamic=False)
+        (3, 3)
+        >>> predicted_graphs(1, 1, buckets, dynamic=None)
+        (2, 2)
+    """
+    def per_mode(variants: int, shapes: Sequence[tuple[int, ...]]) -> int:
+        distinct = set(shapes)
+        if len(distinct) <= 1 or dynamic:
+            return variants
+        if dynamic is False:
+            return variants * len(distinct)
+        rank = min(len(shape) for shape in distinct)
+        changing = sum(len({shape[d] for shape in distinct}) > 1 for d in range(rank))
+        return variants * min(len(distinct), 1 + changing)
+
+    return (per_mode(train, expected.train),
+            per_mode(evaluation, expected.evaluation or expected.train))
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -124,6 +170,11 @@ class RegionalPlan:
     """Eager modules compiled as their own regions (``compile_regional(..., remainder=True)``)."""
     extra_regions: list[ExtraRegion] = field(default_factory=list)
     """What was compiled beside the blocks (the loss, the ``remainder`` modules), a report row each."""
+    expected: ExpectedShapes = field(default_factory=ExpectedShapes)
+    """The batch shapes the run will feed, per mode (:func:`expect_shapes`): the predictions
+    and recompile limits are sized for them."""
+    dynamic: bool | None = None
+    """``compile_regional``'s ``dynamic=`` (how shapes become graphs)."""
 
     @property
     def blocks(self) -> list[str]:
@@ -150,6 +201,11 @@ class RegionalPlan:
             line += (f"; {' + '.join(g.class_name for g in groups)} run one code object "
                      f"({code.split(' (')[0]}) and share one recompile limit: "
                      f"{groups[0].budget.limit} for up to {groups[0].budget.needed} graphs")
+        if self.expected:
+            train, evaluation = self.expected.train, self.expected.evaluation
+            line += (f"; expected shapes: {len(train) or 1} in training, "
+                     f"{len(evaluation or train) or 1} in evaluation"
+                     + ("" if evaluation else " (assumed: the training ones)"))
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
@@ -186,9 +242,10 @@ class RegionalPlan:
             # resumed after breaks, callees compiled as frames of their own
             record = monitor.record_for_region(group.region)
             _name_entry_frames(monitor, group)
-            groups.append(_group_report(group, record, monitor))
+            groups.append(_group_report(group, record, monitor, self))
         # one never called is left out: a base model's loss inside a task model
-        groups += [_extra_report(e, monitor) for e in self.extra_regions if was_called(e.region)]
+        groups += [_extra_report(e, monitor, self) for e in self.extra_regions
+                   if was_called(e.region)]
         return PlanReport(groups=groups, notes=notes)
 
 
@@ -209,11 +266,20 @@ def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
             frame.owner = group.class_name
 
 
-def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> GroupReport:
+def _predicted(region: str | None, variants: tuple[int, int], plan: RegionalPlan) -> int:
+    """The graphs predicted for the modes the region really ran in (training, ``no_grad``)."""
+    train, evaluation = predicted_graphs(*variants, plan.expected, plan.dynamic)
+    modes = grad_modes(region) if region is not None else frozenset()
+    if not modes:
+        return train
+    return train * (True in modes) + evaluation * (False in modes)
+
+
+def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any,
+                  plan: RegionalPlan) -> GroupReport:
     preflight = group.preflight  # set with block_class by compile_regional
-    graphs, predicted = record["counts"]["graphs"], preflight.graphs
-    if any("grad_mode" in r["guard"] for r in record["recompiles"]):  # it also ran under no_grad
-        predicted += preflight.eval_graphs
+    graphs = record["counts"]["graphs"]
+    predicted = _predicted(group.region, (preflight.graphs, preflight.eval_graphs), plan)
     precompiled = (group.precompile_path or "").startswith("precompiled")
     nothing = None if precompiled else ("compiled nothing: the blocks ran eagerly (not called while "
                                         "the monitor recorded, or dynamo skipped them)")
@@ -231,10 +297,10 @@ def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any) -> Gr
                        precompile=group.precompile_path, **measured)
 
 
-def _extra_report(extra: ExtraRegion, monitor: Any) -> GroupReport:
-    """An extra region's row: one graph predicted, one more when it also ran under no_grad."""
+def _extra_report(extra: ExtraRegion, monitor: Any, plan: RegionalPlan) -> GroupReport:
+    """An extra region's row: a graph per shape expected and per grad mode it ran in."""
     record = monitor.record_for_region(extra.region)
-    predicted = 1 + any("grad_mode" in r["guard"] for r in record["recompiles"])
+    predicted = _predicted(extra.region, (1, 1), plan)
     measured = _measured(record, extra.region, predicted, where=f"the {extra.kind}", nothing=None)
     return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind, **measured)
 

@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from ..diagnostics import set_recompile_limit
 from .attribute_reads import DECIDES, attribute_uses
-from .plan import BlockGroup, Preflight, SharedBudget
+from .plan import BlockGroup, Preflight, RegionalPlan, SharedBudget, predicted_graphs
 
 __all__ = ["GuardFinding", "Preflight", "find_instance_variants", "preflight_group",
-           "requires_grad_variants", "share_recompile_budget"]
+           "requires_grad_variants", "size_recompile_limits"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,15 +178,14 @@ def preflight_group(
     class_name: str,
     instances: Sequence[nn.Module],
     *,
-    compile_kwargs: dict[str, Any],
     cache_disabled: bool = True,
     requires_grad: tuple[list[Hashable], list[Hashable], list[str]] | None = None,
 ) -> Preflight:
     """Warn about per-instance guards in one block group and return its :class:`Preflight`.
 
     Only state the block's code uses itself is warned about (each value is a graph); state only
-    handed on *may* recompile and is logged at INFO. The ``recompile_limit`` is set for this group
-    when its training and ``no_grad`` graphs exceed the global limit and the user set none.
+    handed on *may* recompile and is logged at INFO. The recompile limit is sized afterwards, for
+    every group at once (:func:`size_recompile_limits`).
     """
     findings, counts = find_instance_variants(instances, cache_disabled=cache_disabled)
     variants = sum(v for _, v in counts)
@@ -211,24 +211,12 @@ def preflight_group(
         logger.info("%s: dynamo guards parameter shapes and requires_grad, so blocks of other "
                     "widths, blocks with frozen parameters (%s) and blocks whose input needs no "
                     "gradient (the first after frozen layers) are graphs of their own: %d in "
-                    "training, %d more under torch.no_grad(); the recompile limit covers %d.",
-                    class_name, shown or "none", graphs, eval_graphs, needed)
+                    "training, %d more under torch.no_grad() (per batch shape).",
+                    class_name, shown or "none", graphs, eval_graphs)
     certain = [f for f in findings if f.certain]
     if certain:
         result = _warn_about_variants(class_name, instances, certain, counts, needed, result)
-    limit = _dynamo.recompile_limit()
-    if "recompile_limit" in compile_kwargs or needed <= limit:
-        return result
-    if _dynamo.recompile_limit_kwarg() is None:
-        warnings.warn(f"{class_name}: its blocks may need {needed} graphs (training and no_grad "
-                      f"evaluation), over dynamo's recompile limit ({limit}); this torch cannot "
-                      "raise it per compile call, so the last variants will run eagerly. Fix the "
-                      "per-block state or raise torch._dynamo.config.recompile_limit.",
-                      stacklevel=3)
-        return result
-    logger.info("%s: recompile_limit=%d for this group", class_name, needed)
-    return Preflight(graphs=graphs, eval_graphs=eval_graphs, may_vary=result.may_vary,
-                     recompile_limit=needed, warning=result.warning)
+    return result
 
 
 def _warn_about_variants(class_name: str, instances: Sequence[nn.Module],
@@ -257,52 +245,50 @@ def _warn_about_variants(class_name: str, instances: Sequence[nn.Module],
     return result
 
 
-def share_recompile_budget(groups: Sequence[BlockGroup], *, set_by_user: Sequence[bool]) -> None:
-    """Size one recompile limit for the groups whose blocks run one code object, and record it.
+def size_recompile_limits(plan: RegionalPlan) -> None:
+    """Size the recompile limit of every region ``plan`` compiled for the graphs it may need, and
+    record it (:attr:`BlockGroup.budget`).
 
-    Dynamo's recompile limit is per code object, and transformers runs every block class through one
-    wrapper (``forward_with_checkpointing``), so several groups can fill one cache. Where their summed
-    graphs exceed the limit, each such group's compile gets ``recompile_limit=`` the sum (torch >=
-    2.13; a warning before), never the process; a limit the user set (``set_by_user``) is kept. Each
-    group records the budget (:attr:`BlockGroup.budget`).
+    A group may need its training and ``no_grad`` graphs for each shape the run feeds
+    (:func:`predicted_graphs`, with :attr:`RegionalPlan.expected`). Dynamo's limit is per code
+    object, and transformers runs every block class through one wrapper
+    (``forward_with_checkpointing``), so the groups that run one code object share one budget:
+    their sum. Where it exceeds dynamo's limit, their calls compile under the raised limit, only
+    while they run (:func:`~torchcompile_kit.diagnostics.set_recompile_limit`), never the
+    process's. A limit the user gave (``recompile_limit=``) is kept. The loss and the
+    ``remainder`` modules are sized alike. Called by ``compile_regional`` and again by
+    :func:`expect_shapes` (the limit is read at every call, so it holds from the next one).
     """
-    users = {id(group) for group, user in zip(groups, set_by_user, strict=True) if user}
-    by_code: dict[Any, list[BlockGroup]] = {}
-    for group in groups:
-        code = _forward_code(group.block_class)
-        if code is not None:
-            by_code.setdefault(code, []).append(group)
     limit = _dynamo.recompile_limit()
+    by_code: dict[Any, list[BlockGroup]] = {}
+    for group in plan.groups:
+        code = _forward_code(group.block_class) or id(group)  # torch.nn's own classes: alone
+        by_code.setdefault(code, []).append(group)
     for code, sharing in by_code.items():
-        needed = sum(_needed(group) for group in sharing)
-        set_by_user = [g.compile_kwargs["recompile_limit"] for g in sharing if id(g) in users]
-        own = [g.compile_kwargs.get("recompile_limit", limit) for g in sharing]
-        budget = min(set_by_user) if set_by_user else min(own)
-        if len(sharing) > 1 and needed > budget and not set_by_user:
-            if _dynamo.recompile_limit_kwarg() is None:
-                warnings.warn(f"{' and '.join(g.class_name for g in sharing)} run one code object "
-                              f"({code.co_name}) and so share one recompile limit ({limit}), but "
-                              f"may need {needed} graphs together; this torch cannot raise the "
-                              "limit per compile call, so the last variants will run eagerly. "
-                              "Raise torch._dynamo.config.recompile_limit around your loop.",
-                              stacklevel=3)
-            else:
-                budget = needed
-                for group in sharing:
-                    group.compile_kwargs["recompile_limit"] = needed
+        needed = sum(sum(predicted_graphs(group.preflight.graphs, group.preflight.eval_graphs,
+                                          plan.expected, plan.dynamic))
+                     for group in sharing)
+        set_by_user = [g.compile_kwargs["recompile_limit"] for g in sharing
+                       if "recompile_limit" in g.compile_kwargs]
+        budget = min(set_by_user) if set_by_user else max(limit, needed)
         names = [group.class_name for group in sharing]
-        where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        where = (f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+                 if hasattr(code, "co_name") else f"{sharing[0].class_name}.forward")
         for group in sharing:
             others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
             group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
-        if len(sharing) > 1:
+            if group.region is not None:
+                set_recompile_limit(group.region, None if set_by_user else budget)
+        if set_by_user and needed > budget:
+            logger.info("%s: may need %d graphs (training and no_grad evaluation, for the shapes "
+                        "expected), over the recompile_limit=%d given: the last may run eagerly",
+                        " and ".join(names), needed, budget)
+        elif len(sharing) > 1:
             logger.info("%s share one code object (%s) and one recompile limit: %d for up to %d "
-                        "graphs",
-                        " and ".join(names), code.co_name, budget, needed)
-
-
-def _needed(group: BlockGroup) -> int:
-    return group.preflight.graphs + group.preflight.eval_graphs  # set by compile_regional first
+                        "graphs", " and ".join(names), where.split(" (")[0], budget, needed)
+    for extra in plan.extra_regions:  # the loss, remainder modules: one variant each
+        set_recompile_limit(extra.region,
+                            max(limit, sum(predicted_graphs(1, 1, plan.expected, plan.dynamic))))
 
 
 def _forward_code(cls: type | None) -> Any:

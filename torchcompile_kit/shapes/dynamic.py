@@ -185,8 +185,10 @@ def warmup_shapes(
         warnings.warn(f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming "
                       f"up {len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
                       f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled "
-                      "and runs eagerly. Use fewer buckets (or drop_last=True), or compile with "
-                      f"recompile_limit={len(shapes)} (compile_regional and torch.compile take it)",
+                      "and runs eagerly. Use fewer buckets (or drop_last=True); with "
+                      "compile_regional, tell the model its shapes first: expect_shapes(model, "
+                      "sampler) sizes the limit of its blocks (and mode='eval' for evaluation); "
+                      f"with torch.compile, pass recompile_limit={len(shapes)} (torch >= 2.13)",
                       stacklevel=2)
     return shapes
 

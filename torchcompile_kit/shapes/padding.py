@@ -199,6 +199,53 @@ class PadToBucketCollator:
         length = round_up(max(longest, 1), self.multiple_of)
         return length if self.max_length is None else min(length, self.max_length)
 
+    def batch_shapes(self, features: Sequence[Mapping[str, Any]], batch_size: int, *,
+                     drop_last: bool = False) -> list[tuple[int, int]]:
+        """The distinct ``(batch size, padded length)`` shapes of batches of ``batch_size``
+        consecutive samples: what a loader without shuffling (an evaluation loader) feeds, for
+        :func:`~torchcompile_kit.expect_shapes`. Reads each sample's sequence lengths (a
+        ``datasets.Dataset`` column by column), collates nothing.
+
+        Args:
+            features: the dataset, one mapping per sample (as given to this collator).
+            batch_size: samples per batch.
+            drop_last: the loader drops a last partial batch.
+
+        Returns:
+            The shapes in the order first met.
+
+        Example:
+            >>> rows = [{"input_ids": [1] * n} for n in (3, 9, 4, 20, 5)]
+            >>> PadToBucketCollator(buckets=[8, 16, 32]).batch_shapes(rows, 2)
+            [(2, 16), (2, 32), (1, 8)]
+        """
+        check_positive_int("batch_size", batch_size, error=BatchShapeError)
+        lengths = self._sample_lengths(features)
+        ends = range(batch_size, len(lengths) + (0 if drop_last else batch_size), batch_size)
+        shapes = {}
+        for end in ends:
+            batch = lengths[end - batch_size:end]
+            shapes.setdefault((len(batch), self.target_length(max(batch))), None)
+        return list(shapes)
+
+    def _sample_lengths(self, features: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Each sample's longest sequence key (truncated to ``max_length``)."""
+        columns = getattr(features, "column_names", None)
+        if columns is not None:  # a datasets.Dataset: a column at a time, not a dict per row
+            keys = [key for key in columns if key in _SEQUENCE_KEYS]
+            per_key = [[len(value) for value in features[key]] for key in keys]
+            lengths = [max(row) for row in zip(*per_key)] if per_key else []
+        else:
+            lengths = [max((len(value) for key, value in feature.items()
+                            if key in _SEQUENCE_KEYS and _is_sequence_value(value)), default=0)
+                       for feature in features]
+        if self.max_length is not None:
+            lengths = [min(length, self.max_length) for length in lengths]
+        if not lengths or not max(lengths):
+            raise BatchShapeError("batch_shapes: the samples hold no sequence key "
+                                  f"({', '.join(_SEQUENCE_KEYS)}); nothing to pad")
+        return lengths
+
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate one mapping per sample into a padded batch (tensors, and lists for keys that cannot
         be stacked); errors name the key and the sample's index.

@@ -1,0 +1,335 @@
+"""``diagnose``: when ``torch.compile`` crashes or miscomputes, say where and why.
+
+In order, stopping where it has the answer: the triage (the whole model at the user's settings,
+judged against eager by the comparator, with its graph breaks and recompiles), the backend
+ladder (the first backend where it goes wrong, and the inductor settings that hide it), the
+module (the smallest part whose compile alone reproduces it, confirmed both ways), then a
+verified workaround and a repro script. Every trial runs in a process of its own
+(:mod:`.runner`), so a crash is a finding, not the end of the doctor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import _dynamo
+from .locate import Located, locate
+from .record import Diagnosis, Trial, TrialOutcome
+from .repro import write_repro
+from .runner import TrialRunner
+
+__all__ = ["diagnose"]
+
+logger = logging.getLogger(__name__)
+
+
+def diagnose(
+    model: Any,
+    batch: Any = None,
+    *,
+    backend: str = "inductor",
+    compile_kwargs: dict[str, Any] | None = None,
+    autocast: str | None = None,
+    out: str | os.PathLike[str] = "doctor-results",
+    timeout_s: float = 600,
+) -> Diagnosis:
+    """Diagnose ``torch.compile(model)`` on one batch: does it compile, run and compute what eager
+    computes, and if not, at which backend, under which settings and in which module.
+
+    Args:
+        model: a builder spec ``"mypkg.models:build"`` or ``"file.py:build"`` (the ``bench --model``
+            contract: ``build() -> (model, make_batch)``), or an ``nn.Module`` whose class can be
+            imported (it is pickled for the trials' processes) with ``batch``.
+        batch: the batch (a dict of keyword arguments, a tuple or a tensor) for an ``nn.Module``;
+            with a spec, ``make_batch(0)``.
+        backend: the backend the user compiles with (a name, or ``"module:attribute"``).
+        compile_kwargs: further ``torch.compile`` keywords the user compiles with (``dynamic``,
+            ``mode``, ``fullgraph``).
+        autocast: run under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``),
+            as the user trains; ``None``: no autocast.
+        out: the folder for ``doctor.json``, the repro script and each trial's log.
+        timeout_s: seconds one trial may run before it counts as hung.
+
+    Returns:
+        The :class:`~torchcompile_kit.doctor.Diagnosis` (also ``out/doctor.json``, rewritten after
+        every trial).
+
+    Raises:
+        TypeError: ``model`` is neither a spec string nor an ``nn.Module``, or a module is given
+            without ``batch``.
+        ValueError: the spec cannot be loaded, the module's class cannot be imported by another
+            process, or ``timeout_s`` is not positive.
+
+    Example:
+        >>> diagnosis = diagnose("mypkg.models:build", out="doctor-out")  # doctest: +SKIP
+        >>> print(diagnosis.summary())  # doctest: +SKIP
+        doctor: MISCOMPUTE (gradients differ); torch 2.13.0+cpu, cpu, 11 trials, 95 s
+    """
+    if autocast not in (None, "bfloat16", "float16"):
+        raise ValueError(f"diagnose(autocast={autocast!r}): pass 'bfloat16', 'float16' or None")
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise ValueError(
+            f"diagnose(timeout_s={timeout_s!r}): pass the seconds one trial may run (> 0), e.g. 600"
+        )
+    start = time.perf_counter()
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    module, inputs, device = _save_inputs(model, batch, folder)
+    runner = TrialRunner(folder, inputs, timeout_s=timeout_s)
+    import torch
+
+    diagnosis = Diagnosis(torch=torch.__version__, device=device)
+    doctor = _Doctor(runner, diagnosis, folder, start)
+    user = Trial(
+        label="triage",
+        backend=backend,
+        compile_kwargs=dict(compile_kwargs or {}),
+        autocast=autocast,
+        monitor=True,
+    )
+    try:
+        doctor.run(user, module)
+    finally:
+        diagnosis.seconds = round(time.perf_counter() - start, 1)
+        diagnosis.complete = True
+        doctor.save()
+    return diagnosis
+
+
+class _Doctor:
+    """The steps of one diagnosis, each trial saved as it ends."""
+
+    def __init__(
+        self, runner: TrialRunner, diagnosis: Diagnosis, folder: Path, start: float
+    ) -> None:
+        self.runner, self.diagnosis, self.folder, self.start = runner, diagnosis, folder, start
+
+    def trial(self, trial: Trial) -> TrialOutcome:
+        _progress(f"[doctor {self.runner.count + 1}] {trial.label} ...")
+        outcome = self.runner.run(trial)
+        self.diagnosis.trials.append(outcome)
+        self.save()
+        _progress(
+            f"[doctor {self.runner.count}] {trial.label}: {outcome.status}"
+            + (f" ({', '.join(outcome.differs)})" if outcome.differs else "")
+            + f" in {outcome.seconds:.1f} s; {time.perf_counter() - self.start:.0f} s so far"
+        )
+        return outcome
+
+    def save(self) -> None:
+        path = self.folder / "doctor.json"
+        path.write_text(json.dumps(self.diagnosis.to_dict(), indent=1, default=str))
+
+    def run(self, user: Trial, model: Any) -> None:
+        diagnosis = self.diagnosis
+        diagnosis.notes.append(
+            f"every verdict holds for what ran: this batch, torch "
+            f"{diagnosis.torch}, {diagnosis.device}, "
+            f"backend={user.backend}, {user.compile_kwargs or 'default settings'}"
+        )
+        triage = self.trial(user)
+        diagnosis.graph_breaks = triage.graph_breaks
+        diagnosis.recompiles = triage.recompiles
+        diagnosis.pays = triage.pays
+        if triage.limit_hits:
+            diagnosis.notes.append(
+                f"{triage.limit_hits} recompile-limit hit(s) on the second batch "
+                "shape: those frames run eagerly from then on"
+            )
+        if triage.status == "eager-error":
+            diagnosis.result = "eager-error"
+            diagnosis.notes.append(
+                f"the model fails without compiling ({triage.error}): not a compiler problem"
+            )
+            return
+        if not triage.bad:
+            diagnosis.result = "numerics" if triage.rounding_only else "ok"
+            if triage.rounding_only:
+                diagnosis.notes.append(
+                    "compiled differs from eager beyond rounding, but is no "
+                    "farther from the float64 reference than eager: rounding "
+                    "(numerics), not a miscompile"
+                )
+            if not triage.graphs and triage.graphs is not None:
+                diagnosis.notes.append("compiled nothing: dynamo compiled no graph")
+            return
+        _progress(_budget(model, user, triage.seconds))
+        again = self.trial(_variant(user, "triage, again (is it deterministic?)"))
+        if again.status != triage.status:
+            diagnosis.result = "nondeterministic"
+            diagnosis.notes.append(
+                f"the same trial gave {triage.status} then {again.status}: no "
+                "cause is claimed for a result that changes between runs"
+            )
+            return
+        diagnosis.result = triage.status
+        diagnosis.differs = triage.differs
+        first_bad = self.ladder(user)
+        failing = _variant(user, "failing", backend=first_bad)
+        if first_bad != user.backend:
+            failing.compile_kwargs = {
+                k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")
+            }
+        if first_bad == "eager":
+            diagnosis.notes.append(
+                "it fails with backend='eager' (dynamo alone, no AOTAutograd or "
+                "inductor): the model's code, its inputs or dynamo, not inductor"
+            )
+        if first_bad == "inductor":
+            self.settings(user)
+        located = locate(model, self.trial, failing)
+        self.conclude(located, failing)
+        if first_bad == "inductor" and triage.status != "crashed":  # in-process: no crash
+            paths = [p for unit in located.culprits for p in unit.paths] or None
+            where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
+            found = self.trial(_variant(failing, f"bisect: {where}", modules=paths, bisect=True))
+            diagnosis.bisect = found.bisect or ({"error": found.error} if found.error else None)
+        else:
+            diagnosis.notes.append(
+                "torch's pass-level bisection: not run ("
+                + (
+                    "the process crashes, and the bisector runs in it"
+                    if triage.status == "crashed"
+                    else f"it bisects inductor; the first bad backend is {first_bad}"
+                )
+                + ")"
+            )
+
+    def ladder(self, user: Trial) -> str:
+        """The first backend of the ladder that fails; the user's when every debug rung passes."""
+        for rung in _dynamo.ladder_backends():
+            if rung == user.backend:
+                break
+            # inductor's own keywords (mode, options) mean nothing to a debug backend
+            kwargs = {k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")}
+            if self.trial(
+                _variant(user, f"ladder: {rung}", backend=rung, compile_kwargs=kwargs)
+            ).bad:
+                self.diagnosis.first_bad_backend = rung
+                return rung
+        self.diagnosis.first_bad_backend = user.backend
+        return user.backend
+
+    def settings(self, user: Trial) -> None:
+        """Which inductor settings make the problem go away (each a trial at the user's backend)."""
+        on_cpu = self.diagnosis.device.startswith("cpu")
+        for name, settings in _dynamo.DEBUG_SETTINGS.items():
+            if "cpp." in next(iter(settings)) and not on_cpu:
+                continue
+            if _dynamo.missing_settings(settings):
+                self.diagnosis.notes.append(f"{name}: not tried (this torch has no such setting)")
+                continue
+            if not self.trial(_variant(user, f"setting: {name}", inductor=settings)).bad:
+                self.diagnosis.hidden_by.append(name)
+        flipped = {None: True, False: True, True: False}[user.compile_kwargs.get("dynamic")]
+        kwargs = {**user.compile_kwargs, "dynamic": flipped}
+        if not self.trial(_variant(user, f"setting: dynamic={flipped}", compile_kwargs=kwargs)).bad:
+            self.diagnosis.hidden_by.append(f"dynamic={flipped}")
+
+    def conclude(self, located: Located, failing: Trial) -> None:
+        diagnosis = self.diagnosis
+        diagnosis.culprits = [unit.label for unit in located.culprits] or None
+        diagnosis.culprit_confirmed = located.confirmed
+        diagnosis.whole_graph_only = located.whole_graph_only
+        if not located.culprits:
+            diagnosis.notes.append(
+                "only the whole model compiled at once reproduces it: no part "
+                "alone does (its own forward, or a fusion across modules)"
+            )
+            return
+        names = ", ".join(unit.describe() for unit in located.culprits)
+        if located.confirmed:
+            paths = [p for unit in located.culprits for p in unit.paths]
+            diagnosis.workaround = (
+                f"leave {names} eager: torch.compiler.disable on "
+                f"{'its' if len(paths) == 1 else 'their'} forward "
+                f"({', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''}); "
+                "the rest compiled passed on this batch"
+            )
+        else:
+            diagnosis.notes.append(
+                f"{names}: alone it reproduces, but the model compiled without "
+                "it still fails: not confirmed as the only cause"
+            )
+        paths = [p for unit in located.culprits for p in unit.paths]
+        alone = _variant(failing, "repro", modules=paths)
+        diagnosis.repro = str(
+            write_repro(self.folder, self.runner.request(alone, "repro"), diagnosis)
+        )
+
+
+def _variant(base: Trial, label: str, **changes: Any) -> Trial:
+    return Trial(**{**base.to_dict(), "label": label, "monitor": False, **changes})
+
+
+def _budget(model: Any, user: Trial, seconds: float) -> str:
+    """What the rest may cost, said up front: trials by step, at the triage's seconds each."""
+    from .locate import Unit, children
+
+    ladder = len(_dynamo.ladder_backends())
+    settings = len(_dynamo.DEBUG_SETTINGS) + 1 if user.backend == "inductor" else 0
+    level, parts = [Unit(label="", paths=("",), class_name="")], 0
+    for _ in range(4):  # the widest levels a descent may try, four deep
+        level = [child for unit in level for child in children(model, unit)]
+        parts += max((len(children(model, unit)) for unit in level), default=0) if level else 0
+    total = (
+        1
+        + ladder
+        + settings
+        + len(children(model, Unit(label="", paths=("",), class_name="")))
+        + parts
+        + 2
+    )
+    return (
+        f"[doctor] budget: up to about {total} more trials (again, ladder {ladder}, settings "
+        f"{settings}, localisation ~{total - 3 - ladder - settings}, confirm, bisect), "
+        f"~{total * seconds / 60:.0f} min at the triage's {seconds:.0f} s each"
+    )
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _save_inputs(model: Any, batch: Any, folder: Path) -> tuple[Any, dict[str, Any], str]:
+    """Build (or take) the model and the batch once, and save what every trial loads: the same
+    weights and the same tensors, strides included."""
+    import torch
+
+    from ..bench import load_model_spec
+
+    torch.manual_seed(0)
+    if isinstance(model, str):
+        spec = load_model_spec(model)
+        module, batch = spec.model, spec.make_batch(0)
+        torch.save(module.state_dict(), folder / "state.pt")
+        inputs = {"spec": model, "state": str(folder / "state.pt")}
+    elif isinstance(model, torch.nn.Module):
+        if batch is None:
+            raise TypeError(
+                "diagnose(model, batch): with a module, pass the batch it runs on "
+                "(a dict of keyword arguments, a tuple or a tensor)"
+            )
+        module = model
+        if type(model).__module__ == "__main__":
+            raise ValueError(
+                f"diagnose: {type(model).__name__} is defined in __main__, so the "
+                "trials' processes cannot import it; move the class to a module, or "
+                "pass a builder spec 'mypkg.models:build'"
+            )
+        torch.save(model, folder / "model.pt")
+        inputs = {"model": str(folder / "model.pt")}
+    else:
+        raise TypeError(
+            f"diagnose(model={model!r:.80}): pass a builder spec 'mypkg.models:build' "
+            "(or 'file.py:build') or an nn.Module with its batch"
+        )
+    torch.save(batch, folder / "batch.pt")
+    device = next((str(p.device) for p in module.parameters()), "cpu")
+    return module, {**inputs, "batch": str(folder / "batch.pt"), "seed": 0}, device

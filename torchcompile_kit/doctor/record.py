@@ -1,0 +1,249 @@
+"""The doctor's records: a trial (what is compiled how, in a process of its own), what it gave,
+and the diagnosis written to ``doctor.json`` (data only)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = ["RESULTS", "Diagnosis", "Trial", "TrialOutcome"]
+
+Status = Literal[
+    "ok", "eager-error", "compile-error", "runtime-error", "crashed", "timeout", "miscompute"
+]
+RESULTS = (
+    "ok",
+    "compile-error",
+    "runtime-error",
+    "crashed",
+    "miscompute",
+    "numerics",
+    "nondeterministic",
+    "eager-error",
+)
+"""What a diagnosis can conclude (:attr:`Diagnosis.result`)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Trial:
+    """One run of eager against compiled on the batch, in a process of its own."""
+
+    label: str
+    """What it asks (``"triage"``, ``"ladder: aot_eager"``, ``"alone: transformer.h.*.mlp"``)."""
+    backend: str = "inductor"
+    """A ``torch.compile`` backend name, or ``"module:attribute"`` of a backend callable."""
+    compile_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Further ``torch.compile`` keywords (``dynamic``, ``mode``, ``fullgraph``)."""
+    inductor: dict[str, Any] = field(default_factory=dict)
+    """Inductor settings for this trial (``{"fallback_random": True}``)."""
+    modules: list[str] | None = None
+    """Compile only these modules (paths in the model), the rest eager; ``None``: the whole model."""
+    exclude: list[str] = field(default_factory=list)
+    """With the whole model compiled, leave these modules eager."""
+    monitor: bool = False
+    """Record graph breaks and recompiles (with a second batch shape when the builder gives one)."""
+    bisect: bool = False
+    """Instead of one comparison, run torch's pass-level bisection over repeated ones."""
+    autocast: str | None = None
+    """Run both sides under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialOutcome:
+    """What a trial gave."""
+
+    label: str
+    """The trial's label."""
+    status: Status
+    """``ok``; ``miscompute`` (a tensor differs beyond the comparator's rule); ``compile-error`` /
+    ``runtime-error`` (raised while compiling / running compiled code); ``crashed`` (the process
+    died: :attr:`signal`); ``timeout``; ``eager-error`` (the model fails without compiling)."""
+    differs: list[str] = field(default_factory=list)
+    """Which parts differ: ``forward``, ``loss``, ``gradients``, ``step``."""
+    worst: str | None = None
+    """The worst tensor, in the comparator's words."""
+    rounding_only: bool = False
+    """Every tensor passed, some only against the higher-precision reference (not near eager)."""
+    error: str | None = None
+    """``Type: first line`` of what was raised."""
+    signal: int | None = None
+    """The signal that killed the process (``crashed``)."""
+    stage: str | None = None
+    """How far the process got before it died: ``"eager"``, ``"compiling"`` or ``"compiled"``."""
+    graphs: int | None = None
+    """Graphs dynamo compiled (with ``monitor``)."""
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    """Each distinct break: ``location``, ``reason``, ``in_torch``, ``fix`` (torch's first hint)
+    (with ``monitor``)."""
+    recompiles: list[str] = field(default_factory=list)
+    """Each recompile's failed guard (with ``monitor``)."""
+    limit_hits: int = 0
+    """Recompile-limit hits (with ``monitor``)."""
+    bisect: dict[str, Any] | None = None
+    """With ``bisect``: torch's answer (``backend``, ``subsystem``, ``bisect_number``,
+    ``debug_info``), or ``{"error": ...}``; ``None`` when every backend passed."""
+    pays: dict[str, Any] | None = None
+    """With ``monitor``, when the compiled run was right: ``eager_step_s``, ``compiled_step_s``
+    (medians of forward and backward, stepped in alternation), ``speedup`` with ``low``/``high``
+    (95% interval), ``compile_s`` and ``payback_steps`` (``None``: it does not pay back)."""
+    seconds: float = 0.0
+    """Wall seconds of the trial's process."""
+
+    @property
+    def bad(self) -> bool:
+        """The compiled run failed in a way the eager one did not."""
+        return self.status in ("miscompute", "compile-error", "runtime-error", "crashed", "timeout")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
+        """Read back what :meth:`to_dict` wrote."""
+        return cls(**data)
+
+
+@dataclass(kw_only=True, slots=True)
+class Diagnosis:
+    """The doctor's answer (``DIR/doctor.json``)."""
+
+    result: str = "ok"
+    """One of :data:`RESULTS`."""
+    differs: list[str] = field(default_factory=list)
+    """Which of forward / loss / gradients / step differ (a miscompute)."""
+    first_bad_backend: str | None = None
+    """The first rung of the ladder (eager, aot_eager, aot_eager_decomp_partition, the backend)
+    where it goes wrong; ``None`` when nothing did."""
+    hidden_by: list[str] = field(default_factory=list)
+    """Settings under which the problem went away on that rung (each a trial that passed)."""
+    culprits: list[str] | None = None
+    """The smallest modules whose compile alone reproduces it (paths, ``*`` for every repeated
+    block), or ``None``."""
+    culprit_confirmed: bool = False
+    """Confirmed both ways: the culprits compiled alone fail, and the model compiled with them
+    eager passes."""
+    whole_graph_only: bool = False
+    """Only compiling a part together reproduces it, none of its children alone (fusion across
+    modules?): :attr:`culprits` names that part."""
+    bisect: dict[str, Any] | None = None
+    """torch's pass-level bisection inside the culprit, where run; ``None`` otherwise."""
+    workaround: str | None = None
+    """A workaround verified on this batch (the confirming trial), or ``None``."""
+    repro: str | None = None
+    """Path of the standalone repro script."""
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    """The triage's graph breaks (location, reason)."""
+    recompiles: list[str] = field(default_factory=list)
+    """The triage's recompiles (failed guards)."""
+    pays: dict[str, Any] | None = None
+    """Whether the compile pays on this batch (:attr:`TrialOutcome.pays` of the triage)."""
+    torch: str = ""
+    """The torch version it ran."""
+    device: str = ""
+    """Where it ran (``cpu``, ``cuda:0``)."""
+    seconds: float = 0.0
+    """Wall seconds of the whole diagnosis."""
+    trials: list[TrialOutcome] = field(default_factory=list)
+    """Every trial, in order."""
+    notes: list[str] = field(default_factory=list)
+    """What it saw, could not do, or refuses to claim."""
+    complete: bool = False
+    """``False`` while it runs (an interrupted run leaves a readable record)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``doctor.json``)."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One screen: the result, the ladder, where, the workaround, the repro."""
+        lines = [
+            f"doctor: {self.result.upper()}"
+            + (f" ({', '.join(self.differs)} differ)" if self.differs else "")
+            + f"; torch {self.torch}, {self.device}, {len(self.trials)} trials, "
+            f"{self.seconds:.0f} s"
+        ]
+        triage = self.trials[0] if self.trials else None
+        if triage is not None and (triage.worst or triage.error):
+            lines.append(
+                f"  triage   {triage.worst or triage.error}"
+                + (f" (signal {triage.signal}, while {triage.stage})" if triage.signal else "")
+            )
+        ladder = [t for t in self.trials if t.label.startswith("ladder: ")]
+        if ladder:
+            lines.append(
+                "  ladder   "
+                + " · ".join(
+                    f"{t.label.removeprefix('ladder: ')} {'BAD' if t.bad else 'ok'}" for t in ladder
+                )
+            )
+        if self.first_bad_backend:
+            lines.append(f"  first bad backend  {self.first_bad_backend}")
+        settings = [t for t in self.trials if t.label.startswith("setting: ")]
+        if settings:
+            lines.append(
+                "  hidden by  "
+                + (
+                    ", ".join(self.hidden_by)
+                    if self.hidden_by
+                    else "none of " + ", ".join(t.label.removeprefix("setting: ") for t in settings)
+                )
+            )
+        if self.bisect:
+            found = self.bisect
+            lines.append(
+                "  bisect   "
+                + (
+                    f"could not finish: {found['error']}"
+                    if "error" in found
+                    else f"{found['backend']} / {found['subsystem'] or '(no single subsystem)'}"
+                    + (f" #{found['bisect_number']}" if found.get("bisect_number") else "")
+                    + (f": {found['debug_info']}" if found.get("debug_info") else "")
+                    + " (turning it off hides it; that does not make it the bug)"
+                )
+            )
+        if self.culprits:
+            where = ", ".join(self.culprits)
+            how = (
+                "confirmed both ways (alone it fails; everything else compiled passes)"
+                if self.culprit_confirmed
+                else "NOT confirmed both ways"
+            )
+            lines.append(
+                f"  where    {where}"
+                + (" (only as a whole: none of its parts alone)" if self.whole_graph_only else "")
+                + f": {how}"
+            )
+        if self.pays:
+            pays = self.pays
+            back = pays.get("payback_steps")
+            lines.append(
+                f"  pays     compiled step {pays['speedup']:.2f}x eager's "
+                f"({pays['low']:.2f}-{pays['high']:.2f}); compile {pays['compile_s']:.1f} s, "
+                + (
+                    f"paid back after ~{back} steps"
+                    if back is not None
+                    else "never paid back: the reference post's reasons (small or launch-bound model, "
+                    "graph breaks, recompiles); `torchcompile-kit tune` compares the recipes"
+                )
+            )
+        breaks = [b for b in self.graph_breaks if not b.get("in_torch")]
+        lines.append(
+            f"  breaks   {len(breaks)} in your code"
+            + "".join(
+                f"\n           {b['location']}: {b['reason'][:120]}"
+                + (f"\n             fix: {b['fix'][:160]}" if b.get("fix") else "")
+                for b in breaks[:5]
+            )
+        )
+        lines.append(f"  recompiles {len(self.recompiles)}")
+        if self.workaround:
+            lines.append(f"  workaround (verified on this batch only): {self.workaround}")
+        if self.repro:
+            lines.append(f"  repro    {self.repro}")
+        lines += [f"  note     {note}" for note in self.notes]
+        return "\n".join(lines)
