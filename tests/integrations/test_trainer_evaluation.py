@@ -122,3 +122,17 @@ def test_the_readme_recipe_with_evaluation_stays_compiled_and_its_report_adds_up
     assert final["compile/graphs"] == trainer.eval_monitor.snapshot()["graphs"] == 0
     # the trainer's own monitor saw the evaluations too
     assert monitor.snapshot()["graphs"] == 12 * regions
+
+
+def test_evaluation_rows_whose_lengths_cannot_be_read_leave_the_training_shapes_assumed(tmp_path):
+    model = compile_regional(tiny_models.gpt2(), dynamic=False, backend="eager")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    CompileTrainer(
+        model=model,
+        args=args,
+        train_dataset=_rows([8] * 8, seed=0),
+        eval_dataset=[(1, 2, 3)] * 4,  # rows that are not mappings
+        data_collator=PadToBucketCollator(buckets=BUCKETS),
+        compile_optimizer_kwargs=False,
+    )
+    assert get_regional_plan(model).expected.evaluation == ()

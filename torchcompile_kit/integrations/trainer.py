@@ -240,8 +240,13 @@ class CompileTrainerMixin:
         for one in datasets:
             if one is None or not hasattr(one, "__len__") or not hasattr(one, "__getitem__"):
                 continue  # an iterable dataset: its shapes are not known before it runs
-            shapes = self.data_collator.batch_shapes(one, self.args.eval_batch_size,
-                                                     drop_last=self.args.dataloader_drop_last)
+            try:
+                shapes = self.data_collator.batch_shapes(one, self.args.eval_batch_size,
+                                                         drop_last=self.args.dataloader_drop_last)
+            except (AttributeError, TypeError, ValueError) as err:  # rows that are not mappings
+                logger.info("CompileTrainer: the evaluation shapes are not known before it runs "
+                            "(%s); the plan assumes the training ones", err)
+                continue
             expect_shapes(self.model, shapes, mode="eval")
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
