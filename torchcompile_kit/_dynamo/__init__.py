@@ -25,7 +25,7 @@ from . import (
 )
 from .cache import *  # noqa: F403
 from .counting import *  # noqa: F403
-from .doctor import *  # noqa: F403
+from .doctor import *
 from .hook_guards import *  # noqa: F403
 from .inductor import *  # noqa: F403
 from .isa_probe import *  # noqa: F403
