@@ -160,3 +160,48 @@ def test_a_healthy_model_under_bf16_autocast_is_not_called_a_miscompute(tmp_path
     )
     assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
     assert diagnosis.culprits is None and len(diagnosis.trials) == 1
+
+
+def _judge(bad_when):
+    """A stand-in for the trial runner (locate's search is under test here, not a compiler)."""
+    from torchcompile_kit.doctor import TrialOutcome
+
+    def run(trial):
+        bad = bad_when(trial.modules, trial.exclude)
+        return TrialOutcome(label=trial.label, status="miscompute" if bad else "ok")
+
+    return run
+
+
+def test_the_search_descends_to_one_part_and_confirms_it_both_ways():
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.locate import locate
+
+    gate = "blocks.2.gate"
+
+    def bad(modules, exclude):  # wrong wherever the gate is compiled
+        compiled = modules if modules is not None else [""]
+        return gate not in exclude and any(gate.startswith(m) or m == "" for m in compiled)
+
+    found = locate(Patient(), _judge(bad), Trial(label="failing"))
+    assert [u.label for u in found.culprits] == [gate] and found.confirmed
+
+
+def test_a_problem_that_needs_two_parts_together_is_named_as_their_parent_only():
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.locate import locate
+
+    def bad(modules, exclude):  # the blocks fail compiled whole, never mix or act alone
+        return modules is None and not exclude or bool(modules) and "blocks.0" in modules
+
+    found = locate(Patient(), _judge(bad), Trial(label="failing"))
+    assert [u.label for u in found.culprits] == ["blocks.*"]
+    assert found.whole_graph_only and found.confirmed
+
+
+def test_a_model_without_parts_has_no_part_to_name():
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.locate import locate
+
+    found = locate(nn.Linear(2, 2), _judge(lambda modules, exclude: True), Trial(label="failing"))
+    assert found.culprits == [] and not found.confirmed

@@ -119,8 +119,8 @@ def locate(
     spent = 0
     while True:
         parts = children(model, node)
-        if not parts:  # a leaf: nothing smaller to try
-            culprits = [node]
+        if not parts:  # a leaf: nothing smaller to try (the model itself: no part to name)
+            culprits = [node] if node.label else []
             break
         failing = []
         for part in parts:
