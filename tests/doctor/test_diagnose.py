@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from torchcompile_kit.cli import main
@@ -154,10 +155,23 @@ def test_a_module_and_its_batch_are_diagnosed_like_a_builder(tmp_path):
 
 def test_a_healthy_model_under_bf16_autocast_is_not_called_a_miscompute(tmp_path):
     """bf16 rounding differs between eager (per op) and a fused compile: the comparator's rule,
-    not a fixed tolerance, decides; a healthy model is ok (or numerics), never a culprit."""
+    not a fixed tolerance, decides; a healthy model is ok (or numerics), never a culprit.
+
+    torch 2.10 has a real bug here, and the doctor names it where it lives: under CPU autocast a
+    module compiled, called under no_grad and then with grad, runs the no_grad graph again (its
+    loss has no grad_fn), with backend="eager" too: a runtime error at the eager rung (dynamo,
+    not inductor). Checked by hand on 2.10.0 and 2.13.0; 2.11 and 2.12 not run here."""
     diagnosis = diagnose(
         SPEC, backend="aot_eager_decomp_partition", autocast="bfloat16", out=tmp_path
     )
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if release == (2, 10):
+        assert diagnosis.result == "runtime-error", diagnosis.summary()
+        assert diagnosis.first_bad_backend == "eager"
+        assert "does not require grad" in diagnosis.trials[0].error
+        return
+    if release < (2, 13):
+        pytest.skip(f"torch {torch.__version__}: the verdict is pinned for 2.10 and >= 2.13 only")
     assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
     assert diagnosis.culprits is None and len(diagnosis.trials) == 1
 
