@@ -87,12 +87,11 @@ def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[G
 def _eager_code(target: Any) -> Iterator[None]:
     """The modules compiled in place inside ``target`` run their eager code while the block runs
     (put back after), and :func:`explaining` is true."""
-    modules = [m for m in target.modules() if _dynamo.get_compiled_call(m) is not None] if isinstance(
-        target, nn.Module) else []
-    saved = [(module, _dynamo.get_compiled_call(module)) for module in modules]
+    members = target.modules() if isinstance(target, nn.Module) else ()
+    saved = [(m, call) for m in members if (call := _dynamo.get_compiled_call(m)) is not None]
     token = _EXPLAINING.set(True)
     try:
-        for module in modules:
+        for module, _ in saved:
             _dynamo.clear_compiled_call(module)
         yield
     finally:

@@ -160,7 +160,7 @@ class _Doctor:
                 diagnosis.notes.append("compiled nothing: dynamo compiled no graph")
             return
         _progress(_budget(model, user, triage.seconds))
-        again = self.trial(_variant(user, "triage, again (is it deterministic?)"))
+        again = self.trial(user.variant("triage, again (is it deterministic?)"))
         if again.status != triage.status:
             diagnosis.result = "nondeterministic"
             diagnosis.notes.append(
@@ -171,7 +171,7 @@ class _Doctor:
         diagnosis.result = triage.status
         diagnosis.differs = triage.differs
         first_bad = self.ladder(user)
-        failing = _variant(user, "failing", backend=first_bad)
+        failing = user.variant("failing", backend=first_bad)
         if first_bad != user.backend:
             failing.compile_kwargs = {
                 k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")
@@ -188,7 +188,7 @@ class _Doctor:
         if first_bad == "inductor" and triage.status != "crashed":  # in-process: no crash
             paths = [p for unit in located.culprits for p in unit.paths] or None
             where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
-            found = self.trial(_variant(failing, f"bisect: {where}", modules=paths, bisect=True))
+            found = self.trial(failing.variant(f"bisect: {where}", modules=paths, bisect=True))
             diagnosis.bisect = found.bisect or ({"error": found.error} if found.error else None)
         else:
             diagnosis.notes.append(
@@ -208,9 +208,7 @@ class _Doctor:
                 break
             # inductor's own keywords (mode, options) mean nothing to a debug backend
             kwargs = {k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")}
-            if self.trial(
-                _variant(user, f"ladder: {rung}", backend=rung, compile_kwargs=kwargs)
-            ).bad:
+            if self.trial(user.variant(f"ladder: {rung}", backend=rung, compile_kwargs=kwargs)).bad:
                 self.diagnosis.first_bad_backend = rung
                 return rung
         self.diagnosis.first_bad_backend = user.backend
@@ -225,11 +223,11 @@ class _Doctor:
             if _dynamo.missing_settings(settings):
                 self.diagnosis.notes.append(f"{name}: not tried (this torch has no such setting)")
                 continue
-            if not self.trial(_variant(user, f"setting: {name}", inductor=settings)).bad:
+            if not self.trial(user.variant(f"setting: {name}", inductor=settings)).bad:
                 self.diagnosis.hidden_by.append(name)
         flipped = {None: True, False: True, True: False}[user.compile_kwargs.get("dynamic")]
         kwargs = {**user.compile_kwargs, "dynamic": flipped}
-        if not self.trial(_variant(user, f"setting: dynamic={flipped}", compile_kwargs=kwargs)).bad:
+        if not self.trial(user.variant(f"setting: dynamic={flipped}", compile_kwargs=kwargs)).bad:
             self.diagnosis.hidden_by.append(f"dynamic={flipped}")
 
     def conclude(self, located: Located, failing: Trial) -> None:
@@ -258,14 +256,10 @@ class _Doctor:
                 "it still fails: not confirmed as the only cause"
             )
         paths = [p for unit in located.culprits for p in unit.paths]
-        alone = _variant(failing, "repro", modules=paths)
+        alone = failing.variant("repro", modules=paths)
         diagnosis.repro = str(
             write_repro(self.folder, self.runner.request(alone, "repro"), diagnosis)
         )
-
-
-def _variant(base: Trial, label: str, **changes: Any) -> Trial:
-    return Trial(**{**base.to_dict(), "label": label, "monitor": False, **changes})
 
 
 def _budget(model: Any, user: Trial, seconds: float) -> str:
@@ -275,17 +269,11 @@ def _budget(model: Any, user: Trial, seconds: float) -> str:
     ladder = len(_dynamo.ladder_backends())
     settings = len(_dynamo.DEBUG_SETTINGS) + 1 if user.backend == "inductor" else 0
     level, parts = [Unit(label="", paths=("",), class_name="")], 0
-    for _ in range(4):  # the widest levels a descent may try, four deep
-        level = [child for unit in level for child in children(model, unit)]
-        parts += max((len(children(model, unit)) for unit in level), default=0) if level else 0
-    total = (
-        1
-        + ladder
-        + settings
-        + len(children(model, Unit(label="", paths=("",), class_name="")))
-        + parts
-        + 2
-    )
+    for _ in range(5):  # the widest level a descent may try: the top, then four deep
+        widths = [children(model, unit) for unit in level]
+        parts += max(map(len, widths), default=0)
+        level = [child for kids in widths for child in kids]
+    total = 1 + ladder + settings + parts + 2
     return (
         f"[doctor] budget: up to about {total} more trials (again, ladder {ladder}, settings "
         f"{settings}, localisation ~{total - 3 - ladder - settings}, confirm, bisect), "

@@ -127,7 +127,7 @@ def locate(
             if spent >= max_trials:
                 break
             spent += 1
-            outcome = run(_variant(base, f"alone: {part.describe()}", modules=list(part.paths)))
+            outcome = run(base.variant(f"alone: {part.describe()}", modules=list(part.paths)))
             if outcome.bad:
                 failing.append(part)
         if len(failing) == 1:
@@ -142,8 +142,7 @@ def locate(
         return Located(culprits=[], whole_graph_only=True, confirmed=False, complement=None)
     paths = [p for unit in culprits for p in unit.paths]
     complement = run(
-        _variant(
-            base,
+        base.variant(
             "everything but: " + ", ".join(u.label for u in culprits),
             modules=None,
             exclude=paths,
@@ -155,8 +154,3 @@ def locate(
         confirmed=not complement.bad and complement.status != "eager-error",
         complement=complement,
     )
-
-
-def _variant(base: Trial, label: str, **changes: object) -> Trial:
-    fields = {**base.to_dict(), "label": label, "monitor": False, **changes}
-    return Trial(**fields)

@@ -51,6 +51,11 @@ class Trial:
         """JSON-ready."""
         return asdict(self)
 
+    def variant(self, label: str, **changes: Any) -> Trial:
+        """This trial under another label, with ``changes``, without the monitor (only the
+        triage records breaks and recompiles)."""
+        return Trial(**{**self.to_dict(), "label": label, "monitor": False, **changes})
+
 
 @dataclass(kw_only=True, slots=True)
 class TrialOutcome:

@@ -66,13 +66,6 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     backend = _backend(trial.backend)
     compiled: list[Any] = []
     compile_fn = _compile_fn(trial, compiled)
-    missing = _dynamo.missing_settings(trial.inductor)
-    if missing:
-        outcome.status, outcome.error = (
-            "runtime-error",
-            f"this torch has no inductor setting {missing}",
-        )
-        return _done(outcome, start)
     if trial.bisect:
         stage.write_text("compiled")
         outcome.bisect = _bisect(model, batch, backend, trial, compile_fn)
