@@ -24,7 +24,9 @@ def _recipe_list() -> str:
             if r.group == group:
                 flag = "+" if not r.default else "*" if r.heavy_on else " "
                 lines.append(f"   {flag} {r.name:18s} {r.description}")
-    lines.append("  (+ = opt-in: name it, or --all; * = opt-in on CPU, where its compile takes minutes)")
+    lines.append(
+        "  (+ = opt-in: name it, or --all; * = opt-in on CPU, where its compile takes minutes)"
+    )
     return "\n".join(lines)
 
 
@@ -34,7 +36,9 @@ def _number(kind: type, *, minimum: float, strict: bool):
     def parse(text: str):
         value = kind(text)
         if value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, got {text}")
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if strict else '>='} {minimum}, got {text}"
+            )
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid int value" message
@@ -59,93 +63,252 @@ def _pin(text: str) -> str:
     available = sorted(os.sched_getaffinity(0))
     missing = sorted(set(train + compile_) - set(available))
     if missing:
-        raise argparse.ArgumentTypeError(f"CPU(s) {missing} are not available to this process (it may "
-                                         f"use CPUs {available}); pass TRAIN:COMPILE lists of those")
+        raise argparse.ArgumentTypeError(
+            f"CPU(s) {missing} are not available to this process (it may "
+            f"use CPUs {available}); pass TRAIN:COMPILE lists of those"
+        )
     return text
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchcompile-kit",
-                                     description="Measure, on this machine, what each "
-                                     "torch.compile recipe buys.")
+    parser = argparse.ArgumentParser(
+        prog="torchcompile-kit",
+        description="Measure, on this machine, what each torch.compile recipe buys.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser(
         "bench",
         help="run the post's torch.compile experiment recipe by recipe (table, results.json, charts)",
-        description="Recipes (each runs in its own process with an empty inductor cache):\n" + _recipe_list(),
+        description="Recipes (each runs in its own process with an empty inductor cache):\n"
+        + _recipe_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipes to run (default: the default set)")
+    bench.add_argument(
+        "recipes", nargs="*", metavar="RECIPE", help="recipes to run (default: the default set)"
+    )
     bench.add_argument("--list", action="store_true", help="list the recipes and exit")
     bench.add_argument("--all", action="store_true", help="run every recipe, opt-in ones included")
-    bench.add_argument("--ddp", action="store_true", help="also run DDP with 2 processes (gloo on CPU)")
-    bench.add_argument("--preset", default=None, choices=("tiny", "full-size"),
-                       help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size (the post's sizes; default on CUDA)")
-    bench.add_argument("--steps", type=_POSITIVE_INT, default=None, help="steady steps to time per recipe (default: the preset's)")
-    bench.add_argument("--warmup-steps", type=_POSITIVE_INT, default=None, help="steps timed as warm-up (default: the preset's)")
-    bench.add_argument("--out", default="bench-results", metavar="DIR", help="where results.json, charts and logs go (default: %(default)s)")
-    bench.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
-                       help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md")
-    bench.add_argument("--timeout", type=_POSITIVE_FLOAT, default=None, metavar="S", help="fail a recipe that runs longer than S seconds")
-    bench.add_argument("--repeat", type=_POSITIVE_INT, default=1, metavar="N",
-                       help="run every row N times, in rounds, and pool their paired blocks (a narrower interval; "
-                       "load in one round is outvoted); warm-up s is the median (default: %(default)s)")
-    bench.add_argument("--no-pair", action="store_true",
-                       help="time each row alone, without its baseline's eager copy stepping beside it (half the "
-                       "memory; × base then divides rows measured minutes apart: not robust to load)")
-    bench.add_argument("--pin", type=_pin, default=None, metavar="TRAIN:COMPILE",
-                       help="CPU lists, e.g. 0:1: every row trains on the TRAIN CPUs (as many torch threads), a "
-                       "background compile's worker runs on the COMPILE CPUs (default: all CPUs for everything)")
+    bench.add_argument(
+        "--ddp", action="store_true", help="also run DDP with 2 processes (gloo on CPU)"
+    )
+    bench.add_argument(
+        "--preset",
+        default=None,
+        choices=("tiny", "full-size"),
+        help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size (the post's sizes; default on CUDA)",
+    )
+    bench.add_argument(
+        "--steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steady steps to time per recipe (default: the preset's)",
+    )
+    bench.add_argument(
+        "--warmup-steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steps timed as warm-up (default: the preset's)",
+    )
+    bench.add_argument(
+        "--out",
+        default="bench-results",
+        metavar="DIR",
+        help="where results.json, charts and logs go (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--model",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md",
+    )
+    bench.add_argument(
+        "--timeout",
+        type=_POSITIVE_FLOAT,
+        default=None,
+        metavar="S",
+        help="fail a recipe that runs longer than S seconds",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_POSITIVE_INT,
+        default=1,
+        metavar="N",
+        help="run every row N times, in rounds, and pool their paired blocks (a narrower interval; "
+        "load in one round is outvoted); warm-up s is the median (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--no-pair",
+        action="store_true",
+        help="time each row alone, without its baseline's eager copy stepping beside it (half the "
+        "memory; × base then divides rows measured minutes apart: not robust to load)",
+    )
+    bench.add_argument(
+        "--pin",
+        type=_pin,
+        default=None,
+        metavar="TRAIN:COMPILE",
+        help="CPU lists, e.g. 0:1: every row trains on the TRAIN CPUs (as many torch threads), a "
+        "background compile's worker runs on the COMPILE CPUs (default: all CPUs for everything)",
+    )
     bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
     # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
     bench.add_argument("--backend", default=None, help=argparse.SUPPRESS)
 
-    report = sub.add_parser("report", help="re-render the table and charts of saved results (two side by side)")
-    report.add_argument("runs", nargs="+", metavar="DIR", help="a bench --out directory (or its results.json); two to compare")
+    report = sub.add_parser(
+        "report", help="re-render the table and charts of saved results (two side by side)"
+    )
+    report.add_argument(
+        "runs",
+        nargs="+",
+        metavar="DIR",
+        help="a bench --out directory (or its results.json); two to compare",
+    )
     report.add_argument("--markdown", action="store_true", help="print Markdown tables")
     report.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
-    report.add_argument("--charts-dir", default=None, metavar="DIR", help="where to write charts (default: the first DIR)")
+    report.add_argument(
+        "--charts-dir",
+        default=None,
+        metavar="DIR",
+        help="where to write charts (default: the first DIR)",
+    )
 
-    tune = sub.add_parser("tune", help="find the fastest recipe that is still correct for your model and run length",
-                          description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
-                          "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.")
-    tune.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
-                      help="your model, as for bench --model (default: the bench's captioner at --preset)")
-    tune.add_argument("--steps-planned", type=_POSITIVE_INT, default=1000, metavar="N", help="steps of the run you plan (default: %(default)s)")
-    tune.add_argument("--budget", type=_POSITIVE_FLOAT, default=30.0, metavar="MINUTES", help="time tune may spend (default: %(default)s)")
-    tune.add_argument("--out", default="tune-results", metavar="DIR", help="tune.json, tune.png, recommended.py, logs (default: %(default)s)")
-    tune.add_argument("--candidates", nargs="+", default=None, metavar="NAME", help="candidates to consider (default: all)")
-    tune.add_argument("--preset", default="tiny", choices=("tiny", "full-size"), help="captioner sizes and default step counts")
-    tune.add_argument("--steps", type=_POSITIVE_INT, default=None, help="steady steps timed per candidate (default: the preset's)")
-    tune.add_argument("--warmup-steps", type=_POSITIVE_INT, default=None, help="steps timed as warm-up (default: the preset's)")
-    tune.add_argument("--steady-seconds", type=_SECONDS, default=None, metavar="S",
-                      help="time each candidate's steady steps for at least S seconds (default: 30)")
-    tune.add_argument("--warm-start", action="store_true", help="you restart from a saved compile cache: rank the warm restarts")
-    tune.add_argument("--no-pair", action="store_true",
-                      help="time each candidate alone, without an eager copy stepping beside it (half the memory; "
-                      "candidates are then ranked on step times measured at different moments)")
-    tune.add_argument("--verify", action="store_true", help="then run the recommendation for N steps: predicted vs measured total")
-    tune.add_argument("--backend", default=None, help=argparse.SUPPRESS)  # test switch, as for bench
+    tune = sub.add_parser(
+        "tune",
+        help="find the fastest recipe that is still correct for your model and run length",
+        description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
+        "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.",
+    )
+    tune.add_argument(
+        "--model",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="your model, as for bench --model (default: the bench's captioner at --preset)",
+    )
+    tune.add_argument(
+        "--steps-planned",
+        type=_POSITIVE_INT,
+        default=1000,
+        metavar="N",
+        help="steps of the run you plan (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--budget",
+        type=_POSITIVE_FLOAT,
+        default=30.0,
+        metavar="MINUTES",
+        help="time tune may spend (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--out",
+        default="tune-results",
+        metavar="DIR",
+        help="tune.json, tune.png, recommended.py, logs (default: %(default)s)",
+    )
+    tune.add_argument(
+        "--candidates",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="candidates to consider (default: all)",
+    )
+    tune.add_argument(
+        "--preset",
+        default="tiny",
+        choices=("tiny", "full-size"),
+        help="captioner sizes and default step counts",
+    )
+    tune.add_argument(
+        "--steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steady steps timed per candidate (default: the preset's)",
+    )
+    tune.add_argument(
+        "--warmup-steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steps timed as warm-up (default: the preset's)",
+    )
+    tune.add_argument(
+        "--steady-seconds",
+        type=_SECONDS,
+        default=None,
+        metavar="S",
+        help="time each candidate's steady steps for at least S seconds (default: 30)",
+    )
+    tune.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="you restart from a saved compile cache: rank the warm restarts",
+    )
+    tune.add_argument(
+        "--no-pair",
+        action="store_true",
+        help="time each candidate alone, without an eager copy stepping beside it (half the memory; "
+        "candidates are then ranked on step times measured at different moments)",
+    )
+    tune.add_argument(
+        "--verify",
+        action="store_true",
+        help="then run the recommendation for N steps: predicted vs measured total",
+    )
+    tune.add_argument(
+        "--backend", default=None, help=argparse.SUPPRESS
+    )  # test switch, as for bench
 
     doctor = sub.add_parser(
-        "doctor", help="when torch.compile crashes or miscomputes: at which backend, under which "
+        "doctor",
+        help="when torch.compile crashes or miscomputes: at which backend, under which "
         "settings and in which module (experimental)",
         description="Triage (your model compiled whole, forward, loss, gradients and one step "
         "judged against eager), then the backend ladder, the inductor settings that hide it, and "
         "the smallest module whose compile alone reproduces it, confirmed both ways; each trial "
-        "in its own process. Writes DIR/doctor.json, DIR/doctor_repro.py and each trial's log.")
-    doctor.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
-                        help="your model, as for bench --model: build() -> (model, make_batch)")
-    doctor.add_argument("--out", default="doctor-results", metavar="DIR", help="where the record goes (default: %(default)s)")
-    doctor.add_argument("--backend", default="inductor",
-                        help="the backend you compile with, a name or MODULE:ATTRIBUTE (default: %(default)s)")
-    doctor.add_argument("--dynamic", choices=("true", "false"), default=None,
-                        help="the dynamic= you compile with (default: torch's, automatic)")
-    doctor.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
-                        help="run under torch.autocast with this dtype, as you train (default: none)")
-    doctor.add_argument("--timeout", type=_POSITIVE_FLOAT, default=600.0, metavar="S",
-                        help="seconds one trial may run before it counts as hung (default: %(default)s)")
+        "in its own process. Writes DIR/doctor.json, DIR/doctor_repro.py and each trial's log.",
+    )
+    doctor.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="your model, as for bench --model: build() -> (model, make_batch)",
+    )
+    doctor.add_argument(
+        "--out",
+        default="doctor-results",
+        metavar="DIR",
+        help="where the record goes (default: %(default)s)",
+    )
+    doctor.add_argument(
+        "--backend",
+        default="inductor",
+        help="the backend you compile with, a name or MODULE:ATTRIBUTE (default: %(default)s)",
+    )
+    doctor.add_argument(
+        "--recipe",
+        choices=("regional", "model", "peft"),
+        default=None,
+        help="diagnose this library's compile_regional / compile_model / compile_peft "
+        "instead of torch.compile(model) (default: torch.compile)",
+    )
+    doctor.add_argument(
+        "--dynamic",
+        choices=("true", "false"),
+        default=None,
+        help="the dynamic= you compile with (default: torch's, automatic)",
+    )
+    doctor.add_argument(
+        "--autocast",
+        choices=("bfloat16", "float16"),
+        default=None,
+        help="run under torch.autocast with this dtype, as you train (default: none)",
+    )
+    doctor.add_argument(
+        "--timeout",
+        type=_POSITIVE_FLOAT,
+        default=600.0,
+        metavar="S",
+        help="seconds one trial may run before it counts as hung (default: %(default)s)",
+    )
     return parser
 
 
@@ -185,9 +348,14 @@ def _bench(args: argparse.Namespace) -> int:
     import torch
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    config = MeasureConfig(preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
-                           backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps,
-                           paired=not args.no_pair, pin=args.pin)
+    config = MeasureConfig(
+        preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
+        backend=args.backend,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        paired=not args.no_pair,
+        pin=args.pin,
+    )
     config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
     if not names:
         names = list(RECIPES) if args.all else default_recipe_names(device_type=device_type)
@@ -218,10 +386,15 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
     from .bench.runner import run_recipe_isolated
 
     started = now()
-    settings = {**config.to_dict(), "steps": config.steps_or_preset(),
-                "warmup_steps": config.warmup_steps_or_preset(),
-                "model": args.model or f"captioner:{config.preset}", "recipes": names,
-                "repeat": args.repeat, "command": "torchcompile-kit " + shlex.join(args.argv)}
+    settings = {
+        **config.to_dict(),
+        "steps": config.steps_or_preset(),
+        "warmup_steps": config.warmup_steps_or_preset(),
+        "model": args.model or f"captioner:{config.preset}",
+        "recipes": names,
+        "repeat": args.repeat,
+        "command": "torchcompile-kit " + shlex.join(args.argv),
+    }
     runs: dict[str, list] = {name: [] for name in names}
 
     def save(complete: bool) -> tuple[Any, Path]:
@@ -239,8 +412,13 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
                 label = name if args.repeat == 1 else f"{name} ({round_ + 1}/{args.repeat})"
                 on_event = progress.start(label)
                 result = run_recipe_isolated(
-                    name, spec=args.model, config=config, out_dir=args.out, timeout_s=args.timeout,
-                    on_event=on_event, pair_with=RECIPES[name].baseline if config.paired else None,
+                    name,
+                    spec=args.model,
+                    config=config,
+                    out_dir=args.out,
+                    timeout_s=args.timeout,
+                    on_event=on_event,
+                    pair_with=RECIPES[name].baseline if config.paired else None,
                 )
                 runs[name].append(result)
                 progress.finish(label, _summary(result))
@@ -282,12 +460,17 @@ def _report(args: argparse.Namespace) -> int:
     from .bench.results import ResultsFileError, load_results
 
     if len(args.runs) > 2:
-        return _error(f"report takes one or two result directories, got {len(args.runs)}: {args.runs!r}")
+        return _error(
+            f"report takes one or two result directories, got {len(args.runs)}: {args.runs!r}"
+        )
     try:
         documents = [load_results(run) for run in args.runs]
     except ResultsFileError as err:
         return _error(str(err))
-    charts_dir = Path(args.charts_dir or (args.runs[0] if Path(args.runs[0]).is_dir() else Path(args.runs[0]).parent))
+    charts_dir = Path(
+        args.charts_dir
+        or (args.runs[0] if Path(args.runs[0]).is_dir() else Path(args.runs[0]).parent)
+    )
     for run, document in zip(args.runs, documents):
         if len(documents) > 1:
             print(f"### {run}")
@@ -336,10 +519,18 @@ def _doctor(args: argparse.Namespace) -> int:
             check_factory(args.backend, error=ModelSpecError, flag="--backend")
     except ModelSpecError as err:
         return _error(str(err))
-    kwargs = {} if args.dynamic is None else {"dynamic": args.dynamic == "true"}
+    kwargs = {"backend": args.backend}
+    if args.dynamic is not None:
+        kwargs["dynamic"] = args.dynamic == "true"
     try:
-        diagnosis = diagnose(args.model, backend=args.backend, compile_kwargs=kwargs,
-                             autocast=args.autocast, out=args.out, timeout_s=args.timeout)
+        diagnosis = diagnose(
+            args.model,
+            recipe=args.recipe,
+            compile_kwargs=kwargs,
+            autocast=args.autocast,
+            out=args.out,
+            timeout_s=args.timeout,
+        )
     except (ValueError, TypeError) as err:
         return _error(str(err))
     print(diagnosis.summary())
@@ -357,22 +548,40 @@ def _tune(args: argparse.Namespace) -> int:
 
     def show(event: dict) -> None:
         reason = f" - {event['reason']}" if event.get("reason") else ""
-        print(f"[tune] {event['event']} {event['name']}: {event['status']}{reason}", file=sys.stderr, flush=True)
+        print(
+            f"[tune] {event['event']} {event['name']}: {event['status']}{reason}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     try:
         measure = MeasureConfig(
-            preset=args.preset, backend=args.backend, steps=args.steps, warmup_steps=args.warmup_steps,
-            steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds, paired=not args.no_pair,
+            preset=args.preset,
+            backend=args.backend,
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds,
+            paired=not args.no_pair,
         )
-        result = tune(args.model, steps_planned=args.steps_planned, budget_s=60 * args.budget, out_dir=args.out,
-                      candidates=args.candidates, warm_start=args.warm_start, verify=args.verify,
-                      measure=measure, on_event=show)
+        result = tune(
+            args.model,
+            steps_planned=args.steps_planned,
+            budget_s=60 * args.budget,
+            out_dir=args.out,
+            candidates=args.candidates,
+            warm_start=args.warm_start,
+            verify=args.verify,
+            measure=measure,
+            on_event=show,
+        )
     except ValueError as err:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")
     if result.verification:
         print(verification_line(result.verification))
-    print(f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py")
+    print(
+        f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py"
+    )
     return 0
 
 

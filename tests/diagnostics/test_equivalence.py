@@ -52,7 +52,13 @@ def test_plain_module_matches_and_reports_every_tensor():
     report = check_compile_equivalence(MLP(), torch.randn(4, 8), backend="aot_eager")
     assert report.ok, report.summary()
     names = {d.name for d in report.diffs}
-    assert {"output", "loss", "grad.up.weight", "param_after_step.down.bias", "output_after_step"} <= names
+    assert {
+        "output",
+        "loss",
+        "grad.up.weight",
+        "param_after_step.down.bias",
+        "output_after_step",
+    } <= names
     assert report.notes == []  # not a PEFT model: nothing perturbed
     assert report.worst is not None and report.worst.ratio <= 1
     assert "OK" in report.summary()
@@ -71,7 +77,11 @@ def test_perturbing_backend_is_not_ok():
     torch.manual_seed(0)
     report = check_compile_equivalence(MLP(), torch.randn(4, 8), backend=shifted_backend(1e-3))
     assert not report.ok
-    assert report.worst.name in {"output", "output_after_step", "loss"} or report.worst.name.startswith("grad.")
+    assert report.worst.name in {
+        "output",
+        "output_after_step",
+        "loss",
+    } or report.worst.name.startswith("grad.")
     assert {"output", "output_after_step"} <= {d.name for d in report.failures}
     output = next(d for d in report.diffs if d.name == "output")
     assert output.max_abs == pytest.approx(1e-3, rel=1e-3)
@@ -85,7 +95,9 @@ def test_perturbing_backend_is_not_ok_on_a_peft_model():
 
     torch.manual_seed(0)
     model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"]))
-    report = check_compile_equivalence(model, token_batch(), backend=shifted_backend(1e-2), check_grads=False)
+    report = check_compile_equivalence(
+        model, token_batch(), backend=shifted_backend(1e-2), check_grads=False
+    )
     assert not report.ok
     assert report.worst.name.startswith("output.")
 
@@ -101,15 +113,26 @@ def test_a_shift_rounding_cannot_explain_fails_and_a_given_tolerance_means_what_
     assert not report.ok
     (diff,) = report.diffs
     assert (diff.judged_by, diff.reference) == ("reference", "float64")
-    assert diff.compiled_error > 3 * diff.eager_error and "judged against: eager in float64" in report.summary()
+    assert (
+        diff.compiled_error > 3 * diff.eager_error
+        and "judged against: eager in float64" in report.summary()
+    )
     assert check_compile_equivalence(MLP(), x, backend=small, check_grads=False, atol=1e-5).ok
-    strict = check_compile_equivalence(MLP(), x, backend=small, check_grads=False, atol=1e-7, rtol=0.0)
+    strict = check_compile_equivalence(
+        MLP(), x, backend=small, check_grads=False, atol=1e-7, rtol=0.0
+    )
     assert not strict.ok and strict.diffs[0].judged_by == "tolerance"
     assert "rtol=0.0, atol=1e-07 given" in strict.summary()
     # a float64 model has nothing more precise to run against: the float64 tolerance (1e-7)
     double = check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False)
-    assert not double.ok and double.reference.dtype is None and double.diffs[0].judged_by == "tolerance"
-    assert check_compile_equivalence(MLP().double(), x.double(), backend=small, check_grads=False, atol=1e-5).ok
+    assert (
+        not double.ok
+        and double.reference.dtype is None
+        and double.diffs[0].judged_by == "tolerance"
+    )
+    assert check_compile_equivalence(
+        MLP().double(), x.double(), backend=small, check_grads=False, atol=1e-5
+    ).ok
 
 
 @pytest.mark.slow
@@ -126,7 +149,11 @@ def test_untrained_adapter_is_perturbed_so_an_ignoring_compile_fails():
     torch.manual_seed(0)
     model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"]))
     report = check_compile_equivalence(
-        model, token_batch(), backend="eager", compile_fn=compile_without_adapters, check_grads=False
+        model,
+        token_batch(),
+        backend="eager",
+        compile_fn=compile_without_adapters,
+        check_grads=False,
     )
     assert not report.ok
     assert any("perturbed 4 adapter parameters" in note for note in report.notes)
@@ -203,7 +230,13 @@ def test_steps_forward_train_and_callables():
     report = check_compile_equivalence(MLP(), steps=steps, backend="aot_eager")
     assert report.ok, report.summary()
     names = {d.name for d in report.diffs}
-    assert {"0:plain", "1:train.loss", "1:train.grad.up.weight", "1:train.param.down.bias", "2:scaled"} <= names
+    assert {
+        "0:plain",
+        "1:train.loss",
+        "1:train.grad.up.weight",
+        "1:train.param.down.bias",
+        "2:scaled",
+    } <= names
 
 
 def test_a_step_that_raises_on_one_side_only_is_not_ok():
@@ -218,14 +251,18 @@ def test_a_step_that_raises_on_one_side_only_is_not_ok():
     def raises_on_both(model):
         raise KeyError("same")
 
-    report = check_compile_equivalence(MLP(), steps=[raises_on_both, raises_when_compiled], backend="eager")
+    report = check_compile_equivalence(
+        MLP(), steps=[raises_on_both, raises_when_compiled], backend="eager"
+    )
     assert report.failed_steps == ["1:raises_when_compiled"]
     assert "only the compiled run raised: RuntimeError: refused" in report.failures[0].note
 
 
 def test_steps_and_example_inputs_are_exclusive():
     with pytest.raises(ValueError, match="exactly one of example_inputs"):
-        check_compile_equivalence(MLP(), torch.randn(2, 8), steps=[torch.randn(2, 8)], backend="eager")
+        check_compile_equivalence(
+            MLP(), torch.randn(2, 8), steps=[torch.randn(2, 8)], backend="eager"
+        )
     with pytest.raises(ValueError, match="exactly one of example_inputs"):
         check_compile_equivalence(MLP(), backend="eager")
 
@@ -249,3 +286,29 @@ def test_a_healthy_inductor_compile_is_equal_under_bf16_autocast():
         report = check_compile_equivalence(gpt2(n_layer=2, n_embd=64), token_batch())
     assert report.ok and report.reference.name == "float32", report.summary()
     assert any(d.name.startswith("param_after_step.") for d in report.diffs)
+
+
+class FunctionalDropout(nn.Module):
+    """A dropout the check cannot turn off (``training=self.training``, as transformers writes
+    its attention dropout), and one it can (a module)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        return nn.functional.dropout(self.drop(self.proj(x)), 0.3, training=self.training).sum()
+
+
+def test_random_draws_in_training_are_found_and_drawn_alike_on_both_sides():
+    """A training forward that draws random numbers is found by the generator's state moving, and
+    the compiled copy then runs with inductor's fallback_random (inductor draws its own numbers
+    otherwise: under inductor the gradients of such a model differed, a false miscompute, measured
+    in tests/doctor's random control). Without such a draw, nothing is said."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    report = check_compile_equivalence(FunctionalDropout(), x, backend="aot_eager")
+    assert report.ok and any(note.startswith("random ops:") for note in report.notes), report.notes
+    quiet = check_compile_equivalence(MLP(), x, backend="aot_eager")
+    assert not any(note.startswith("random ops:") for note in quiet.notes), quiet.notes

@@ -1,11 +1,9 @@
 """The doctor's patients: small models with a planted problem in one submodule, builders in the
-``bench --model`` contract, and backends that compile a wrong graph (or kill the process) when
-the graph holds one op, so that only the module holding it goes wrong."""
+``bench --model`` contract, and a backend that compiles a wrong backward graph when
+the graph holds one op, so that only the module holding it goes wrong (real bugs of torch:
+``real_bugs.py``)."""
 
 from __future__ import annotations
-
-import os
-import signal
 
 import torch
 from torch import nn
@@ -40,13 +38,11 @@ class Block(nn.Module):
 class Patient(nn.Module):
     """An embedding, three blocks (the last with the gate) and a head; returns the loss."""
 
-    def __init__(self, relu_head: bool = False, blocks: int = 3) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Linear(8, WIDTH)
-        self.blocks = nn.ModuleList([Block(gated=i == blocks - 1) for i in range(blocks)])
-        self.head = nn.Sequential(
-            nn.Linear(WIDTH, WIDTH), nn.ReLU() if relu_head else nn.Tanh(), nn.Linear(WIDTH, 1)
-        )
+        self.blocks = nn.ModuleList([Block(gated=i == 2) for i in range(3)])
+        self.head = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 1))
 
     def forward(self, x, y):
         h = self.embed(x)
@@ -79,10 +75,20 @@ def build_chatty():
     return model, make_batch
 
 
-def build_relu_head():
-    """The head holds the model's only ReLU (inductor's planted relu bugs land there); one block,
-    so that each inductor trial compiles less C++."""
-    return Patient(relu_head=True, blocks=1), make_batch
+class ReluMLP(nn.Module):
+    """Two linear layers with the model's only ReLU between them (``head.1``), and the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Sequential(nn.Linear(8, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1))
+
+    def forward(self, x, y):
+        return {"loss": nn.functional.mse_loss(self.head(x).squeeze(-1), y)}
+
+
+def build_relu_mlp():
+    """The smallest patient for planted ReLU bugs (each inductor trial compiles little C++)."""
+    return ReluMLP(), make_batch
 
 
 # --- backends that go wrong where the graph holds a sigmoid -------------------------------------
@@ -108,13 +114,77 @@ def _exact(gm: torch.fx.GraphModule, example_inputs):
     return make_boxed_func(gm)
 
 
-def _dies(gm: torch.fx.GraphModule, example_inputs):
+def hangs(gm: torch.fx.GraphModule, example_inputs):
+    """A backend that never returns from compiling a graph with a sigmoid (a hung compile)."""
     if _holds_sigmoid(gm):
-        os.kill(os.getpid(), signal.SIGFPE)  # what a real integer-division kernel does
-    return make_boxed_func(gm)
+        import time
+
+        time.sleep(3600)
+    return gm
 
 
 wrong_sigmoid_grads = aot_autograd(fw_compiler=_exact, bw_compiler=_shifted)
 """The backward graph of a sigmoid is wrong: gradients differ, the forward does not."""
-crashes_on_sigmoid = aot_autograd(fw_compiler=_dies, bw_compiler=_exact)
-"""Compiling a forward graph with a sigmoid kills the process with SIGFPE."""
+
+
+# --- controls: nothing is wrong, and the doctor must say so --------------------------------------
+
+
+class RandomPatient(Patient):
+    """Dropout as a module and as a function (``training=self.training``: the comparator cannot
+    turn it off), trained on non-contiguous inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x, y):
+        h = self.drop(self.embed(x))
+        for block in self.blocks:
+            h = nn.functional.dropout(block(h), 0.2, training=self.training)
+        return {"loss": nn.functional.mse_loss(self.head(h).squeeze(-1), y)}
+
+
+def make_strided_batch(step: int) -> dict[str, torch.Tensor]:
+    batch = make_batch(step)
+    return {"x": batch["x"].t().contiguous().t(), "y": batch["y"]}  # column-major rows
+
+
+def build_random_strided():
+    return RandomPatient(), make_strided_batch
+
+
+def build_lora():
+    """A PEFT LoRA on the blocks' mixing layers (for the doctor's ``peft`` recipe)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(Patient(), LoraConfig(r=4, target_modules=["mix"])), make_batch
+
+
+def gpt2(layers: int = 2, width: int = 32, activation: str = "gelu_new", rows: int = 2):
+    """A GPT-2 built from its config (vocabulary 128), and batches of token ids (16 long, a
+    second length at step 1)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=width // 16,
+        vocab_size=128,
+        n_positions=64,
+        activation_function=activation,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+    def make_batch(step: int) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, 128, (rows, 16 + 8 * step), generator=gen)
+        return {"input_ids": ids, "labels": ids}
+
+    return GPT2LMHeadModel(config), make_batch
+
+
+def build_gpt2():
+    """A two-layer GPT-2: the healthy transformers control."""
+    return gpt2()

@@ -42,7 +42,7 @@ def test_the_parts_of_a_model_group_repeated_blocks_and_split_them_by_class():
 
 
 def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
-    diagnosis = diagnose(SPEC, backend="aot_eager", out=tmp_path)
+    diagnosis = diagnose(SPEC, compile_kwargs={"backend": "aot_eager"}, out=tmp_path)
     assert diagnosis.result == "ok" and [t.label for t in diagnosis.trials] == ["triage"]
     assert diagnosis.culprits is None and diagnosis.first_bad_backend is None
     # whether it pays: both sides timed, the compile seconds, a payback or none (never a guess)
@@ -57,7 +57,9 @@ def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
 
 
 def test_a_model_whose_only_problem_is_a_graph_break_is_ok_with_the_break_named(tmp_path, capfd):
-    diagnosis = diagnose("tests.doctor.patients:build_chatty", backend="aot_eager", out=tmp_path)
+    diagnosis = diagnose(
+        "tests.doctor.patients:build_chatty", compile_kwargs={"backend": "aot_eager"}, out=tmp_path
+    )
     assert diagnosis.result == "ok" and diagnosis.culprits is None
     found = [b for b in diagnosis.graph_breaks if not b["in_torch"]]
     text = Path(patients.__file__).read_text().splitlines()
@@ -69,26 +71,32 @@ def test_a_model_whose_only_problem_is_a_graph_break_is_ok_with_the_break_named(
 
 @pytest.mark.slow
 def test_a_wrong_backward_in_one_module_is_found_confirmed_and_reproduced(tmp_path):
-    diagnosis = diagnose(SPEC, backend="tests.doctor.patients:wrong_sigmoid_grads", out=tmp_path)
+    """Through the library's regional recipe: the triage compiles as compile_regional does, a
+    plain whole-model compile fails as well (not the recipe's doing), the gate is named and
+    confirmed, and both scripts reproduce: the standalone one (torch and the model's code) and
+    the replay of the doctor's trial."""
+    diagnosis = diagnose(
+        SPEC,
+        recipe="regional",
+        compile_kwargs={"backend": "tests.doctor.patients:wrong_sigmoid_grads"},
+        out=tmp_path,
+    )
     assert diagnosis.result == "miscompute" and diagnosis.differs == ["gradients", "step"]
     assert diagnosis.first_bad_backend == "tests.doctor.patients:wrong_sigmoid_grads"
     ladder = {t.label: t.status for t in diagnosis.trials if t.label.startswith("ladder: ")}
     assert set(ladder.values()) == {"ok"} and "ladder: eager" in ladder
+    plain = next(t for t in diagnosis.trials if t.label.startswith("without the recipe"))
+    assert plain.status == "miscompute" and any("not the regional" in n for n in diagnosis.notes)
     assert diagnosis.culprits == ["blocks.2.gate"] and diagnosis.culprit_confirmed
     assert "blocks.2.gate" in diagnosis.workaround
-    repro = subprocess.run(
-        [sys.executable, diagnosis.repro], check=False, capture_output=True, text=True, timeout=600
-    )
-    assert repro.returncode == 1 and '"status": "miscompute"' in repro.stdout, repro.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_a_process_that_dies_is_a_finding_and_the_doctor_goes_on(tmp_path):
-    diagnosis = diagnose(SPEC, backend="tests.doctor.patients:crashes_on_sigmoid", out=tmp_path)
-    triage = diagnosis.trials[0]
-    assert diagnosis.result == "crashed" and triage.signal == 8 and "SIGFPE" in triage.error
-    assert diagnosis.culprits == ["blocks.2.gate"] and diagnosis.culprit_confirmed
-    assert diagnosis.whole_graph_only  # its own forward holds the sigmoid, its Linear does not
+    for script, said in (
+        (diagnosis.repro, "REPRODUCES: blocks.2.gate (Gate)"),
+        (diagnosis.replay, '"status": "miscompute"'),
+    ):
+        run = subprocess.run(
+            [sys.executable, script], check=False, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 1 and said in run.stdout, (script, run.stdout[-2000:])
 
 
 def test_the_command_refuses_a_model_it_cannot_find_before_any_trial(tmp_path, capsys):
@@ -129,26 +137,43 @@ def test_the_summary_names_the_rungs_and_the_culprit():
 
 
 @pytest.mark.slow
-def test_inductors_planted_relu_bug_is_found_in_the_head_and_bisected(tmp_path):
-    """A real inductor compile with its own planted accuracy bug (every ReLU kernel wrong): the
-    ladder's debug rungs pass, the head's ReLU is the culprit, and torch's bisector lands on it."""
-    options = {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}
+@pytest.mark.parametrize(
+    ("mode", "result"),
+    [
+        ("accuracy", "miscompute"),
+        ("compile_error", "compile-error"),
+        ("runtime_error", "runtime-error"),
+    ],
+)
+def test_inductors_planted_relu_bugs_are_found_in_the_head(tmp_path, mode, result):
+    """Inductor's own planted bugs in every ReLU kernel (``cpp.inject_relu_bug_TESTING_ONLY``:
+    wrong values, C++ that does not compile, a kernel that raises): the right result, the debug
+    rungs pass, the MLP's ReLU is named and confirmed both ways, torch's bisector lands on the
+    relu lowering, and the standalone repro (torch and the model's code) fails."""
+    options = {"cpp.inject_relu_bug_TESTING_ONLY": mode}
     diagnosis = diagnose(
-        "tests.doctor.patients:build_relu_head",
-        backend="inductor",
-        compile_kwargs={"options": options},
+        "tests.doctor.patients:build_relu_mlp",
+        compile_kwargs={"backend": "inductor", "options": options},
         out=tmp_path,
     )
-    assert diagnosis.result == "miscompute", diagnosis.summary()
+    assert diagnosis.result == result, diagnosis.summary()
     assert diagnosis.first_bad_backend == "inductor"
     assert diagnosis.culprits == ["head.1"] and diagnosis.culprit_confirmed, diagnosis.summary()
-    assert diagnosis.bisect and diagnosis.bisect.get("backend") == "inductor", diagnosis.bisect
+    assert diagnosis.bisect["subsystem"] == "lowerings", diagnosis.bisect
+    assert diagnosis.repro_fails is True, diagnosis.summary()
+    run = subprocess.run(
+        [sys.executable, diagnosis.repro], check=False, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 1 and "REPRODUCES: head.1 (ReLU)" in run.stdout, run.stdout[-2000:]
+    assert "torchcompile_kit" not in Path(diagnosis.repro).read_text()
 
 
 def test_a_module_and_its_batch_are_diagnosed_like_a_builder(tmp_path):
     """diagnose(model, batch): the module is pickled for the trials (its class importable)."""
     model = Patient()
-    diagnosis = diagnose(model, patients.make_batch(0), backend="aot_eager", out=tmp_path)
+    diagnosis = diagnose(
+        model, patients.make_batch(0), compile_kwargs={"backend": "aot_eager"}, out=tmp_path
+    )
     assert diagnosis.result == "ok" and (tmp_path / "model.pt").is_file()
     assert diagnosis.trials[0].status == "ok"
 
@@ -162,7 +187,10 @@ def test_a_healthy_model_under_bf16_autocast_is_not_called_a_miscompute(tmp_path
     loss has no grad_fn), with backend="eager" too: a runtime error at the eager rung (dynamo,
     not inductor). Checked by hand on 2.10.0 and 2.13.0; 2.11 and 2.12 not run here."""
     diagnosis = diagnose(
-        SPEC, backend="aot_eager_decomp_partition", autocast="bfloat16", out=tmp_path
+        SPEC,
+        compile_kwargs={"backend": "aot_eager_decomp_partition"},
+        autocast="bfloat16",
+        out=tmp_path,
     )
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if release == (2, 10):
@@ -219,3 +247,145 @@ def test_a_model_without_parts_has_no_part_to_name():
 
     found = locate(nn.Linear(2, 2), _judge(lambda modules, exclude: True), Trial(label="failing"))
     assert found.culprits == [] and not found.confirmed
+
+
+@pytest.mark.parametrize("recipe", ["regional", "model", "peft"])
+def test_the_librarys_recipes_are_diagnosed_as_they_compile(tmp_path, recipe):
+    """The triage compiles with the recipe itself: regional (and PEFT's, regional by default)
+    compiles the block class once for all blocks, so the last block (a Gate where the others have
+    an Identity) recompiles on that guard; the whole model compiled has no such guard."""
+    spec = "tests.doctor.patients:build_lora" if recipe == "peft" else SPEC
+    diagnosis = diagnose(spec, recipe=recipe, compile_kwargs={"backend": "aot_eager"}, out=tmp_path)
+    assert diagnosis.result == "ok", diagnosis.summary()
+    request = json.loads((tmp_path / "trials" / "01.request.json").read_text())
+    assert request["trial"]["recipe"] == recipe
+    per_block = any("_modules['gate']" in guard for guard in diagnosis.recompiles)
+    assert per_block == (recipe != "model"), diagnosis.recompiles
+
+
+def test_an_unknown_recipe_is_refused_with_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"recipe='regionl'.*'regional', 'model', 'peft'"):
+        diagnose(SPEC, recipe="regionl", out=tmp_path)
+
+
+@pytest.mark.slow
+def test_random_ops_and_non_contiguous_inputs_are_not_a_miscompute(tmp_path):
+    """Controls: dropout in train mode (as a module, and as a function the comparator cannot turn
+    off: inductor draws its own numbers unless fallback_random) on column-major inputs (every
+    trial loads the strides that were saved): ok, and nothing named. Before the comparator ran the
+    compiled side with eager's random numbers, this was called a miscompute in the gate."""
+    diagnosis = diagnose(
+        "tests.doctor.patients:build_random_strided",
+        compile_kwargs={"backend": "inductor"},
+        out=tmp_path,
+    )
+    assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
+    assert diagnosis.culprits is None and len(diagnosis.trials) == 1
+    saved = torch.load(tmp_path / "batch.pt", weights_only=True)
+    assert saved["x"].stride() == (1, 6)  # the column-major layout, as the builder made it
+
+
+@pytest.mark.slow
+def test_a_healthy_transformers_model_is_ok_with_inductor(tmp_path):
+    """Control: a two-layer GPT-2 built from its config, compiled whole with inductor: ok after
+    the triage alone, with the second length's recompile reported."""
+    diagnosis = diagnose(
+        "tests.doctor.patients:build_gpt2", compile_kwargs={"backend": "inductor"}, out=tmp_path
+    )
+    assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
+    assert diagnosis.culprits is None and len(diagnosis.trials) == 1
+    assert diagnosis.trials[0].graphs and diagnosis.pays is not None
+
+
+def _release() -> tuple[int, int]:
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+@pytest.fixture
+def avx2(monkeypatch):
+    """The real bugs live in AVX2 code (ATen's kernels, inductor's vector width): every trial
+    runs with ``ATEN_CPU_CAPABILITY=avx2``, which pins both, on any x86 CPU that has AVX2."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip(f"no AVX2 on this CPU ({torch.backends.cpu.get_cpu_capability()})")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+
+
+@pytest.mark.slow
+@pytest.mark.torch_window
+def test_a_real_gradient_bug_is_found_in_its_module_and_bisected_to_a_decomposition(tmp_path, avx2):
+    """pytorch #197888 on torch 2.13.0: adaptive_max_pool3d's backward on a channels_last_3d
+    input. The forward is equal, the gradients are not; the first bad rung is
+    aot_eager_decomposition_partition (not inductor), the pooling module is confirmed both ways,
+    torch's bisector names the adaptive_max_pool3d decomposition, and the standalone repro (torch
+    and this model's class only) fails. On 2.10.0 and 2.15.0 the same model is healthy."""
+    diagnosis = diagnose(
+        "tests.doctor.real_bugs:build_channels_last_pool",
+        compile_kwargs={"backend": "inductor"},
+        out=tmp_path,
+    )
+    if _release() != (2, 13):
+        assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
+        return
+    assert diagnosis.result == "miscompute" and diagnosis.differs == ["gradients", "step"]
+    assert diagnosis.first_bad_backend == "aot_eager_decomp_partition", diagnosis.summary()
+    assert diagnosis.culprits == ["pool"] and diagnosis.culprit_confirmed, diagnosis.summary()
+    assert diagnosis.bisect["subsystem"] == "decomposition", diagnosis.bisect
+    assert "adaptive_max_pool3d" in diagnosis.bisect["debug_info"], diagnosis.bisect
+    assert diagnosis.repro_fails is True
+    run = subprocess.run(
+        [sys.executable, diagnosis.repro], check=False, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 1 and "REPRODUCES: pool (ChannelsLastPool)" in run.stdout, run.stdout
+    assert "torchcompile_kit" not in Path(diagnosis.repro).read_text()  # torch and the model only
+
+
+@pytest.mark.slow
+def test_a_real_crash_is_a_finding_in_its_module_and_the_doctor_goes_on(tmp_path, avx2):
+    """pytorch #196681 on torch 2.13.0: inductor's tiled reduction writes past its buffer for a
+    GELU, two pads and a matmul on a channels_last tensor 66 wide; the process aborts (heap
+    corruption). The doctor: crashed with SIGABRT, every debug rung passes, no setting hides it,
+    the module is confirmed both ways, and the repro dies as well. Scalar code
+    (``cpp.simdlen=1``) hides it."""
+    if _release() != (2, 13):
+        pytest.skip(f"torch {torch.__version__}: the verdict is pinned for 2.13 (2.10 dies too)")
+    diagnosis = diagnose(
+        "tests.doctor.real_bugs:build_pad_matmul",
+        compile_kwargs={"backend": "inductor"},
+        out=tmp_path,
+    )
+    assert diagnosis.result == "crashed" and diagnosis.trials[0].signal == 6, diagnosis.summary()
+    assert diagnosis.first_bad_backend == "inductor"
+    assert "vectorisation off (cpp.simdlen=1)" in diagnosis.hidden_by, diagnosis.summary()
+    assert diagnosis.culprits == ["mix"] and diagnosis.culprit_confirmed, diagnosis.summary()
+    assert diagnosis.repro_fails is True and diagnosis.bisect is None
+
+
+def test_the_command_takes_a_recipe_and_says_the_result(tmp_path, capsys):
+    argv = ["doctor", "--model", SPEC, "--recipe", "model", "--backend", "aot_eager"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("doctor: OK;")
+    saved = json.loads((tmp_path / "doctor.json").read_text())
+    assert saved["result"] == "ok" and "recipe=model" in saved["notes"][0]
+
+
+def test_a_hung_trial_is_killed_at_its_timeout_and_the_next_trial_still_runs(tmp_path):
+    """Each trial is forked from the doctor's trial starter; one that hangs is killed at the
+    timeout (a finding, ``timeout``), and the starter goes on forking the next."""
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.runner import TrialRunner
+
+    torch.save(Patient().state_dict(), tmp_path / "state.pt")
+    torch.save(patients.make_batch(0), tmp_path / "batch.pt")
+    inputs = {
+        "spec": SPEC,
+        "state": str(tmp_path / "state.pt"),
+        "batch": str(tmp_path / "batch.pt"),
+    }
+    runner = TrialRunner(tmp_path, inputs, timeout_s=10)
+    try:
+        hung = runner.run(Trial(label="hangs", backend="tests.doctor.patients:hangs"))
+        assert hung.status == "timeout" and hung.stage == "compiled", hung
+        after = runner.run(Trial(label="then", backend="aot_eager"))
+        assert after.status == "ok", after
+    finally:
+        runner.close()

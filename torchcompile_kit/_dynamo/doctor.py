@@ -15,6 +15,7 @@ __all__ = [
     "inductor_settings",
     "ladder_backends",
     "missing_settings",
+    "preload_compiler",
 ]
 
 DEBUG_SETTINGS: dict[str, dict[str, Any]] = {
@@ -43,6 +44,20 @@ def ladder_backends() -> list[str]:
 
     known = set(torch._dynamo.list_backends(exclude_tags=()))
     return [name for name in ("eager", "aot_eager", "aot_eager_decomp_partition") if name in known]
+
+
+def preload_compiler() -> None:
+    """Import dynamo and inductor's compiler (and with them its code generation), as the first
+    ``torch.compile`` would.
+
+    Why: the doctor's trial starter imports them once and forks each trial from there (about 9 s
+    of imports per trial on a 2-core CPU); no public call loads the compiler ahead of the first
+    compile. Upstream: ``torch/_inductor/compile_fx.py``
+    (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/compile_fx.py). Can go when
+    torch has a public warm-up of its compiler.
+    """
+    import torch._dynamo
+    import torch._inductor.compile_fx  # noqa: F401
 
 
 def missing_settings(settings: Mapping[str, Any]) -> list[str]:

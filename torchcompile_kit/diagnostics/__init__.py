@@ -4,7 +4,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 ``check_compile_equivalence`` and the first-call checks the fragile recipes run (``verify=``).
 """
 
-from .comparator import TensorDiff, judge_tensors, needs_reference
+from .comparator import TensorDiff, judge_tensors, leaves, needs_reference
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
 from .explain import explain_graph_breaks, explaining
 from .first_call import FirstCallVerifier, check_verify_arg
@@ -46,4 +46,6 @@ __all__ = [
     "FirstCallVerifier", "check_in_place_update", "check_verify_arg",
     # for other topics (tune's gate): the comparator's verdict on tensors of its own
     "judge_tensors", "needs_reference",
+    # for other topics (the doctor's repro): the tensors of a nested output, in order
+    "leaves",
 ]

@@ -12,7 +12,8 @@ with ``fp64_ref``, the accuracy minifier):
 
 where an error is the RMS of the difference from the reference, and the floor is the larger of
 ``ROUNDING_EPS`` machine epsilon of the tensor's dtype times the reference's RMS (an ulp, what
-storing the result costs, for tensors eager happens to compute exactly) and the measured noise:
+storing the result costs, for tensors eager happens to compute exactly; ``SCALAR_EPS`` of them
+for a one-element tensor, a loss summed in the compiler's order) and the measured noise:
 eager against eager and compiled against compiled, rerun from the same state, where a check found a
 failure to re-judge. A tensor of fewer than ``SMALL`` elements (a loss, a bias) says little about
 eager's error on its own (for a scalar, the ratio of two single roundings is anything), so its
@@ -43,9 +44,23 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["FACTOR", "NEAR_EPS", "NOISE_FACTOR", "ROUNDING_EPS", "SMALL", "TensorDiff", "judge",
-           "judge_tensors", "judge_trees", "leaves", "max_abs_difference", "needs_reference",
-           "pool_small_tensors", "rms_differences"]
+__all__ = [
+    "FACTOR",
+    "NEAR_EPS",
+    "NOISE_FACTOR",
+    "ROUNDING_EPS",
+    "SCALAR_EPS",
+    "SMALL",
+    "TensorDiff",
+    "judge",
+    "judge_tensors",
+    "judge_trees",
+    "leaves",
+    "max_abs_difference",
+    "needs_reference",
+    "pool_small_tensors",
+    "rms_differences",
+]
 
 FACTOR = 3.0
 """How many times farther from the reference than eager a compiled tensor may be (torch's
@@ -64,12 +79,21 @@ tensor's RMS): both runs are rounding noise there (torch's ``same()`` allows 10x
 tensors); a miscompute is far larger."""
 SMALL = 100
 """Tensors with fewer elements are allowed at least the run's typical relative error."""
+SCALAR_EPS = 64.0
+"""The floor of a one-element tensor (a loss: a sum over many elements), in float32 epsilons (or
+its dtype's, if finer) times the reference's RMS: the order of a large sum is the compiler's to
+choose. Measured: a 287,496-element mean (the loss of ``tests/doctor/real_bugs.py``'s pad-matmul
+model with that module eager) compiled by inductor is 23 float32 epsilons from eager's cascade
+sum, scalar code (``cpp.simdlen=1``) 17; eager 0.07 from float64. A miscompute is far larger
+(the planted ones: 1e-2)."""
 
 # The fixed tolerances (rtol, atol) per dtype, for tensors judged without a reference.
-_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {torch.float64: (1e-7, 1e-7),
-                                                       torch.float32: (1e-4, 1e-5),
-                                                       torch.float16: (1e-2, 1e-3),
-                                                       torch.bfloat16: (5e-2, 1e-2)}
+_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (5e-2, 1e-2),
+}
 
 JudgedBy = Literal["reference", "eager", "tolerance", "exact"]
 
@@ -130,22 +154,31 @@ class TensorDiff:
         if self.judged_by == "exact":
             return f"{self.name}: {'equal' if self.ok else 'differs'} (exact)"
         if self.judged_by == "eager":
-            return (f"{self.name}: within {self.ratio * NEAR_EPS:.3g} epsilons of eager (RMS), "
-                    f"rounding-level (at most {NEAR_EPS:g} pass without a reference)")
+            return (
+                f"{self.name}: within {self.ratio * NEAR_EPS:.3g} epsilons of eager (RMS), "
+                f"rounding-level (at most {NEAR_EPS:g} pass without a reference)"
+            )
         if self.judged_by == "tolerance":
-            return (f"{self.name}: max_abs={self.max_abs:.3g}, max_rel={self.max_rel:.3g} "
-                    f"({self.ratio:.3g}x the fixed tolerance)")
+            return (
+                f"{self.name}: max_abs={self.max_abs:.3g}, max_rel={self.max_rel:.3g} "
+                f"({self.ratio:.3g}x the fixed tolerance)"
+            )
         times = (self.compiled_error / self.eager_error) if self.eager_error > 0 else math.inf
         far = f"{times:.3g}x" if math.isfinite(times) else "infinitely"
         noise = "" if self.noise is None else f", noise {self.noise:.3g}"
-        typical = ("" if self.typical is None else
-                   f", eager's counted as at least {self.typical:.2g} of its size")
+        typical = (
+            ""
+            if self.typical is None
+            else f", eager's counted as at least {self.typical:.2g} of its size"
+        )
         if self.factor == NOISE_FACTOR:
             typical += ", eager has no correct digit: both are rounding noise"
-        return (f"{self.name}: compiled error {self.compiled_error:.3g} vs eager's "
-                f"{self.eager_error:.3g} against the {self.reference} reference ({far} farther; "
-                f"allowed {self.factor:g}x + floor {self.floor:.3g}{noise}{typical}: "
-                f"{self.ratio:.3g} of the allowance){'; ' + self.note if self.note else ''}")
+        return (
+            f"{self.name}: compiled error {self.compiled_error:.3g} vs eager's "
+            f"{self.eager_error:.3g} against the {self.reference} reference ({far} farther; "
+            f"allowed {self.factor:g}x + floor {self.floor:.3g}{noise}{typical}: "
+            f"{self.ratio:.3g} of the allowance){'; ' + self.note if self.note else ''}"
+        )
 
     def settle(self) -> None:
         """Set :attr:`ratio` and :attr:`ok` from the errors, floor and typical error."""
@@ -153,8 +186,11 @@ class TensorDiff:
         if self.typical is not None:
             basis = max(basis, self.typical * self.scale)
         allowed = self.factor * basis + self.floor
-        self.ratio = 0.0 if self.compiled_error == 0 else (
-            self.compiled_error / allowed if allowed > 0 else math.inf)
+        self.ratio = (
+            0.0
+            if self.compiled_error == 0
+            else (self.compiled_error / allowed if allowed > 0 else math.inf)
+        )
         self.ok = self.ratio <= 1.0
 
 
@@ -175,9 +211,16 @@ def leaves(tree: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     return []  # caches and other objects are not compared
 
 
-def judge_trees(prefix: str, eager: Any, compiled: Any, reference: Any = None, *,
-                reference_dtype: str = "", tolerance: tuple[float | None, float | None] | None = None,
-                noise: Mapping[str, float] | None = None) -> list[TensorDiff]:
+def judge_trees(
+    prefix: str,
+    eager: Any,
+    compiled: Any,
+    reference: Any = None,
+    *,
+    reference_dtype: str = "",
+    tolerance: tuple[float | None, float | None] | None = None,
+    noise: Mapping[str, float] | None = None,
+) -> list[TensorDiff]:
     """One :class:`TensorDiff` per tensor of two nested outputs (a tensor on one side only fails).
 
     ``reference`` is the same tree from the higher-precision run (``None``: judged by the fixed
@@ -202,13 +245,26 @@ def judge_trees(prefix: str, eager: Any, compiled: Any, reference: Any = None, *
         if key not in left or key not in right:
             diffs.append(_missing(name, "compiled" if key not in right else "eager"))
             continue
-        diffs.append(judge(name, left[key], right[key], exact.get(key), reference_dtype=reference_dtype,
-                           tolerance=tolerance, noise=(noise or {}).get(name)))
+        diffs.append(
+            judge(
+                name,
+                left[key],
+                right[key],
+                exact.get(key),
+                reference_dtype=reference_dtype,
+                tolerance=tolerance,
+                noise=(noise or {}).get(name),
+            )
+        )
     return pool_small_tensors(diffs)
 
 
-def judge_tensors(names: Sequence[str], eager: Sequence[torch.Tensor], compiled: Sequence[torch.Tensor],
-                  reference: Sequence[torch.Tensor] | None = None) -> list[TensorDiff]:
+def judge_tensors(
+    names: Sequence[str],
+    eager: Sequence[torch.Tensor],
+    compiled: Sequence[torch.Tensor],
+    reference: Sequence[torch.Tensor] | None = None,
+) -> list[TensorDiff]:
     """:func:`judge` for parallel lists of tensors (``reference`` in float64, or ``None``), pooled
     as one run (:func:`pool_small_tensors`).
 
@@ -218,8 +274,12 @@ def judge_tensors(names: Sequence[str], eager: Sequence[torch.Tensor], compiled:
     """
     exact = [None] * len(names) if reference is None else list(reference)
     name = "" if reference is None else str(exact[0].dtype).removeprefix("torch.") if exact else ""
-    return pool_small_tensors([judge(n, e, c, x, reference_dtype=name)
-                               for n, e, c, x in zip(names, eager, compiled, exact)])
+    return pool_small_tensors(
+        [
+            judge(n, e, c, x, reference_dtype=name)
+            for n, e, c, x in zip(names, eager, compiled, exact)
+        ]
+    )
 
 
 def pool_small_tensors(diffs: list[TensorDiff]) -> list[TensorDiff]:
@@ -235,7 +295,8 @@ def pool_small_tensors(diffs: list[TensorDiff]) -> list[TensorDiff]:
     """
     measured = [d for d in diffs if d.scale > 0 and not math.isnan(d.eager_error)]
     large = [d.eager_error / d.scale for d in measured if d.numel >= SMALL] or [
-        d.eager_error / d.scale for d in measured]
+        d.eager_error / d.scale for d in measured
+    ]
     if not large:
         return diffs
     typical = statistics.median(large)
@@ -246,10 +307,18 @@ def pool_small_tensors(diffs: list[TensorDiff]) -> list[TensorDiff]:
     return diffs
 
 
-def judge(name: str, eager: torch.Tensor, compiled: torch.Tensor, reference: torch.Tensor | None = None,
-          *, reference_dtype: str = "", tolerance: tuple[float | None, float | None] | None = None,
-          noise: float | None = None, floor_scale: torch.Tensor | None = None,
-          floor_dtype: torch.dtype | None = None) -> TensorDiff:
+def judge(
+    name: str,
+    eager: torch.Tensor,
+    compiled: torch.Tensor,
+    reference: torch.Tensor | None = None,
+    *,
+    reference_dtype: str = "",
+    tolerance: tuple[float | None, float | None] | None = None,
+    noise: float | None = None,
+    floor_scale: torch.Tensor | None = None,
+    floor_dtype: torch.dtype | None = None,
+) -> TensorDiff:
     """The verdict on one tensor: against ``reference`` by the rule, else by a fixed tolerance.
 
     ``floor_scale``/``floor_dtype`` set the rounding floor for a tensor derived from a stored one
@@ -262,15 +331,24 @@ def judge(name: str, eager: torch.Tensor, compiled: torch.Tensor, reference: tor
     """
     if eager.shape != compiled.shape:
         note = f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}"
-        return TensorDiff(name=name, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, note=note)
+        return TensorDiff(
+            name=name, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf, note=note
+        )
     a, b = eager.detach().double().cpu(), compiled.detach().double().cpu()
     max_abs, max_rel, unmatched = _differences(a, b)
     common = {"name": name, "max_abs": max_abs, "max_rel": max_rel}
     if not (eager.is_floating_point() or eager.is_complex()):
-        return TensorDiff(**common, ok=max_abs == 0, ratio=0.0 if max_abs == 0 else math.inf, judged_by="exact")
+        return TensorDiff(
+            **common, ok=max_abs == 0, ratio=0.0 if max_abs == 0 else math.inf, judged_by="exact"
+        )
     if unmatched:
-        return TensorDiff(**common, ok=False, ratio=math.inf, judged_by="exact",
-                          note=f"{unmatched} values are NaN/inf in one run and finite in the other")
+        return TensorDiff(
+            **common,
+            ok=False,
+            ratio=math.inf,
+            judged_by="exact",
+            note=f"{unmatched} values are NaN/inf in one run and finite in the other",
+        )
     fixed = tolerance is not None and (tolerance[0] is not None or tolerance[1] is not None)
     if fixed:
         return _by_tolerance(common, a, b, eager.dtype, tolerance)
@@ -284,11 +362,23 @@ def judge(name: str, eager: torch.Tensor, compiled: torch.Tensor, reference: tor
     a, b, r = a[finite], b[finite], r[finite]
     size, eager_error = _rms(r), _rms(a - r)
     stored = size if floor_scale is None else max(size, _rms(floor_scale.double()))
-    floor = max(ROUNDING_EPS * torch.finfo(floor_dtype or eager.dtype).eps * stored, noise or 0.0)
-    diff = TensorDiff(**common, ok=False, ratio=math.inf, reference=reference_dtype,
-                      eager_error=eager_error, compiled_error=_rms(b - r), floor=floor, noise=noise,
-                      scale=size, numel=eager.numel(),
-                      factor=NOISE_FACTOR if 0 < size <= eager_error else FACTOR)
+    eps = torch.finfo(floor_dtype or eager.dtype).eps
+    floor = max(ROUNDING_EPS * eps * stored, noise or 0.0)
+    if eager.numel() == 1:  # a loss: a sum over many elements, in the compiler's order
+        floor = max(floor, SCALAR_EPS * min(eps, torch.finfo(torch.float32).eps) * stored)
+    diff = TensorDiff(
+        **common,
+        ok=False,
+        ratio=math.inf,
+        reference=reference_dtype,
+        eager_error=eager_error,
+        compiled_error=_rms(b - r),
+        floor=floor,
+        noise=noise,
+        scale=size,
+        numel=eager.numel(),
+        factor=NOISE_FACTOR if 0 < size <= eager_error else FACTOR,
+    )
     if near <= 1.0:  # rounding-level against eager: the errors are kept for the record
         diff.ok, diff.ratio, diff.judged_by = True, near, "eager"
     else:
@@ -335,8 +425,11 @@ def max_abs_difference(first: Any, second: Any) -> float:
     """
     right = dict(leaves(second))
     return max(
-        ((t.detach().double() - right[k].detach().double()).abs().max().item()
-         for k, t in leaves(first) if k in right and t.shape == right[k].shape and t.numel()),
+        (
+            (t.detach().double() - right[k].detach().double()).abs().max().item()
+            for k, t in leaves(first)
+            if k in right and t.shape == right[k].shape and t.numel()
+        ),
         default=0.0,
     )
 
@@ -349,8 +442,14 @@ def _join(prefix: str, key: str) -> str:
 
 
 def _missing(name: str, side: str) -> TensorDiff:
-    return TensorDiff(name=name, ok=False, ratio=math.inf, max_abs=math.inf, max_rel=math.inf,
-                      note=f"missing in the {side} run")
+    return TensorDiff(
+        name=name,
+        ok=False,
+        ratio=math.inf,
+        max_abs=math.inf,
+        max_rel=math.inf,
+        note=f"missing in the {side} run",
+    )
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -373,8 +472,9 @@ def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int]:
     return max_abs, max_rel, unmatched
 
 
-def _near_eager(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
-                scale: torch.Tensor | None) -> float:
+def _near_eager(
+    a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None
+) -> float:
     """RMS of ``b - a`` in units of ``NEAR_EPS`` epsilons of ``dtype`` times ``a``'s RMS (or
     ``scale``'s, if larger); 0 for equal tensors; ``inf`` for a 16-bit dtype that differs (always
     judged against the reference)."""
@@ -389,8 +489,13 @@ def _near_eager(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
     return difference / unit if unit > 0 else math.inf
 
 
-def _by_tolerance(common: dict[str, Any], a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype,
-                  tolerance: tuple[float | None, float | None]) -> TensorDiff:
+def _by_tolerance(
+    common: dict[str, Any],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dtype: torch.dtype,
+    tolerance: tuple[float | None, float | None],
+) -> TensorDiff:
     default_rtol, default_atol = _TOLERANCES.get(dtype, (0.0, 0.0))
     rtol = default_rtol if tolerance[0] is None else tolerance[0]
     atol = default_atol if tolerance[1] is None else tolerance[1]

@@ -67,9 +67,13 @@ class EquivalenceReport:
     def summary(self) -> str:
         """A few lines: verdict, counts, what it was judged against, the worst tensor, notes."""
         worst = self.worst
-        lines = [f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
-                 f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors pass",
-                 f"judged against: {self.reference.describe()}"]
+        lines = [
+            (
+                f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
+                f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors pass"
+            ),
+            f"judged against: {self.reference.describe()}",
+        ]
         if worst is not None:
             lines.append(f"worst: {worst.explain()}")
         if self.failed_steps:
@@ -97,7 +101,9 @@ class EquivalenceStep:
     """Called with each copy; returns what to compare."""
 
     @classmethod
-    def forward(cls, example_inputs: Any, *, name: str = "forward", **call_kwargs: Any) -> EquivalenceStep:
+    def forward(
+        cls, example_inputs: Any, *, name: str = "forward", **call_kwargs: Any
+    ) -> EquivalenceStep:
         """An eval-mode forward without gradients, ``model(**batch, **call_kwargs)`` (or ``*args``)."""
 
         def run(model: nn.Module) -> Any:
@@ -108,7 +114,9 @@ class EquivalenceStep:
         return cls(name=name, run=run)
 
     @classmethod
-    def train(cls, example_inputs: Any, *, name: str = "train", lr: float = _SGD_LR) -> EquivalenceStep:
+    def train(
+        cls, example_inputs: Any, *, name: str = "train", lr: float = _SGD_LR
+    ) -> EquivalenceStep:
         """A training step with dropout off: loss, backward, SGD on the trainable parameters.
 
         Compares the loss, every trainable gradient and the parameters after the step; the copy
@@ -120,13 +128,18 @@ class EquivalenceStep:
             model.zero_grad(set_to_none=True)
             loss = _loss(_call(model, example_inputs))
             loss.backward()
-            trainable = {n: p for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+            trainable = {
+                n: p for n, p in model.named_parameters() if p.requires_grad and p.grad is not None
+            }
             grads = {n: p.grad.detach().clone() for n, p in trainable.items()}
             torch.optim.SGD(list(trainable.values()), lr=lr).step()
             model.zero_grad(set_to_none=True)
             _set_mode(model, training=False, dropout=False)
-            return {"loss": loss.detach(), "grad": grads,
-                    "param": {n: p.detach().clone() for n, p in trainable.items()}}
+            return {
+                "loss": loss.detach(),
+                "grad": grads,
+                "param": {n: p.detach().clone() for n, p in trainable.items()},
+            }
 
         return cls(name=name, run=run)
 
@@ -194,10 +207,12 @@ def check_compile_equivalence(
     """
     _check_uncompiled(model)
     if (example_inputs is None) == (steps is None):
-        raise ValueError("pass exactly one of example_inputs (one batch: outputs, gradients, a "
-                         "step) and steps (a sequence compared after each step); got "
-                         f"example_inputs={type(example_inputs).__name__}, "
-                         f"steps={type(steps).__name__}.")
+        raise ValueError(
+            "pass exactly one of example_inputs (one batch: outputs, gradients, a "
+            "step) and steps (a sequence compared after each step); got "
+            f"example_inputs={type(example_inputs).__name__}, "
+            f"steps={type(steps).__name__}."
+        )
     kwargs = {"backend": backend, **(compile_kwargs or {})}
     report = EquivalenceReport(ok=True, backend=_backend_name(backend))
     start = copy.deepcopy(model)
@@ -213,7 +228,17 @@ def check_compile_equivalence(
         run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
     else:
         run = lambda m: _one_batch(m, example_inputs, seed, check_grads, dropout)
-    eager_result, compiled_result = run(eager), run(compiled)
+    random = steps is None and check_grads and _draws_random(start, example_inputs, seed, dropout)
+    eager_result = run(eager)
+    with _dynamo.inductor_settings({"fallback_random": True} if random else {}):
+        compiled_result = run(compiled)
+    if random:
+        report.notes.append(
+            "random ops: a training forward draws random numbers (a functional "
+            "dropout?); the compiled copy ran with inductor's fallback_random, so "
+            "both sides drew the same ones (inductor's own random kernels were "
+            "not compared)"
+        )
     judge_all = _judge_steps if steps is not None else _judge_batch
     report.diffs = judge_all(eager_result, compiled_result, None, "", tolerance)
     exact = None
@@ -227,18 +252,27 @@ def check_compile_equivalence(
     if any(not d.ok for d in report.diffs) and tolerance is None:
         noise, said = _noise(start, compiled, run, eager_result, compiled_result, steps is not None)
         report.notes.append(said)
-        report.diffs = judge_all(eager_result, compiled_result, exact, report.reference.name, None, noise)
-    if steps is None and any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
-                             for m in model.modules()):
-        report.notes.append(f"dropout: on in training, every run from seed {seed} (the same masks "
-                            "where the backend draws as eager does)" if dropout else
-                            "dropout: off in every run (eval dropout)")
+        report.diffs = judge_all(
+            eager_result, compiled_result, exact, report.reference.name, None, noise
+        )
+    if steps is None and any(
+        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
+    ):
+        report.notes.append(
+            f"dropout: on in training, every run from seed {seed} (the same masks "
+            "where the backend draws as eager does)"
+            if dropout
+            else "dropout: off in every run (eval dropout)"
+        )
     if perturbed and steps is None:
-        effect = max_abs_difference(_run_eval(copy.deepcopy(model), example_inputs, seed),
-                                    eager_result["output"])
+        effect = max_abs_difference(
+            _run_eval(copy.deepcopy(model), example_inputs, seed), eager_result["output"]
+        )
         if effect == 0:
-            report.notes.append("the perturbed adapters do not change the outputs: this check "
-                                "cannot tell whether the compiled model applies them")
+            report.notes.append(
+                "the perturbed adapters do not change the outputs: this check "
+                "cannot tell whether the compiled model applies them"
+            )
     report.ok = all(d.ok for d in report.diffs)
     return report
 
@@ -248,17 +282,23 @@ def check_compile_equivalence(
 
 def _check_uncompiled(model: object) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}"
+        )
     if _dynamo.is_torch_compile_wrapper(model):
-        raise ValueError(f"model is a torch.compile wrapper ({type(model).__name__}); pass the "
-                         "uncompiled module (model._orig_mod) and the compile settings via "
-                         "backend=/compile_kwargs=/compile_fn=.")
+        raise ValueError(
+            f"model is a torch.compile wrapper ({type(model).__name__}); pass the "
+            "uncompiled module (model._orig_mod) and the compile settings via "
+            "backend=/compile_kwargs=/compile_fn=."
+        )
     compiled = [n or "<model>" for n in _dynamo.compiled_module_names(model)]
     if compiled:
-        raise ValueError(f"model is already compiled in place ({compiled[:4]!r}); a deep copy "
-                         "would still run the original's compiled code. Pass the model before "
-                         "compiling (torchcompile_kit.uncompile (model)) and say how to compile "
-                         "it with compile_fn=, e.g. compile_fn=compile_peft.")
+        raise ValueError(
+            f"model is already compiled in place ({compiled[:4]!r}); a deep copy "
+            "would still run the original's compiled code. Pass the model before "
+            "compiling (torchcompile_kit.uncompile (model)) and say how to compile "
+            "it with compile_fn=, e.g. compile_fn=compile_peft."
+        )
 
 
 def _backend_name(backend: Any) -> str:
@@ -294,6 +334,25 @@ def _set_mode(model: nn.Module, *, training: bool, dropout: bool) -> None:
                 module.eval()  # an eval dropout is the identity
 
 
+def _draws_random(model: nn.Module, example_inputs: Any, seed: int, dropout: bool) -> bool:
+    """Whether a training forward of a copy of ``model`` moves torch's random generator (the CPU
+    one, and the model's CUDA device's): a dropout the dropout-off mode cannot reach
+    (``F.dropout(x, p, training=self.training)``), or ``dropout=True``. Inductor draws such
+    numbers its own way unless ``fallback_random`` is on, which is not a miscompute."""
+    probe = copy.deepcopy(model)
+    _set_mode(probe, training=True, dropout=dropout)
+    device = next((p.device for p in probe.parameters()), torch.device("cpu"))
+    state = lambda: (
+        [torch.random.get_rng_state()]
+        + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        before = state()
+        _call(probe, example_inputs)
+        return any(not torch.equal(a, b) for a, b in zip(before, state()))
+
+
 def _run_eval(model: nn.Module, example_inputs: Any, seed: int) -> Any:
     _set_mode(model, training=False, dropout=False)
     with torch.no_grad(), torch.random.fork_rng():
@@ -307,15 +366,18 @@ def _loss(output: Any) -> torch.Tensor:
         return loss
     tensors = [t for _, t in leaves(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
-        raise ValueError("check_grads=True needs a differentiable output: the model returned no "
-                         "'loss' and no floating-point tensor that requires grad. Pass "
-                         "check_grads=False, or labels.")
+        raise ValueError(
+            "check_grads=True needs a differentiable output: the model returned no "
+            "'loss' and no floating-point tensor that requires grad. Pass "
+            "check_grads=False, or labels."
+        )
     # 16-bit outputs are summed in float32; a float64 reference keeps its precision
     return sum(t.to(torch.promote_types(t.dtype, torch.float32)).square().mean() for t in tensors)
 
 
-def _one_batch(model: nn.Module, example_inputs: Any, seed: int, check_grads: bool,
-               dropout: bool) -> dict[str, Any]:
+def _one_batch(
+    model: nn.Module, example_inputs: Any, seed: int, check_grads: bool, dropout: bool
+) -> dict[str, Any]:
     """What one batch compares: eval outputs; with ``check_grads`` the loss, every trainable
     gradient, the parameters after one SGD step and the eval outputs after it."""
     result: dict[str, Any] = {"output": _run_eval(model, example_inputs, seed)}
@@ -329,7 +391,9 @@ def _one_batch(model: nn.Module, example_inputs: Any, seed: int, check_grads: bo
     loss.backward()
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     result["loss"] = loss.detach()
-    result["grad"] = {n: None if p.grad is None else p.grad.detach().clone() for n, p in trainable.items()}
+    result["grad"] = {
+        n: None if p.grad is None else p.grad.detach().clone() for n, p in trainable.items()
+    }
     torch.optim.SGD([p for p in trainable.values() if p.grad is not None], lr=_SGD_LR).step()
     result["param_after_step"] = {n: p.detach().clone() for n, p in trainable.items()}
     result["output_after_step"] = _run_eval(model, example_inputs, seed)
@@ -357,8 +421,9 @@ class _StepResult:
     raised: str | None = None
 
 
-def _reference_run(start: nn.Module, precision: Reference, run: Callable[[nn.Module], Any]
-                   ) -> tuple[Any, Reference]:
+def _reference_run(
+    start: nn.Module, precision: Reference, run: Callable[[nn.Module], Any]
+) -> tuple[Any, Reference]:
     """``run`` on a copy of ``start`` at the reference precision, autocast off, inputs cast."""
     if precision.dtype is None:
         return None, precision
@@ -367,45 +432,84 @@ def _reference_run(start: nn.Module, precision: Reference, run: Callable[[nn.Mod
         with at_precision(model, precision.dtype), casting_inputs(model, precision.dtype):
             result = run(model)
     except Exception as error:  # noqa: BLE001 - the model cannot run at that precision
-        return None, Reference(dtype=None, note=f"the model does not run in {precision.name}: "
-                               f"{type(error).__name__}: {str(error)[:160]}")
+        return None, Reference(
+            dtype=None,
+            note=f"the model does not run in {precision.name}: "
+            f"{type(error).__name__}: {str(error)[:160]}",
+        )
     raised = next((r for r in result if r.raised), None) if isinstance(result, list) else None
     if raised is not None:  # its later steps would start from another state than eager's
-        return None, Reference(dtype=None, note=f"step {raised.label} raised in {precision.name}: "
-                               f"{raised.raised[:160]}")
+        return None, Reference(
+            dtype=None,
+            note=f"step {raised.label} raised in {precision.name}: {raised.raised[:160]}",
+        )
     return result, precision
 
 
-def _judge_batch(eager: dict[str, Any], compiled: dict[str, Any], exact: dict[str, Any] | None,
-                 reference: str, tolerance: tuple | None,
-                 noise: dict[str, float] | None = None) -> list[TensorDiff]:
-    return judge_trees("", eager, compiled, exact, reference_dtype=reference, tolerance=tolerance,
-                       noise=noise)
+def _judge_batch(
+    eager: dict[str, Any],
+    compiled: dict[str, Any],
+    exact: dict[str, Any] | None,
+    reference: str,
+    tolerance: tuple | None,
+    noise: dict[str, float] | None = None,
+) -> list[TensorDiff]:
+    return judge_trees(
+        "", eager, compiled, exact, reference_dtype=reference, tolerance=tolerance, noise=noise
+    )
 
 
-def _judge_steps(eager: list[_StepResult], compiled: list[_StepResult], exact: list[_StepResult] | None,
-                 reference: str, tolerance: tuple | None,
-                 noise: dict[str, float] | None = None) -> list[TensorDiff]:
+def _judge_steps(
+    eager: list[_StepResult],
+    compiled: list[_StepResult],
+    exact: list[_StepResult] | None,
+    reference: str,
+    tolerance: tuple | None,
+    noise: dict[str, float] | None = None,
+) -> list[TensorDiff]:
     diffs: list[TensorDiff] = []
     for index, (left, right) in enumerate(zip(eager, compiled)):
         if left.raised is None and right.raised is None:
             exact_value = exact[index].value if exact is not None else None
-            step_diffs = judge_trees(left.label, left.value, right.value, exact_value,
-                                     reference_dtype=reference, tolerance=tolerance, noise=noise)
-        elif left.raised and right.raised and left.raised.split(":")[0] == right.raised.split(":")[0]:
+            step_diffs = judge_trees(
+                left.label,
+                left.value,
+                right.value,
+                exact_value,
+                reference_dtype=reference,
+                tolerance=tolerance,
+                noise=noise,
+            )
+        elif (
+            left.raised and right.raised and left.raised.split(":")[0] == right.raised.split(":")[0]
+        ):
             step_diffs = []  # both raised alike: the step is equivalent (and says so in neither)
         else:
             side, raised = ("compiled", right.raised) if right.raised else ("eager", left.raised)
-            step_diffs = [TensorDiff(name=left.label, ok=False, ratio=math.inf, max_abs=math.inf,
-                                     max_rel=math.inf, note=f"only the {side} run raised: {str(raised)[:300]}")]
+            step_diffs = [
+                TensorDiff(
+                    name=left.label,
+                    ok=False,
+                    ratio=math.inf,
+                    max_abs=math.inf,
+                    max_rel=math.inf,
+                    note=f"only the {side} run raised: {str(raised)[:300]}",
+                )
+            ]
         for diff in step_diffs:
             diff.step = left.label
         diffs += step_diffs
     return diffs
 
 
-def _noise(start: nn.Module, compiled: nn.Module, run: Callable[[nn.Module], Any], eager_result: Any,
-           compiled_result: Any, is_steps: bool) -> tuple[dict[str, float], str]:
+def _noise(
+    start: nn.Module,
+    compiled: nn.Module,
+    run: Callable[[nn.Module], Any],
+    eager_result: Any,
+    compiled_result: Any,
+    is_steps: bool,
+) -> tuple[dict[str, float], str]:
     """The run-to-run noise of every tensor, measured after a tensor failed: eager rerun on a fresh
     copy of the start and, for one batch, the compiled copy rerun from the start's weights."""
     noise = _rms(eager_result, run(copy.deepcopy(start)), is_steps)
@@ -420,9 +524,11 @@ def _noise(start: nn.Module, compiled: nn.Module, run: Callable[[nn.Module], Any
             for name, value in _rms(compiled_result, again, is_steps).items():
                 noise[name] = max(value, noise.get(name, 0.0))
             said += " and compiled against compiled"
-    return noise, said + (", rerun from the same start" if not is_steps else
-                          ", the sequence rerun from the start (a sequence is not replayed on "
-                          "the compiled copy)")
+    return noise, said + (
+        ", rerun from the same start"
+        if not is_steps
+        else ", the sequence rerun from the start (a sequence is not replayed on the compiled copy)"
+    )
 
 
 def _rms(first: Any, second: Any, is_steps: bool) -> dict[str, float]:

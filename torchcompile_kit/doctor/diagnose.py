@@ -20,8 +20,8 @@ from typing import Any
 
 from .. import _dynamo
 from .locate import Located, locate
-from .record import Diagnosis, Trial, TrialOutcome
-from .repro import write_repro
+from .record import RECIPES, Diagnosis, Trial, TrialOutcome
+from .repro import capture_calls, check_repro, write_repro
 from .runner import TrialRunner
 
 __all__ = ["diagnose"]
@@ -33,14 +33,15 @@ def diagnose(
     model: Any,
     batch: Any = None,
     *,
-    backend: str = "inductor",
+    recipe: str | None = None,
     compile_kwargs: dict[str, Any] | None = None,
     autocast: str | None = None,
     out: str | os.PathLike[str] = "doctor-results",
     timeout_s: float = 600,
 ) -> Diagnosis:
-    """Diagnose ``torch.compile(model)`` on one batch: does it compile, run and compute what eager
-    computes, and if not, at which backend, under which settings and in which module.
+    """Diagnose ``torch.compile(model)`` (or one of this library's recipes) on one batch: does it
+    compile, run and compute what eager computes, and if not, at which backend, under which
+    settings and in which module.
 
     Args:
         model: a builder spec ``"mypkg.models:build"`` or ``"file.py:build"`` (the ``bench --model``
@@ -48,9 +49,13 @@ def diagnose(
             imported (it is pickled for the trials' processes) with ``batch``.
         batch: the batch (a dict of keyword arguments, a tuple or a tensor) for an ``nn.Module``;
             with a spec, ``make_batch(0)``.
-        backend: the backend the user compiles with (a name, or ``"module:attribute"``).
-        compile_kwargs: further ``torch.compile`` keywords the user compiles with (``dynamic``,
-            ``mode``, ``fullgraph``).
+        recipe: ``None`` diagnoses ``model.compile(**compile_kwargs)``; ``"regional"``,
+            ``"model"`` or ``"peft"`` the library's ``compile_regional``, ``compile_model`` or
+            ``compile_peft`` (then one more trial says whether a plain whole-model compile
+            passes). The search for the module compiles parts plainly either way.
+        compile_kwargs: the ``torch.compile`` keywords the user compiles with: ``backend`` (a
+            name, or ``"module:attribute"`` of a backend callable; default ``"inductor"``),
+            ``dynamic``, ``mode``, ``fullgraph``, ``options``.
         autocast: run under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``),
             as the user trains; ``None``: no autocast.
         out: the folder for ``doctor.json``, the repro script and each trial's log.
@@ -68,9 +73,17 @@ def diagnose(
 
     Example:
         >>> diagnosis = diagnose("mypkg.models:build", out="doctor-out")  # doctest: +SKIP
+        >>> diagnosis = diagnose(model, batch, recipe="regional",
+        ...                      compile_kwargs={"dynamic": False})  # doctest: +SKIP
         >>> print(diagnosis.summary())  # doctest: +SKIP
         doctor: MISCOMPUTE (gradients differ); torch 2.13.0+cpu, cpu, 11 trials, 95 s
     """
+    if recipe is not None and recipe not in RECIPES:
+        raise ValueError(
+            f"diagnose(recipe={recipe!r}): pass None (torch.compile) or one of {list(RECIPES)}"
+        )
+    kwargs = dict(compile_kwargs or {})
+    backend = kwargs.pop("backend", "inductor")
     if autocast not in (None, "bfloat16", "float16"):
         raise ValueError(f"diagnose(autocast={autocast!r}): pass 'bfloat16', 'float16' or None")
     if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
@@ -80,7 +93,7 @@ def diagnose(
     start = time.perf_counter()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    module, inputs, device = _save_inputs(model, batch, folder)
+    module, batch, inputs, device = _save_inputs(model, batch, folder)
     runner = TrialRunner(folder, inputs, timeout_s=timeout_s)
     import torch
 
@@ -89,13 +102,15 @@ def diagnose(
     user = Trial(
         label="triage",
         backend=backend,
-        compile_kwargs=dict(compile_kwargs or {}),
+        compile_kwargs=kwargs,
         autocast=autocast,
+        recipe=recipe,
         monitor=True,
     )
     try:
-        doctor.run(user, module)
+        doctor.run(user, module, batch)
     finally:
+        runner.close()
         diagnosis.seconds = round(time.perf_counter() - start, 1)
         diagnosis.complete = True
         doctor.save()
@@ -126,12 +141,13 @@ class _Doctor:
         path = self.folder / "doctor.json"
         path.write_text(json.dumps(self.diagnosis.to_dict(), indent=1, default=str))
 
-    def run(self, user: Trial, model: Any) -> None:
+    def run(self, user: Trial, model: Any, batch: Any) -> None:
         diagnosis = self.diagnosis
         diagnosis.notes.append(
             f"every verdict holds for what ran: this batch, torch "
             f"{diagnosis.torch}, {diagnosis.device}, "
             f"backend={user.backend}, {user.compile_kwargs or 'default settings'}"
+            + (f", recipe={user.recipe}" if user.recipe else "")
         )
         triage = self.trial(user)
         diagnosis.graph_breaks = triage.graph_breaks
@@ -181,11 +197,16 @@ class _Doctor:
                 "it fails with backend='eager' (dynamo alone, no AOTAutograd or "
                 "inductor): the model's code, its inputs or dynamo, not inductor"
             )
-        if first_bad == "inductor":
-            self.settings(user)
+        if user.recipe:
+            self.without_recipe(failing)
         located = locate(model, self.trial, failing)
+        culprit_paths = [p for unit in located.culprits for p in unit.paths]
+        if first_bad == "inductor":  # on the culprit alone: a smaller compile per setting
+            self.settings(failing, culprit_paths or None)
         self.conclude(located, failing)
-        if first_bad == "inductor" and triage.status != "crashed":  # in-process: no crash
+        self.repro(model, batch, failing, culprit_paths)
+        bisectable = first_bad in ("aot_eager_decomp_partition", "inductor")
+        if bisectable and triage.status != "crashed":  # in-process: no crash
             paths = [p for unit in located.culprits for p in unit.paths] or None
             where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
             found = self.trial(failing.variant(f"bisect: {where}", modules=paths, bisect=True))
@@ -196,7 +217,8 @@ class _Doctor:
                 + (
                     "the process crashes, and the bisector runs in it"
                     if triage.status == "crashed"
-                    else f"it bisects inductor; the first bad backend is {first_bad}"
+                    else "it bisects decompositions and inductor; the first bad backend is "
+                    f"{first_bad}"
                 )
                 + ")"
             )
@@ -214,8 +236,14 @@ class _Doctor:
         self.diagnosis.first_bad_backend = user.backend
         return user.backend
 
-    def settings(self, user: Trial) -> None:
-        """Which inductor settings make the problem go away (each a trial at the user's backend)."""
+    def settings(self, user: Trial, paths: list[str] | None) -> None:
+        """Which inductor settings make the problem go away: each a trial at the user's backend,
+        compiling ``paths`` (the culprits; ``None``: the whole model)."""
+        if paths:
+            where = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+            self.diagnosis.notes.append(
+                f"the settings were tried on {where} alone (the rest eager)"
+            )
         on_cpu = self.diagnosis.device.startswith("cpu")
         for name, settings in _dynamo.DEBUG_SETTINGS.items():
             if "cpp." in next(iter(settings)) and not on_cpu:
@@ -223,12 +251,32 @@ class _Doctor:
             if _dynamo.missing_settings(settings):
                 self.diagnosis.notes.append(f"{name}: not tried (this torch has no such setting)")
                 continue
-            if not self.trial(user.variant(f"setting: {name}", inductor=settings)).bad:
+            trial = user.variant(f"setting: {name}", inductor=settings, modules=paths)
+            if not self.trial(trial).bad:
                 self.diagnosis.hidden_by.append(name)
         flipped = {None: True, False: True, True: False}[user.compile_kwargs.get("dynamic")]
         kwargs = {**user.compile_kwargs, "dynamic": flipped}
-        if not self.trial(user.variant(f"setting: dynamic={flipped}", compile_kwargs=kwargs)).bad:
+        trial = user.variant(f"setting: dynamic={flipped}", compile_kwargs=kwargs, modules=paths)
+        if not self.trial(trial).bad:
             self.diagnosis.hidden_by.append(f"dynamic={flipped}")
+
+    def without_recipe(self, failing: Trial) -> None:
+        """With a recipe: does the model compiled whole by plain ``model.compile`` pass?"""
+        plain = self.trial(failing.variant("without the recipe: model.compile", recipe=None))
+        if plain.bad:
+            self.diagnosis.notes.append(
+                f"model.compile (the whole model, no recipe) fails as well ({plain.status}): "
+                f"not the {failing.recipe} recipe's doing"
+            )
+            return
+        self.diagnosis.notes.append(
+            f"model.compile (the whole model, no recipe) passes where the {failing.recipe} "
+            "recipe fails: the recipe's graphs (or its handling) expose it"
+        )
+        self.diagnosis.workaround = (
+            f"compile the whole model (model.compile) instead of the {failing.recipe} recipe: "
+            "passed on this batch"
+        )
 
     def conclude(self, located: Located, failing: Trial) -> None:
         diagnosis = self.diagnosis
@@ -255,11 +303,39 @@ class _Doctor:
                 f"{names}: alone it reproduces, but the model compiled without "
                 "it still fails: not confirmed as the only cause"
             )
-        paths = [p for unit in located.culprits for p in unit.paths]
-        alone = failing.variant("repro", modules=paths)
-        diagnosis.repro = str(
-            write_repro(self.folder, self.runner.request(alone, "repro"), diagnosis)
+
+    def repro(self, model: Any, batch: Any, failing: Trial, paths: list[str]) -> None:
+        """Write the repro scripts for the culprits (no culprit: the whole model), run the
+        standalone one and say whether it reproduces."""
+        diagnosis = self.diagnosis
+        where = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "") or "the whole model"
+        title = (
+            f"{diagnosis.result}"
+            + (f" ({', '.join(diagnosis.differs)})" if diagnosis.differs else "")
+            + f" with backend={failing.backend!r} when {where[:200]} is compiled"
+            f" (torch {diagnosis.torch}, {diagnosis.device})"
         )
+        request = self.runner.request(failing.variant("repro", modules=paths or None), "repro")
+        try:
+            calls = capture_calls(model, batch, paths or [""], failing.autocast)
+        except Exception as err:  # noqa: BLE001 - the replay still stands
+            diagnosis.notes.append(f"no standalone repro: capturing the inputs raised {err!r:.200}")
+            calls = []
+        standalone, replay = write_repro(self.folder, calls, failing, title, request)
+        diagnosis.replay = str(replay)
+        if not calls:
+            return
+        _progress("[doctor] running the standalone repro script ...")
+        trace = self.folder / "trace"
+        check = check_repro(standalone, timeout_s=self.runner.timeout_s, trace=trace)
+        diagnosis.repro, diagnosis.repro_fails = str(standalone), check.fails
+        diagnosis.trace = str(trace) if trace.is_dir() else None
+        if not check.fails:
+            diagnosis.notes.append(
+                "the standalone repro (the culprit alone on the inputs it received) does not "
+                f"reproduce: it needs the model around it; {replay.name} replays the failing trial"
+            )
+        self.save()
 
 
 def _budget(model: Any, user: Trial, seconds: float) -> str:
@@ -277,7 +353,8 @@ def _budget(model: Any, user: Trial, seconds: float) -> str:
     return (
         f"[doctor] budget: up to about {total} more trials (again, ladder {ladder}, settings "
         f"{settings}, localisation ~{total - 3 - ladder - settings}, confirm, bisect), "
-        f"~{total * seconds / 60:.0f} min at the triage's {seconds:.0f} s each"
+        f"at most ~{total * seconds / 60:.0f} min if each took the triage's {seconds:.0f} s "
+        "(a part compiles less than the whole model)"
     )
 
 
@@ -285,7 +362,7 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _save_inputs(model: Any, batch: Any, folder: Path) -> tuple[Any, dict[str, Any], str]:
+def _save_inputs(model: Any, batch: Any, folder: Path) -> tuple[Any, Any, dict[str, Any], str]:
     """Build (or take) the model and the batch once, and save what every trial loads: the same
     weights and the same tensors, strides included."""
     import torch
@@ -320,4 +397,7 @@ def _save_inputs(model: Any, batch: Any, folder: Path) -> tuple[Any, dict[str, A
         )
     torch.save(batch, folder / "batch.pt")
     device = next((str(p.device) for p in module.parameters()), "cpu")
-    return module, {**inputs, "batch": str(folder / "batch.pt"), "seed": 0}, device
+    if device == "cpu":  # the vector code it ran (what the trials' processes will pick)
+        isa = os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability()
+        device += f" ({isa.upper()})"
+    return module, batch, {**inputs, "batch": str(folder / "batch.pt"), "seed": 0}, device

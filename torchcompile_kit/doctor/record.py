@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RESULTS", "Diagnosis", "Trial", "TrialOutcome"]
+__all__ = ["RECIPES", "RESULTS", "Diagnosis", "Trial", "TrialOutcome"]
 
 Status = Literal[
     "ok", "eager-error", "compile-error", "runtime-error", "crashed", "timeout", "miscompute"
 ]
+RECIPES = ("regional", "model", "peft")
+"""The library's recipes the doctor can diagnose (:attr:`Trial.recipe`)."""
 RESULTS = (
     "ok",
     "compile-error",
@@ -46,6 +48,10 @@ class Trial:
     """Instead of one comparison, run torch's pass-level bisection over repeated ones."""
     autocast: str | None = None
     """Run both sides under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``)."""
+    recipe: str | None = None
+    """Compile the whole model with this library's recipe (``"regional"``: ``compile_regional``,
+    ``"model"``: ``compile_model``, ``"peft"``: ``compile_peft``) instead of ``model.compile``;
+    trials of parts (``modules``, ``exclude``) compile plainly."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -140,7 +146,15 @@ class Diagnosis:
     workaround: str | None = None
     """A workaround verified on this batch (the confirming trial), or ``None``."""
     repro: str | None = None
-    """Path of the standalone repro script."""
+    """Path of the standalone repro script (torch and the model's code only): the culprit
+    compiled alone on the inputs it received, against eager and float64."""
+    repro_fails: bool | None = None
+    """The doctor ran :attr:`repro`: ``True`` it reproduces (exits 1), ``False`` it does not (the
+    culprit needs the model around it: use :attr:`replay`); ``None``: not written."""
+    replay: str | None = None
+    """Path of the script that replays the doctor's failing trial through this library."""
+    trace: str | None = None
+    """``TORCH_TRACE`` folder of the repro's run, for ``tlparse``."""
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
     """The triage's graph breaks (location, reason)."""
     recompiles: list[str] = field(default_factory=list)
@@ -238,7 +252,7 @@ class Diagnosis:
             )
         breaks = [b for b in self.graph_breaks if not b.get("in_torch")]
         lines.append(
-            f"  breaks   {len(breaks)} in your code"
+            f"  breaks   {len(breaks)} outside torch (your code, your libraries)"
             + "".join(
                 f"\n           {b['location']}: {b['reason'][:120]}"
                 + (f"\n             fix: {b['fix'][:160]}" if b.get("fix") else "")
@@ -249,6 +263,17 @@ class Diagnosis:
         if self.workaround:
             lines.append(f"  workaround (verified on this batch only): {self.workaround}")
         if self.repro:
-            lines.append(f"  repro    {self.repro}")
+            lines.append(
+                f"  repro    {self.repro} ("
+                + (
+                    "standalone; fails on this torch"
+                    if self.repro_fails
+                    else f"does not fail alone: the culprit needs its model; {self.replay} does"
+                )
+                + ")"
+                + (f"; trace for tlparse: {self.trace}" if self.trace else "")
+            )
+        elif self.replay:
+            lines.append(f"  replay   {self.replay} (no standalone repro: see the notes)")
         lines += [f"  note     {note}" for note in self.notes]
         return "\n".join(lines)

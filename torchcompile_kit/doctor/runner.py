@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -37,6 +38,18 @@ class TrialRunner:
         self.inputs = inputs
         self.timeout_s = timeout_s
         self.count = 0
+        self._zygote: _Zygote | None = None
+
+    def close(self) -> None:
+        """End the process that starts the trials."""
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+
+    def _starter(self) -> _Zygote:
+        if self._zygote is None:
+            self._zygote = _Zygote(self.folder / "zygote.log")
+        return self._zygote
 
     def request(self, trial: Trial, name: str) -> dict[str, Any]:
         """The request the trial's process reads (also what a repro script replays)."""
@@ -55,36 +68,23 @@ class TrialRunner:
         path = self.folder / f"{name}.request.json"
         path.write_text(json.dumps(request, indent=1))
         out, stage, log = Path(request["out"]), Path(request["stage"]), self.folder / f"{name}.log"
-        # the child imports what this process can: a pickled model's class, a backend's module
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": str(self.folder / f"{name}.inductor"),
-            "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(
-                os.pathsep
-            ),
-        }
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.folder / f"{name}.inductor")}
         start = time.perf_counter()
-        with log.open("w") as sink:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "torchcompile_kit.doctor.trial", str(path)],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
+        code = self._starter().run(path, log, env, timeout_s=self.timeout_s)
+        if code is None:
+            return TrialOutcome(
+                label=trial.label,
+                status="timeout",
+                stage=_read(stage),
+                error=f"no result within {self.timeout_s:.0f} s (--timeout)",
+                seconds=round(time.perf_counter() - start, 3),
             )
-            try:
-                code = proc.wait(timeout=self.timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return TrialOutcome(
-                    label=trial.label,
-                    status="timeout",
-                    stage=_read(stage),
-                    error=f"no result within {self.timeout_s:.0f} s (--timeout)",
-                    seconds=round(time.perf_counter() - start, 3),
-                )
         seconds = round(time.perf_counter() - start, 3)
+        if code > 0 and not stage.is_file():  # it never began: every trial would fail alike
+            raise RuntimeError(
+                f"the doctor's trial process failed before running anything (exit {code}): "
+                f"{_last_line(log)} (log: {log})"
+            )
         if code < 0:
             return TrialOutcome(
                 label=trial.label,
@@ -105,6 +105,75 @@ class TrialRunner:
         outcome = TrialOutcome.from_dict(json.loads(out.read_text()))
         outcome.seconds = seconds
         return outcome
+
+
+class _Zygote:
+    """The process that forks each trial (:mod:`.zygote`), started with what the trials import
+    (this process's ``sys.path``: a pickled model's class, a backend's module)."""
+
+    def __init__(self, log: Path) -> None:
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
+        }
+        self.log = log
+        self._buffer = b""
+        with log.open("w") as sink:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "torchcompile_kit.doctor.zygote"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=sink,
+                env=env,
+            )
+        self._answer(None)  # {"ready": true}
+
+    def run(self, request: Path, log: Path, env: dict[str, str], *, timeout_s: float) -> int | None:
+        """Start the trial of ``request`` and wait: its exit code (negative: the signal that
+        killed it), or ``None`` when it ran past ``timeout_s`` (then it is killed)."""
+        assert self.process.stdin is not None
+        ask = {"request": str(request), "log": str(log), "env": env}
+        self.process.stdin.write((json.dumps(ask) + "\n").encode())
+        self.process.stdin.flush()
+        pid = self._answer(None)["pid"]
+        ended = self._answer(timeout_s)
+        if ended is None:
+            os.kill(pid, signal.SIGKILL)
+            self._answer(None)
+            return None
+        return os.waitstatus_to_exitcode(ended["status"])
+
+    def _answer(self, timeout_s: float | None) -> Any:
+        """The zygote's next line, read from its pipe as it comes (``None``: no line within
+        ``timeout_s``)."""
+        assert self.process.stdout is not None
+        pipe = self.process.stdout.fileno()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([pipe], [], [], left)[0]:
+                return None
+            chunk = os.read(pipe, 65536)
+            if not chunk:
+                raise RuntimeError(
+                    f"the doctor's trial starter ended (exit {self.process.wait()}): "
+                    f"{_last_line(self.log)} (log: {self.log})"
+                )
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def _read(path: Path) -> str | None:

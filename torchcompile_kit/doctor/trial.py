@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["loss_of", "run_trial"]
+__all__ = ["call_model", "loss_of", "run_trial"]
 
 _PARTS = (
     ("output_after_step", "step"),
@@ -167,7 +167,8 @@ def _part(name: str) -> str:
     return next((part for prefix, part in _PARTS if name.startswith(prefix)), "forward")
 
 
-def _call(model: Any, batch: Any) -> Any:
+def call_model(model: Any, batch: Any) -> Any:
+    """``model(**batch)``, ``model(*batch)`` or ``model(batch)``, as the batch is given."""
     if isinstance(batch, dict):
         return model(**batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
@@ -204,7 +205,7 @@ def _eager_step(model: Any, batch: Any) -> None:
     import copy
 
     probe = copy.deepcopy(model)
-    loss_of(_call(probe, batch)).backward()
+    loss_of(call_model(probe, batch)).backward()
 
 
 def _backend(name: str) -> Any:
@@ -217,8 +218,9 @@ def _backend(name: str) -> Any:
 
 
 def _compile_fn(trial: Any, compiled: list[Any]) -> Callable[..., Any]:
-    """How the trial compiles the copy: the whole model, only some modules, or the whole model
-    with some left eager (``torch.compiler.disable`` on their ``forward``)."""
+    """How the trial compiles the copy: the whole model (by the library's recipe, if the trial
+    names one), only some modules, or the whole model with some left eager
+    (``torch.compiler.disable`` on their ``forward``)."""
     import torch
 
     from ..regional import compile_in_place
@@ -227,6 +229,10 @@ def _compile_fn(trial: Any, compiled: list[Any]) -> Callable[..., Any]:
         if trial.modules is not None:
             modules = [model.get_submodule(path) for path in trial.modules]
             compile_in_place(modules, **compile_kwargs)
+        elif (
+            trial.recipe and not trial.exclude
+        ):  # the comparator judges: the recipe's own check off
+            _recipe(trial.recipe)(model, verify=False, **compile_kwargs)
         else:
             for path in trial.exclude:
                 module = model.get_submodule(path)
@@ -238,13 +244,23 @@ def _compile_fn(trial: Any, compiled: list[Any]) -> Callable[..., Any]:
     return compile_fn
 
 
+def _recipe(name: str) -> Callable[..., Any]:
+    if name == "peft":
+        from ..adapters import compile_peft
+
+        return compile_peft
+    from ..regional import compile_model, compile_regional
+
+    return {"regional": compile_regional, "model": compile_model}[name]
+
+
 def _second_shape(model: Any, make_batch: Callable[[int], Any], first: Any) -> None:
     """A forward and backward on the builder's next batch when its shapes differ from the first."""
     second = make_batch(1)
     shapes = lambda b: [tuple(v.shape) for v in b.values() if hasattr(v, "shape")]
     if shapes(second) != shapes(first):
         model.train()
-        loss_of(_call(model, second)).backward()
+        loss_of(call_model(model, second)).backward()
 
 
 def _pays(
@@ -258,7 +274,7 @@ def _pays(
     def step(model: Any) -> float:
         model.zero_grad(set_to_none=True)
         begin = time.perf_counter()
-        loss_of(_call(model, batch)).backward()
+        loss_of(call_model(model, batch)).backward()
         return time.perf_counter() - begin
 
     for model in (eager, compiled):
