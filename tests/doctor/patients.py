@@ -186,5 +186,5 @@ def gpt2(layers: int = 2, width: int = 32, activation: str = "gelu_new", rows: i
 
 
 def build_gpt2():
-    """A two-layer GPT-2: the healthy transformers control."""
-    return gpt2()
+    """A one-layer GPT-2: the healthy transformers control."""
+    return gpt2(layers=1)
