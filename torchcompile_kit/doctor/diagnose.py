@@ -203,13 +203,13 @@ class _Doctor:
         culprit_paths = [p for unit in located.culprits for p in unit.paths]
         if first_bad == "inductor":  # on the culprit alone: a smaller compile per setting
             self.settings(failing, culprit_paths or None)
-        self.conclude(located, failing)
+        self.conclude(located, culprit_paths)
         self.repro(model, batch, failing, culprit_paths)
         bisectable = first_bad in ("aot_eager_decomp_partition", "inductor")
         if bisectable and triage.status != "crashed":  # in-process: no crash
-            paths = [p for unit in located.culprits for p in unit.paths] or None
             where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
-            found = self.trial(failing.variant(f"bisect: {where}", modules=paths, bisect=True))
+            bisect = failing.variant(f"bisect: {where}", modules=culprit_paths or None, bisect=True)
+            found = self.trial(bisect)
             diagnosis.bisect = found.bisect or ({"error": found.error} if found.error else None)
         else:
             diagnosis.notes.append(
@@ -240,7 +240,7 @@ class _Doctor:
         """Which inductor settings make the problem go away: each a trial at the user's backend,
         compiling ``paths`` (the culprits; ``None``: the whole model)."""
         if paths:
-            where = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+            where = _first_few(paths)
             self.diagnosis.notes.append(
                 f"the settings were tried on {where} alone (the rest eager)"
             )
@@ -278,7 +278,8 @@ class _Doctor:
             "passed on this batch"
         )
 
-    def conclude(self, located: Located, failing: Trial) -> None:
+    def conclude(self, located: Located, paths: list[str]) -> None:
+        """The culprits, whether confirmed, and the workaround (``paths``: the culprits' modules)."""
         diagnosis = self.diagnosis
         diagnosis.culprits = [unit.label for unit in located.culprits] or None
         diagnosis.culprit_confirmed = located.confirmed
@@ -291,11 +292,10 @@ class _Doctor:
             return
         names = ", ".join(unit.describe() for unit in located.culprits)
         if located.confirmed:
-            paths = [p for unit in located.culprits for p in unit.paths]
             diagnosis.workaround = (
                 f"leave {names} eager: torch.compiler.disable on "
                 f"{'its' if len(paths) == 1 else 'their'} forward "
-                f"({', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''}); "
+                f"({_first_few(paths)}); "
                 "the rest compiled passed on this batch"
             )
         else:
@@ -308,7 +308,7 @@ class _Doctor:
         """Write the repro scripts for the culprits (no culprit: the whole model), run the
         standalone one and say whether it reproduces."""
         diagnosis = self.diagnosis
-        where = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "") or "the whole model"
+        where = _first_few(paths) or "the whole model"
         title = (
             f"{diagnosis.result}"
             + (f" ({', '.join(diagnosis.differs)})" if diagnosis.differs else "")
@@ -356,6 +356,11 @@ def _budget(model: Any, user: Trial, seconds: float) -> str:
         f"at most ~{total * seconds / 60:.0f} min if each took the triage's {seconds:.0f} s "
         "(a part compiles less than the whole model)"
     )
+
+
+def _first_few(paths: list[str]) -> str:
+    """``a, b, c, d, ...``: the first four module paths, for a line of text."""
+    return ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
 
 
 def _progress(line: str) -> None:

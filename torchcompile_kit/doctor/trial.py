@@ -229,9 +229,8 @@ def _compile_fn(trial: Any, compiled: list[Any]) -> Callable[..., Any]:
         if trial.modules is not None:
             modules = [model.get_submodule(path) for path in trial.modules]
             compile_in_place(modules, **compile_kwargs)
-        elif (
-            trial.recipe and not trial.exclude
-        ):  # the comparator judges: the recipe's own check off
+        elif trial.recipe and not trial.exclude:
+            # verify=False: the comparator judges, not the recipe's own first-call check
             _recipe(trial.recipe)(model, verify=False, **compile_kwargs)
         else:
             for path in trial.exclude:
