@@ -7,6 +7,10 @@ import os
 import pytest
 import torch
 
+# The bench and tune choose CUDA when a GPU is visible: this suite is the CPU suite, on any machine
+# (tests/gpu is the GPU suite, and calls the library on CUDA tensors itself).
+os.environ.setdefault("TORCHCOMPILE_KIT_BENCH_DEVICE", "cpu")
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

@@ -150,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU lists, e.g. 0:1: every row trains on the TRAIN CPUs (as many torch threads), a "
         "background compile's worker runs on the COMPILE CPUs (default: all CPUs for everything)",
     )
+    bench.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where every row trains (default: $TORCHCOMPILE_KIT_BENCH_DEVICE, else cuda when a "
+        "GPU is visible, else cpu)",
+    )
     bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
     # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
@@ -178,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
         help="find the fastest recipe that is still correct for your model and run length",
         description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
         "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.",
+    )
+    tune.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where every candidate trains (default: $TORCHCOMPILE_KIT_BENCH_DEVICE, else cuda "
+        "when a GPU is visible, else cpu)",
     )
     tune.add_argument(
         "--model",
@@ -345,15 +359,17 @@ def _bench(args: argparse.Namespace) -> int:
         names = check_recipe_names(args.recipes)
     except UnknownRecipeError as err:
         return _error(str(err))
-    import torch
-
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device_type = MeasureConfig(device=args.device).device_or_default()
+    except ValueError as err:
+        return _error(str(err))
     config = MeasureConfig(
         preset=args.preset or ("full-size" if device_type == "cuda" else "tiny"),
         backend=args.backend,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
         paired=not args.no_pair,
+        device=device_type,
         pin=args.pin,
     )
     config = dataclasses.replace(config, backend=config.backend_or_default())  # recorded as run
@@ -562,6 +578,7 @@ def _tune(args: argparse.Namespace) -> int:
             warmup_steps=args.warmup_steps,
             steady_s=STEADY_S if args.steady_seconds is None else args.steady_seconds,
             paired=not args.no_pair,
+            device=args.device,
         )
         result = tune(
             args.model,

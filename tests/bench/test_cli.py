@@ -71,6 +71,25 @@ def test_model_that_returns_the_wrong_thing(capsys, tmp_path):
     )
 
 
+def test_cuda_asked_for_where_torch_sees_none(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _fails(["bench", "eager", "--device", "cuda", "--out", str(tmp_path / "o")], capsys,
+           "torch sees no CUDA device here")
+
+
+def test_a_two_gpu_row_on_one_gpu_is_skipped_with_the_reason(monkeypatch):
+    import torch
+
+    from torchcompile_kit.bench import missing_requirement
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    why = missing_requirement(RECIPES["ddp"], device_type="cuda", spec=None)
+    assert why == "needs 2 GPUs (a process per GPU); this machine has 1"
+    assert missing_requirement(RECIPES["ddp"], device_type="cpu", spec=None) is None  # gloo
+
+
 def test_report_needs_a_results_file(capsys, tmp_path):
     _fails(["report", str(tmp_path)], capsys, "no results at")
     (tmp_path / "results.json").write_text('{"rows": []}')
@@ -81,7 +100,7 @@ def test_default_set_and_dependencies():
     cpu = default_recipe_names(device_type="cpu")
     cuda = default_recipe_names(device_type="cuda")
     assert "reduce-overhead" not in cpu and "reduce-overhead" in cuda
-    assert not any(RECIPES[name].world_size > 1 for name in cpu)
+    assert not any(RECIPES[name].world_size > 1 for name in cpu + cuda)  # one GPU runs them all
     # a warm recipe brings the cold one that saves its cache, and runs after it
     assert with_dependencies(["regional-warm"]) == ["regional", "regional-warm"]
 

@@ -31,6 +31,35 @@ def _bench(out, *args):
     return main(["bench", *args, "--steps", "2", "--warmup-steps", "1", "--backend", "eager", "--out", str(out)])
 
 
+def test_where_a_gpu_is_visible_the_cpu_suite_still_runs_on_the_cpu(in_process, tmp_path, monkeypatch):
+    """On a GPU machine the suite followed the bench's device choice onto CUDA (the CUDA-graph row
+    then ran instead of being skipped, the rows trained in bf16). CUDA is made to look visible
+    here; $TORCHCOMPILE_KIT_BENCH_DEVICE=cpu (tests/conftest.py) keeps every row on the CPU, and
+    the results still record the machine's GPU."""
+    import sys
+    import types
+
+    import torch
+
+    gpu = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132)
+    real = torch.cuda.is_available()
+
+    def asked_by_the_library() -> bool:  # torch's own checks (a CUDA build's optimizer) see the truth
+        return sys._getframe(2).f_globals.get("__name__", "").startswith("torchcompile_kit")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked_by_the_library() or real)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpu)
+    out = tmp_path / "run"
+    assert _bench(out, "eager", "reduce-overhead", "--preset", "tiny") == 0
+    doc = load_results(out)
+    rows = {row.name: row for row in doc.rows}
+    assert rows["eager"].status == "ok" and rows["eager"].settings["device"] == "cpu"
+    assert rows["reduce-overhead"].status == "skipped" and "CUDA" in rows["reduce-overhead"].reason
+    assert doc.environment["gpu"]["sm_count"] == 132 and doc.settings["device"] == "cpu"
+
+
 @pytest.mark.slow
 def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_path, capsys):
     out = tmp_path / "run"

@@ -6,9 +6,11 @@ prints one JSON line. Modes:
 - ``cold OUT``: compile + one step, then ``save_compile_cache(OUT)``.
 - ``warm IN``: ``load_compile_cache(IN)``, one step, the hit counters; then a ``memory://`` round
   trip in the same process (memory:// lives in one process).
-- ``dist IN SHARED RESULT_DIR``: 2 ranks (gloo, 127.0.0.1, one spawn). Rank 0 loads IN, steps,
-  and both call ``save_compile_cache(SHARED)`` (rank 0 writes); then both ranks load SHARED into
-  their own empty inductor dir and step; each writes ``RESULT_DIR/rank<r>.json``.
+- ``dist IN SHARED RESULT_DIR``: 2 ranks (gloo, 127.0.0.1, one spawn). Rank 0 loads IN and steps
+  on 8 rows; rank 1 steps on 12 rows (its own graphs, as a GPU rank's are its device index's);
+  both call ``save_compile_cache(SHARED)`` (each writes its own artifact); then both ranks load
+  SHARED into their own empty inductor dir and step as before; each writes
+  ``RESULT_DIR/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ class MLP(torch.nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(x)))
 
 
-def train_step() -> float:
-    """One compiled forward + backward of a seeded MLP on seeded data; the loss."""
+def train_step(batch: int = 8) -> float:
+    """One compiled forward + backward of a seeded MLP on ``batch`` seeded rows; the loss."""
     torch.manual_seed(0)
     model = MLP()
     model.compile(backend="inductor")
-    x = torch.randn(8, 16)
+    x = torch.randn(batch, 16)
     loss = model(x).pow(2).mean()
     loss.backward()
     return float(loss.detach())
@@ -120,22 +122,25 @@ def _dist_rank(rank: int, src: str, shared: str, result_dir: str, port: int) -> 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(result_dir, f"inductor-a{rank}")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
+        rows = 8 + 4 * rank  # rank 1's graphs are not rank 0's
         if rank == 0:
             tck.load_compile_cache(src)
-            train_step()
-        saved = tck.save_compile_cache(shared)  # collective: rank 0 writes, all wait
+        train_step(rows)
+        saved = tck.save_compile_cache(shared)  # collective: each rank writes its own, all wait
         # Every rank reads, into an empty inductor dir of its own (a fresh machine's view).
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(result_dir, f"inductor-b{rank}")
         torch._dynamo.reset()
         before = counters()
         loaded = tck.load_compile_cache(shared)
-        loss = train_step()
+        loss = train_step(rows)
         after = counters()
         result = {
             "rank": rank,
             "saved": bool(saved),
+            "saved_path": saved.path,
             "save_reason": saved.reason,
             "loaded": bool(loaded),
+            "loaded_path": loaded.path,
             "load_reason": loaded.reason,
             "loss": loss,
             "kernel_files": loaded.kernel_files,

@@ -12,6 +12,8 @@ commands, ``#`` starts a comment); each command then meets exactly one rule:
   candidate names checked against the registries the CLI uses.
 - ``python -m pytest ...``: the suite running this check; validated: its ``-m`` expression
   compiles and names only markers that ``pyproject.toml`` registers.
+- ``tools/gpu_check.sh ...``: validated: every option is one its ``--help`` lists (it needs a GPU
+  and minutes; ``tests/test_gpu_check.py`` runs what a CPU can).
 - ``export NAME=VALUE``: validated: ``NAME`` is an environment variable the package reads (its
   name appears in the package's source), so a renamed variable fails its docs.
 - anything else fails, naming the command, so a new kind of command gets a rule here.
@@ -74,7 +76,19 @@ def check_command(argv: list[str], cwd: Path) -> str:
         return _pytest(argv[3:])
     if argv[0] == "export":
         return _export(argv[1:])
+    if argv[0] == "tools/gpu_check.sh":
+        return _gpu_check(argv[1:])
     raise AssertionError(f"no rule for the documented command {shlex.join(argv)!r}: add one to {__file__}")
+
+
+def _gpu_check(args: list[str]) -> str:
+    script = ROOT / "tools" / "gpu_check.sh"
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60,
+                           check=True).stdout
+    options = set(re.findall(r"--[\w-]+", usage))
+    unknown = [arg for arg in args if arg.startswith("--") and arg not in options]
+    assert not unknown, f"tools/gpu_check.sh {shlex.join(args)}: no option {unknown!r} (it has {sorted(options)})"
+    return f"validated: tools/gpu_check.sh {shlex.join(args)}"
 
 
 def _export(args: list[str]) -> str:

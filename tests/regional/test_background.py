@@ -16,11 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchcompile_kit import CompileMonitor, compile_model, compile_regional, get_regional_plan, uncompile
-from torchcompile_kit import _dynamo
+from torchcompile_kit import (
+    CompileMonitor,
+    _dynamo,
+    compile_model,
+    compile_regional,
+    get_regional_plan,
+    uncompile,
+)
 from torchcompile_kit.errors import CompileCacheWarning
 from torchcompile_kit.regional import BackgroundCompile, get_background_compile
-
 
 MODEL = '''
 import time
@@ -332,3 +337,32 @@ def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
         else:
             assert not marker.exists() and "not signed" in record.state, record.state
         uncompile(model)
+
+
+@pytest.mark.parametrize("kwargs", [{"mode": "max-autotune"},
+                                    {"blocks": {"blocks.*": {"mode": "reduce-overhead"}}}])
+def test_a_mode_the_worker_cannot_precompile_is_refused_at_the_call(factory, kwargs):
+    """It was refused at the switch, after the worker had compiled for minutes."""
+    model = factory.build()
+    with pytest.raises(ValueError, match="precompile"):
+        compile_regional(model, background="tck_bg_model:build", **kwargs)
+    assert get_background_compile(model) is None
+
+
+def test_on_a_gpu_without_room_the_worker_is_not_started_and_says_why(factory, monkeypatch):
+    """The worker compiles on the training GPU: started with too little free memory, it could make
+    training run out of memory. The device and the memory check are stood in for (this machine
+    has no GPU); the decision and the record are the library's."""
+    from torchcompile_kit.regional import background
+
+    model = factory.build()
+    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
+    monkeypatch.setattr(background, "_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * 2**30, 80 * 2**30))
+    with pytest.warns(CompileCacheWarning, match="2048 MiB free of 81920 MiB on cuda:0") as warned:
+        model(torch.randn(4, 16)).backward()
+    record = get_background_compile(model)
+    assert record.device == "cuda:0" and record._proc is None  # no worker started
+    assert record.state.startswith("eager: the worker would compile on the training GPU")
+    assert "may need about 6656 MiB" in record.gpu_memory and "foreground" in str(warned[0].message)

@@ -12,8 +12,12 @@ import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
-from torchcompile_kit import _dynamo, compile_regional, fix_loss_function, uncompile
-from torchcompile_kit.errors import BlockSelectorError, NoRepeatedBlocksError
+from torchcompile_kit import _dynamo, compile_model, compile_regional, fix_loss_function, uncompile
+from torchcompile_kit.errors import (
+    BlockSelectorError,
+    NoRepeatedBlocksError,
+    UnsafeCompileModeError,
+)
 from torchcompile_kit.regional import find_repeated_blocks, get_regional_plan
 
 # --- toy models ----------------------------------------------------------------------------
@@ -539,21 +543,73 @@ def test_declared_blocks_are_exactly_what_is_compiled_also_when_a_class_occurs_o
     assert {g.selector for g in find_repeated_blocks(tm.gpt2()).groups} == {"discovered"}
 
 
-@pytest.mark.parametrize(("kwargs", "runs"), [
-    ({"mode": "reduce-overhead"}, "inductor without them, as mode='default'"),
-    ({"backend": "cudagraphs"}, "the captured graph without them"),
-])
-def test_a_cuda_graph_mode_on_a_cpu_model_says_what_runs(kwargs, runs):
-    """It was accepted silently on CPU, where CUDA graphs cannot run."""
+def test_a_cuda_graph_mode_on_a_cpu_model_says_what_runs_at_its_first_call():
+    """Said at the first call, from where the model is then (it was said at the compile, which a
+    model moved to CUDA afterwards got wrong)."""
     model = tm.gpt2()
+    batch = torch.randint(0, 64, (2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_regional(model, backend="cudagraphs")  # nothing said before it runs
     with pytest.warns(UserWarning, match="no CUDA parameter") as warned:
-        compile_regional(model, **kwargs)
-    assert len([w for w in warned if "no CUDA parameter" in str(w.message)]) == 1
-    assert runs in str(warned[0].message)
+        model(batch)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        model(batch)  # said once
+    warned = [*warned, *again]
+    said = [str(w.message) for w in warned if "no CUDA parameter" in str(w.message)]
+    assert len(said) == 1 and "the captured graph without them" in said[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         uncompile(model)
         compile_regional(model, backend="eager")  # the default mode: nothing to say
+
+
+def _on_cuda(monkeypatch):
+    """The model reads as being on CUDA (as after ``.cuda()``): CPU tensors still run the call."""
+    from torchcompile_kit.regional import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "first_parameter_device", lambda model: torch.device("cuda"))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mode": "reduce-overhead"}, {"mode": "max-autotune"}, {"backend": "cudagraphs"},
+    {"options": {"triton.cudagraphs": True}},
+    {"blocks": {"transformer.h.*": {"mode": "reduce-overhead"}}},
+])
+def test_a_cuda_graph_mode_per_block_is_refused_at_the_first_call_on_cuda(monkeypatch, kwargs):
+    """Compiled on CPU, moved to CUDA (``.cuda()``, accelerate's ``prepare``): block i+1 would be
+    fed block i's CUDA-graph output, overwritten by its replay (pytorch#152887). Refused before
+    anything runs, with the upstream bug and what to use instead."""
+    model = tm.gpt2()
+    compile_regional(model, **kwargs)
+    _on_cuda(monkeypatch)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with pytest.raises(UnsafeCompileModeError, match="152887") as refused:
+        model(torch.randint(0, 64, (2, 8)))
+    assert "compile_model(model" in str(refused.value)
+    assert "max-autotune-no-cudagraphs" in str(refused.value)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing compiled
+
+
+def test_a_cuda_graph_mode_on_a_model_already_on_cuda_is_refused_at_the_call(monkeypatch):
+    model = tm.gpt2()
+    _on_cuda(monkeypatch)
+    with pytest.raises(UnsafeCompileModeError, match="152887"):
+        compile_regional(model, mode="reduce-overhead")
+    assert not _dynamo.compiled_module_names(model) and get_regional_plan(model) is None
+
+
+def test_cuda_graphs_over_the_whole_model_stay_allowed_on_cuda(monkeypatch):
+    """The supported shape (the bench's ``reduce-overhead`` row): no refusal, no CPU note."""
+    model = tm.gpt2()
+    compile_model(model, backend="cudagraphs")
+    _on_cuda(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randint(0, 64, (2, 8)))
+    uncompile(model)
+    assert not _dynamo.compiled_module_names(model)
 
 
 # --- stage-structured models ---------------------------------------------------------------------

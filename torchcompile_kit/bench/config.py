@@ -40,6 +40,9 @@ class MeasureConfig:
     paired: bool = True
     """An eager copy of the model steps beside each compiled run in alternating blocks, so its
     ratio to eager holds when the machine's load changes (:mod:`.paired`)."""
+    device: str | None = None
+    """``"cpu"`` or ``"cuda"`` (the local rank's GPU) for every row (``None``:
+    ``$TORCHCOMPILE_KIT_BENCH_DEVICE``, else CUDA when a GPU is visible, else the CPU)."""
     pin: str | None = None
     """``"TRAIN:COMPILE"`` CPU lists (``"0:1"``, ``"0,1:2,3"``): every row trains on the TRAIN
     CPUs with as many torch threads, and a background compile's worker runs on the COMPILE ones
@@ -53,6 +56,9 @@ class MeasureConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"MeasureConfig({name}={value!r}): must be a positive number of "
                                  "steps, or None for the preset's")
+        if self.device not in (None, "cpu", "cuda"):
+            raise ValueError(f"MeasureConfig(device={self.device!r}): choose 'cpu' or 'cuda', or "
+                             "None for CUDA when a GPU is visible")
         if not self.steady_s >= 0:
             raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
         if self.pin is not None:
@@ -79,6 +85,21 @@ class MeasureConfig:
     def backend_or_default(self) -> str:
         """``backend``, else ``$TORCHCOMPILE_KIT_BENCH_BACKEND``, else ``"inductor"``."""
         return self.backend or os.environ.get("TORCHCOMPILE_KIT_BENCH_BACKEND") or "inductor"
+
+    def device_or_default(self) -> str:
+        """``device``, else ``$TORCHCOMPILE_KIT_BENCH_DEVICE``, else ``"cuda"`` when a GPU is
+        visible, else ``"cpu"``; ``ValueError`` for CUDA asked on a machine without it."""
+        import torch
+
+        device = self.device or os.environ.get("TORCHCOMPILE_KIT_BENCH_DEVICE") or (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"$TORCHCOMPILE_KIT_BENCH_DEVICE={device!r}: choose 'cpu' or 'cuda'")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' asked for, and torch sees no CUDA device here "
+                             f"(torch {torch.__version__}, CUDA {torch.version.cuda}); drop it to "
+                             "run on the CPU")
+        return device
 
     def steps_or_preset(self) -> int:
         """``steps``, or the preset's."""

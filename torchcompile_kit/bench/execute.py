@@ -34,6 +34,12 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
     """Why ``recipe`` cannot run here (a sentence for the skipped row), or ``None`` when it can."""
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
+    if recipe.world_size > 1 and device_type == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < recipe.world_size:
+            return (f"needs {recipe.world_size} GPUs (a process per GPU); this machine has "
+                    f"{torch.cuda.device_count()}")
     if "nested" in recipe.requires:
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
             return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
@@ -59,12 +65,15 @@ class _Skip(Exception):
     """A requirement found missing once the model is built: the row is skipped, with the reason."""
 
 
-def _device() -> Any:
+def _device(kind: str) -> Any:
+    """This process's device (``kind``: ``"cpu"`` or ``"cuda"``): its local rank's GPU, made the
+    current device (NCCL, the compile cache's barrier and any bare ``.cuda()`` use it), or the CPU."""
     import torch
 
-    if torch.cuda.is_available():
-        rank = int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.device("cuda", rank)
+    if kind == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
     return torch.device("cpu")
 
 
@@ -82,7 +91,10 @@ def _distributed(recipe: Recipe, device: Any) -> Iterator[None]:
         return
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":  # bound to this rank's GPU: its collectives never guess the device
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
     try:
         yield
     finally:
@@ -100,7 +112,7 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     """
     recipe = RECIPES[request["recipe"]]
     preset = PRESETS[request["preset"]]
-    device = _device()
+    device = _device(request["device"])
     settings = {"preset": preset.name, "backend": request["backend"],
                 "compile_overrides": request["compile_overrides"], "device": str(device),
                 "model": request["spec"] or f"captioner:{preset.name}", "data": recipe.data,

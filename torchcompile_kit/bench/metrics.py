@@ -14,7 +14,7 @@ from typing import Any
 
 from .outcome import Metrics
 
-__all__ = ["METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb",
+__all__ = ["METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb", "peak_reserved_mb",
            "real_and_computed", "steal_share"]
 
 # metric key -> column label in tables and charts
@@ -68,6 +68,16 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     if before is None or after is None or after[1] <= before[1]:
         return None
     return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def peak_reserved_mb(device: Any) -> float | None:
+    """Peak CUDA memory the caching allocator reserved from the GPU (MiB): what the process held,
+    its pools and fragmentation included (CUDA graphs' private pools too); ``None`` on CPU."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    return torch.cuda.max_memory_reserved(device) / 2**20
 
 
 def peak_memory_mb(device: Any) -> float:
@@ -178,7 +188,7 @@ def measure_training(
             on_step(index + 1, warmup_steps + steps, "warm-up")
     sync()
     warmup_s = time.perf_counter() - start if warmup_steps else None
-    peak = peak_memory_mb(device)
+    peak, reserved = peak_memory_mb(device), peak_reserved_mb(device)
     paired = None
     if baseline is not None and steps:
         base_step, base_batches = baseline()
@@ -217,6 +227,7 @@ def measure_training(
         tokens_per_s=statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
         padding=1 - sums[0] / sums[1] if sums[1] else None,
         peak_memory_mb=peak if paired is not None else peak_memory_mb(device),
+        peak_reserved_mb=reserved if paired is not None else peak_reserved_mb(device),
         losses=losses,
         step_times_s=times,
         step_ends_s=[end - start for end in ends],

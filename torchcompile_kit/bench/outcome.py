@@ -45,6 +45,9 @@ class Metrics:
     peak_memory_mb: float | None = None
     """Peak CUDA memory allocated, or the process's peak resident set on CPU (before the paired
     baseline's copy of the model is built)."""
+    peak_reserved_mb: float | None = None
+    """Peak CUDA memory the caching allocator reserved (what the process held from the GPU,
+    fragmentation and CUDA graphs' pools included); ``None`` on CPU."""
     losses: list[float] = field(default_factory=list)
     """The loss of every step, for the comparison with the loss reference."""
     step_times_s: list[float] = field(default_factory=list)

@@ -197,8 +197,8 @@ def _recipes() -> list[Recipe]:
                compile="model", compile_kwargs={**_WHOLE, "dynamic": False}, data="multiple_of_32", baseline="eager-longest", default=False),
         Recipe(name="buckets", group="dynamic", description="plan_buckets + BucketBatchSampler + PadToBucketCollator, dynamic=False, every shape warmed up",
                compile="model", compile_kwargs={**_WHOLE, "dynamic": False}, data="buckets", baseline="eager-longest", loss_reference=None),
-        Recipe(name="modular", description="encoder and decoder compiled apart, the encoder with mode='max-autotune'",
-               compile="regional", compile_kwargs={"blocks": {"encoder": {"mode": "max-autotune"}, "decoder": {}}, **_WHOLE},
+        Recipe(name="modular", description="encoder and decoder compiled apart, the encoder with mode='max-autotune-no-cudagraphs' (CUDA graphs are refused per region)",
+               compile="regional", compile_kwargs={"blocks": {"encoder": {"mode": "max-autotune-no-cudagraphs"}, "decoder": {}}, **_WHOLE},
                requires=("encoder_decoder",), default=False, **dyn),
         # warm-up: cold compile ('full' above), warm from the saved cache, regional, nested
         Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved: the model not traced",

@@ -27,6 +27,7 @@ _COLUMNS: list[tuple[str, str, str]] = [("warm-up s", "warmup_s", "{:.1f}"),
                                         ("breaks", "graph_breaks", "{}"),
                                         ("padding", "padding", "{:.0%}"),
                                         ("peak MB", "peak_memory_mb", "{:.0f}"),
+                                        ("reserved MB", "peak_reserved_mb", "{:.0f}"),
                                         ("|Δloss|", "loss_max_abs_diff", "{:.1e}"),
                                         ("others CPU", "cpu_neighbours", "{:.0%}"),
                                         ("quote", "quote", "{}")]

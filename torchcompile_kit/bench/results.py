@@ -72,7 +72,8 @@ def now() -> str:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, machine and commit, recorded with every result."""
+    """Versions, machine and commit, recorded with every result; on a GPU its name, capability,
+    SM count, count, CUDA, driver and Triton (rows from different GPUs are not comparable)."""
     import torch
 
     try:
@@ -81,10 +82,15 @@ def environment() -> dict[str, Any]:
                                 cwd=Path(__file__).resolve().parent).stdout.strip()
     except OSError:
         commit = ""
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    from ..cache import current_environment
+
+    cache = current_environment()  # the GPU's identity as the compile cache records it
+    device = cache["gpu"]["name"] if cache["gpu"] else "cpu"
     return {"date": now(), "git_commit": commit or None, "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "device": device, "torch": torch.__version__,
+            "gpu": cache["gpu"], "gpu_count": torch.cuda.device_count() if cache["gpu"] else 0,
+            **{name: cache[name] for name in ("cuda", "hip", "driver", "triton", "cpu_isa")},
             **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")}}
 
 

@@ -81,7 +81,7 @@ def run_recipe_isolated(recipe: str, *, spec: str | None = None,
     (out / "caches").mkdir(parents=True, exist_ok=True)
     request = {"recipe": recipe, "spec": spec, "preset": config.preset,
                "steps": config.steps_or_preset(), "warmup_steps": config.warmup_steps_or_preset(),
-               "backend": config.backend_or_default(),
+               "backend": config.backend_or_default(), "device": config.device_or_default(),
                "compile_overrides": dict(compile_overrides or {}), "plan_steps": plan_steps,
                "steady_s": config.steady_s, "pin": config.pinned_cpus(), "check": check,
                "pair_with": pair_with, "cache_dir": str((out / "caches").resolve()),

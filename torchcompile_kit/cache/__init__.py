@@ -12,9 +12,11 @@ from .api import (
     CacheSaveResult,
     CompileCacheWarning,
     load_compile_cache,
+    load_with_keys,
+    rank_path,
     save_compile_cache,
 )
-from .header import HeaderMismatch
+from .header import HeaderMismatch, current_environment
 from .session import CompileCacheSession, compile_cache
 from .signature import ENV_KEY, Keys, SignatureRefused, read_signed, resolve_keys, write_signed
 from .storage import resolve_path
@@ -27,7 +29,10 @@ __all__ = [
     "HeaderMismatch", "Keys", "SignatureRefused",
     # top level UX, and for other topics the files the library writes and reads back (a
     # background compile's hand-off: read_signed, resolve_keys, write_signed), signed alike, and
-    # the check of a path argument (resolve_path: the Trainer's compile_cache=)
-    "compile_cache", "load_compile_cache", "read_signed", "resolve_keys", "resolve_path",
-    "save_compile_cache", "write_signed",
+    # the check of a path argument (resolve_path: the Trainer's compile_cache=); the artifact a
+    # rank reads and writes (rank_path), and a load of one artifact on every rank (load_with_keys:
+    # the background worker's); what an artifact's header records of this process
+    # (current_environment: the bench records it with its results)
+    "compile_cache", "current_environment", "load_compile_cache", "load_with_keys", "rank_path", "read_signed",
+    "resolve_keys", "resolve_path", "save_compile_cache", "write_signed",
 ]

@@ -1,5 +1,6 @@
 """``save_compile_cache`` / ``load_compile_cache``: one artifact in, one out, never wrong (a load
-that goes wrong is a ``CompileCacheWarning`` and a falsy result; rank 0 writes, every rank reads).
+that goes wrong is a ``CompileCacheWarning`` and a falsy result; in a distributed job each rank
+writes and reads an artifact of its own, :func:`rank_path`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .header import HeaderMismatch, current_environment
 from .signature import KeyArg, Keys, SignatureRefused, resolve_keys
 
 __all__ = ["CacheLoadResult", "CacheSaveResult", "CompileCacheWarning", "load_compile_cache",
-           "save_compile_cache"]
+           "rank_path", "save_compile_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,39 @@ def _rank() -> int | None:
     return None
 
 
+def rank_path(target: str) -> str:
+    """The artifact of this process's rank: ``target`` itself on rank 0 and outside a distributed
+    job, ``<name>.rank<r><suffix>`` beside it on rank ``r`` (``cc.tck`` -> ``cc.rank1.tck``).
+
+    Inductor's cache keys hold the device index (``cuda:1`` is not ``cuda:0``: pytorch#108971), so
+    rank 0's graphs miss on every other GPU, and dynamo's precompiled entries guard tensor devices
+    too; vLLM keeps one cache folder per rank for the same reason. Rank 0 keeps the plain path, so a
+    single-process restart (on ``cuda:0``) reads its artifact. The rank is ``torch.distributed``'s,
+    or before the process group exists the launcher's ``RANK`` (with ``WORLD_SIZE`` above 1).
+
+    Example:
+        >>> rank_path("ckpt/cc.tck")  # outside a distributed job
+        'ckpt/cc.tck'
+    """
+    rank = _artifact_rank()
+    if not rank:
+        return target
+    folder, slash, name = target.rpartition("/")
+    stem, dot, suffix = name.rpartition(".")
+    name = f"{stem}.rank{rank}.{suffix}" if dot and stem else f"{name}.rank{rank}"
+    return f"{folder}{slash}{name}"
+
+
+def _artifact_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return int(os.environ.get("RANK", "0") or 0)
+    return 0
+
+
 def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
                        key: KeyArg = None) -> CacheSaveResult:
     """Save everything inductor compiled (or loaded) in this process to ``path``, atomically.
@@ -159,12 +193,13 @@ def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
     The mega-cache and every kernel of the inductor cache dir (point ``TORCHINDUCTOR_CACHE_DIR`` at a
     per-job folder to keep it small), under an environment header and a content hash; with a key,
     signed (HMAC-SHA256), so a load with the key refuses an artifact anyone else wrote. In a
-    distributed job every rank calls it; rank 0 writes and a barrier follows.
+    distributed job every rank calls it and writes an artifact of its own (:func:`rank_path`:
+    inductor's keys hold the device index), and a barrier follows.
 
     Args:
         path: a local file path or fsspec URL; a folder (existing, or ending in ``/``) gets
             ``compile-cache.tck`` inside it.
-        barrier: in a distributed job, wait for rank 0's write before returning.
+        barrier: in a distributed job, wait for every rank's write before returning.
         key: sign with this key (a string or bytes; a list: the first signs). ``None``: the key in
             ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set, else unsigned (docs/cache.md, "Security").
 
@@ -190,12 +225,10 @@ def save_if_changed(path: str | os.PathLike[str], *, barrier: bool, unchanged_di
                     keys: Keys) -> CacheSaveResult:
     """:func:`save_compile_cache`, skipping the write when the artifact's sha256 would be
     ``unchanged_digest`` (nothing new compiled since the last save of ``compile_cache``)."""
-    target = storage.resolve_path(path)
+    target = rank_path(storage.resolve_path(path))
     storage.check_storage(target)  # on every rank, so a missing fsspec fails everywhere alike
     rank = _rank()
     try:
-        if rank not in (None, 0):
-            return CacheSaveResult(path=target, saved=False, reason=f"rank {rank}: rank 0 writes")
         return _write_artifact(target, unchanged_digest, keys)
     finally:
         if rank is not None and barrier:
@@ -228,6 +261,8 @@ def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSave
         "kernel_files": len(kernels),
         "kernel_bytes": kernel_bytes,
         "precompiled_regions": regions,
+        # C++ kernels: the CPU fields of the header are compared on load only then
+        "cpu_kernels": any(kernel.name.endswith(".so") for kernel in kernels),
         # inductor's CPU-ISA answer on the saving machine: a load on one whose CPU's flags admit
         # the same ISAs skips building their test libraries (see _dynamo/isa_probe.py)
         "cpu_vec_isas": _dynamo.probed_cpu_isas(run=False),
@@ -265,7 +300,8 @@ def load_compile_cache(path: str | os.PathLike[str], *, key: KeyArg = None) -> C
     """Load a compile cache saved by :func:`save_compile_cache`, if it is whole and fits.
 
     Call it in a fresh process before the first compiled step (and before building the model: the
-    CPU ISA probe then runs beside the build). With a key, the signature is checked first, on the
+    CPU ISA probe then runs beside the build). In a distributed job each rank loads its own
+    artifact (:func:`rank_path`). With a key, the signature is checked first, on the
     raw bytes: an artifact that is unsigned, signed with another key or changed after signing is
     refused before anything in it is parsed, written or loaded. Then the hash and environment
     header are checked, the kernels installed into the inductor cache dir and the mega-cache
@@ -295,9 +331,11 @@ def load_compile_cache(path: str | os.PathLike[str], *, key: KeyArg = None) -> C
     return load_with_keys(path, resolve_keys(key, caller="load_compile_cache"))
 
 
-def load_with_keys(path: str | os.PathLike[str], keys: Keys) -> CacheLoadResult:
-    """:func:`load_compile_cache` with its keys resolved (``compile_cache``'s own)."""
+def load_with_keys(path: str | os.PathLike[str], keys: Keys, *, per_rank: bool = True) -> CacheLoadResult:
+    """:func:`load_compile_cache` with its keys resolved (``compile_cache``'s own); ``per_rank=False``
+    reads ``path`` itself on every rank (a background worker's artifact, compiled for rank 0)."""
     target = storage.resolve_path(path)
+    target = rank_path(target) if per_rank else target
     cache_dir = _dynamo.inductor_cache_dir()
     result = CacheLoadResult(path=target, loaded=False, inductor_cache_dir=cache_dir)
     try:

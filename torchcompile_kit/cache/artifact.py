@@ -148,7 +148,10 @@ def unpack(data: bytes, *, current_environment: dict[str, Any]) -> Artifact:
         raw = zlib.decompress(body)
     except (ValueError, zlib.error) as err:  # cannot happen with a matching hash, unless forged
         raise ArtifactUnreadable(f"undecodable content ({err})") from err
-    mismatches = compare_environment(header.get("environment", {}), current_environment)
+    # without the key (artifacts before it): CPU kernels assumed, every field compared
+    cpu_kernels = header.get("contents", {}).get("cpu_kernels", True)
+    mismatches = compare_environment(header.get("environment", {}), current_environment,
+                                     cpu_kernels=cpu_kernels)
     if mismatches:
         raise ArtifactRefused(mismatches)
     artifact = Artifact(header=header, mega_cache=None)

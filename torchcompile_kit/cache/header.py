@@ -2,7 +2,10 @@
 
 torch's cache keys hold no CPU instruction-set information: an AVX-512 cache reused under
 ``ATEN_CPU_CAPABILITY=avx2`` gave cache hits and a NaN loss (measured, torch 2.13). So a load
-compares the builder's environment field by field before a byte reaches inductor.
+compares the builder's environment field by field before a byte reaches inductor. The CPU fields
+are compared only for an artifact that holds CPU kernels; on a GPU the current device's identity
+is what inductor's keys and kernels depend on (its name, CUDA and Triton, as
+``CacheBase.get_system()``, plus capability and SM count, which each Triton kernel's metadata holds).
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import torch
 
 from .. import _dynamo
 
-__all__ = ["FORMAT_VERSION", "HeaderMismatch", "compare_environment", "current_environment"]
+__all__ = ["CPU_FIELDS", "FORMAT_VERSION", "HeaderMismatch", "compare_environment", "current_environment"]
 
-FORMAT_VERSION = 1
-"""Bumped whenever the archive layout changes; an artifact of another version is refused."""
+FORMAT_VERSION = 2
+"""Bumped whenever the archive layout changes; an artifact of another version is refused.
+2 (2026-11): the current GPU's identity instead of every visible GPU's name."""
+
+CPU_FIELDS = ("cpu_isa", "aten_cpu_capability", "num_threads")
+"""Compared only for an artifact with CPU kernels (``.so``) or saved where no GPU was visible:
+what C++ kernels are built for (inductor keys a graph on the thread count only when it may emit
+C++ code, ``FxGraphHashDetails``), and what torchrun changes (``OMP_NUM_THREADS=1``)."""
+
+RECORDED_ONLY = ("driver",)
+"""Recorded for the reader, never refused: a newer driver runs what an older one built."""
 
 # Distribution names under which Triton ships (upstream wheel, ROCm wheel).
 _TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
@@ -60,16 +72,37 @@ def _device_type() -> str:
     return "cpu"
 
 
-def _gpu_names(device_type: str) -> list[str]:
+def _gpu(device_type: str) -> dict[str, Any] | None:
+    """The current device's identity (not every visible GPU's: a job saved on 8 GPUs and loaded
+    under ``CUDA_VISIBLE_DEVICES=0`` runs the same kernels)."""
     if device_type not in ("cuda", "hip"):
-        return []
-    return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+        return None
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    name = properties.name if device_type == "cuda" else getattr(properties, "gcnArchName", properties.name)
+    return {"name": name, "capability": [properties.major, properties.minor],
+            "sm_count": properties.multi_processor_count}
+
+
+def _driver(device_type: str) -> str | None:
+    """The NVIDIA driver's version through NVML (``nvidia-ml-py``, installed with CUDA torch
+    wheels' dependencies on most machines), or ``None``."""
+    if device_type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - recorded only: a missing NVML is not a reason to fail
+        return None
 
 
 def current_environment() -> dict[str, Any]:
     """What a compiled kernel of this process depends on, as a JSON-able dict: format, torch (and
-    its git hash), Python, system, device, CUDA/HIP and GPU names, Triton, the CPU ISA and its
-    override, and the thread count (docs/cache.md lists why each is there).
+    its git hash), Python, system, device, CUDA/HIP, the current GPU (name, capability, SM count)
+    and its driver, Triton, the CPU ISA and its override, and the thread count (docs/cache.md
+    lists why each is there).
 
     Example:
         >>> current_environment()["device_type"]  # doctest: +SKIP
@@ -81,16 +114,23 @@ def current_environment() -> dict[str, Any]:
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "system": platform.system(), "machine": platform.machine(), "device_type": device_type,
             "cuda": torch.version.cuda, "hip": torch.version.hip,
-            "gpu_names": _gpu_names(device_type), "triton": _triton_version(),
+            "gpu": _gpu(device_type), "driver": _driver(device_type), "triton": _triton_version(),
             "cpu_isa": _dynamo.cpu_capability(),
             "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
             "num_threads": torch.get_num_threads()}
 
 
-def compare_environment(saved: dict[str, Any],
-                        current: dict[str, Any] | None = None) -> list[HeaderMismatch]:
+def compare_environment(saved: dict[str, Any], current: dict[str, Any] | None = None, *,
+                        cpu_kernels: bool = True) -> list[HeaderMismatch]:
     """Every field in which ``saved`` differs from ``current`` (this process by default); a field
     missing on either side is a mismatch, so a newer format is refused rather than half-trusted.
+
+    Args:
+        saved: the artifact's header environment.
+        current: the environment to compare with; ``None``: :func:`current_environment`.
+        cpu_kernels: whether the artifact holds CPU kernels; without them (a GPU job's artifact)
+            the CPU fields are not compared (:data:`CPU_FIELDS`), unless it was saved where no
+            GPU was visible.
 
     Example:
         >>> env = current_environment()
@@ -98,7 +138,10 @@ def compare_environment(saved: dict[str, Any],
         []
     """
     current = current_environment() if current is None else current
-    fields = list(current) + [name for name in saved if name not in current]
+    skip = set(RECORDED_ONLY)
+    if not cpu_kernels and saved.get("device_type") not in (None, "cpu"):
+        skip.update(CPU_FIELDS)
+    fields = [name for name in [*current, *(n for n in saved if n not in current)] if name not in skip]
     # JSON turns tuples into lists; compare through the same round trip.
     return [HeaderMismatch(field=name, saved=saved.get(name), current=current.get(name))
             for name in fields if _jsonable(saved.get(name)) != _jsonable(current.get(name))]

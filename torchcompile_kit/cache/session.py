@@ -37,7 +37,7 @@ class CompileCacheSession:
     save_after: int | None = None
     """Save once after this many :meth:`step` calls (``None``: only on exit or :meth:`save`)."""
     barrier: bool = True
-    """In a distributed job, saves wait for rank 0's write (every rank must reach them)."""
+    """In a distributed job, saves wait for every rank's write (every rank must reach them)."""
     loaded: CacheLoadResult | None = None
     """The result of the load on enter (``None`` when ``load=False``)."""
     saved: CacheSaveResult | None = None
@@ -101,7 +101,8 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
         save_on_exit: save on exit.
         save_after: also save once after this many ``cache.step()`` calls, so a later crash still
             leaves a cache.
-        barrier: in a distributed job, make saves collective (rank 0 writes, all wait).
+        barrier: in a distributed job, make saves collective (each rank writes its own artifact,
+            :func:`rank_path`; all wait).
         key: sign saves with it and refuse to load an artifact not signed with it (a string or
             bytes; a list: the first signs, any is accepted). ``None``: the key in
             ``$TORCHCOMPILE_KIT_CACHE_KEY``, if set (docs/cache.md, "Security").

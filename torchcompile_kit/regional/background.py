@@ -33,10 +33,10 @@ from torch import nn
 
 from .._factory import check_factory
 from .._undo import register_undo
-from ..cache import Keys, load_compile_cache, read_signed, resolve_keys, write_signed
+from ..cache import Keys, load_with_keys, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
-from .precompiled import regions_created
+from .precompiled import precompile_refusal, regions_created
 
 __all__ = ["BackgroundCompile", "get_background_compile", "grads_checked_by_worker", "start_background_compile"]
 
@@ -96,6 +96,13 @@ class BackgroundCompile:
     """Seconds from starting the worker to seeing it done."""
     handoff_s: float | None = None
     """Seconds the first call spent handing its batch and state to the worker."""
+    device: str | None = None
+    """Where the worker compiles: the training model's device at its first call (``"cuda:0"``:
+    the training GPU, beside training; ``"cpu"``)."""
+    gpu_memory: str | None = None
+    """On a GPU, the free-memory check before the worker started: the free MiB and what the
+    worker may need (an estimate, see docs/cache.md); ``None`` on CPU."""
+    _first_call_bytes: int = field(default=0, init=False, repr=False)
     _calls: int = field(default=0, init=False, repr=False)
     _handle: Any = field(default=None, init=False, repr=False)
     _proc: Any = field(default=None, init=False, repr=False)
@@ -162,6 +169,13 @@ def start_background_compile(model: nn.Module, background: bool | str | Backgrou
         raise ValueError("background compile needs backend='inductor' (what the worker compiles "
                          "reaches the training process as inductor's cache); got "
                          f"{compile_kwargs['backend']!r}")
+    blocks = compile_kwargs.get("blocks")
+    for options_of in [compile_kwargs, *(blocks.values() if isinstance(blocks, dict) else ())]:
+        refusal = precompile_refusal(options_of, None)
+        if refusal is not None:  # at the call, not at the switch after minutes of compiling
+            raise ValueError(f"background compile: the worker precompiles what it compiles "
+                             f"(precompile=True), and {refusal}; drop it for the background "
+                             "compile, or compile in the foreground with it")
     model.__dict__[_ATTR] = options
     register_undo(model, lambda: _cancel(model, options))
     spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
@@ -204,6 +218,10 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         _send_batch(model, args, kwargs, options)
     if (options._proc is None and options._handed_at
             and time.perf_counter() - options._handed_at >= options.start_after_s):
+        short = _gpu_memory_short(options)
+        if short is not None:
+            _give_up(model, options, short)
+            return
         _start_worker(model, options)
     if options._calls == 1:
         return
@@ -260,6 +278,33 @@ def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
     logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
 
 
+CUDA_CONTEXT_BYTES = 512 * 2**20
+"""A CUDA context's memory on the device (about 0.5 GiB with torch's kernels loaded)."""
+
+
+def _gpu_memory_short(options: BackgroundCompile) -> str | None:
+    """Before the worker starts on the training GPU: why it must not (it may not fit beside
+    training, whose out-of-memory would be a crash, not a slower start), or ``None``.
+
+    The worker may need a CUDA context, a copy of the model, and one step of the first batch run
+    eagerly and compiled with its gradients kept for the check: estimated as the context and twice
+    what the training process held at the end of its first forward (the model and that call's
+    activations). An estimate, not a measurement: docs/cache.md says what was measured."""
+    if options.device is None or not options.device.startswith("cuda"):
+        return None
+    device = torch.device(options.device)
+    free, total = torch.cuda.mem_get_info(device)
+    need = CUDA_CONTEXT_BYTES + 2 * options._first_call_bytes
+    mib = 2**20
+    options.gpu_memory = (f"{free / mib:.0f} MiB free of {total / mib:.0f} MiB on {options.device}; "
+                          f"the worker may need about {need / mib:.0f} MiB")
+    if free >= need:
+        return None
+    return (f"the worker would compile on the training GPU ({options.gpu_memory}), where running "
+            "out of memory would crash training; the worker was not started. Compile in the "
+            "foreground (without background=), or free memory on the GPU before the first call")
+
+
 def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
     """A CPU model whose torch threads leave no core of their own to the worker: say what that
     costs."""
@@ -293,9 +338,13 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     write_signed(folder / "batch.pt", batch.getvalue(), _keys())
     autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
                      for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
+    device = _device(model)
+    options.device = str(device)
+    if device.type == "cuda":  # the model, and this call's activations kept for its backward
+        options._first_call_bytes = torch.cuda.memory_allocated(device)
     job = {"parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
            "training": model.training, "grad": torch.is_grad_enabled(), "autocast": autocast,
-           "device": str(_device(model))}
+           "device": str(device)}
     write_signed(folder / "job.tmp", json.dumps(job).encode(), _keys())
     os.replace(folder / "job.tmp", options._job)
     options._handed_at = time.perf_counter()
@@ -328,7 +377,9 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     started = time.perf_counter()
     options.worker_s = started - options._started
     options.state = "switching"
-    loaded = load_compile_cache(options._job.with_name("compile-cache.tck"))
+    # every rank reads the worker's one artifact (compiled on rank 0's device: on other GPUs
+    # dynamo's device guards trace those ranks again at the switch, docs/cache.md)
+    loaded = load_with_keys(options._job.with_name("compile-cache.tck"), _keys(), per_rank=False)
     why = None if loaded else f"its cache did not load ({loaded.reason})"
     try:
         result = json.loads(read_signed(options._job.with_name("result.json"), _keys()))

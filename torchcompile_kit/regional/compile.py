@@ -24,6 +24,7 @@ from .background import (
     grads_checked_by_worker,
     start_background_compile,
 )
+from .cuda_graphs import check_cuda_graphs_at_first_call
 from .discovery import BlocksArg, find_repeated_blocks
 from .plan import PLAN_ATTR, ExtraRegion, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
@@ -69,7 +70,7 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
             pass a cache (a graph per layer).
         nested: the hybrid: compile the whole model once with each block's ``forward`` as a
             ``torch.compiler.nested_compile_region``. Experimental: refused with inductor on CPU
-            (wrong gradients measured), unverified elsewhere; ``blocks`` mappings and
+            (wrong gradients measured), one CUDA case checked (docs/regional.md); ``blocks`` mappings and
             ``remainder`` do not apply.
         verify: compare the first call in each state (train/eval, grad on/off) with eager and raise
             ``CompiledMismatchError`` if they differ. ``None`` (default) checks with ``nested=True``
@@ -97,17 +98,20 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``), or the
             ``background`` factory's module or file cannot be found.
         NoRepeatedBlocksError: no block class repeats and ``blocks`` was not given.
-        UnsafeCompileModeError: ``nested=True`` with inductor on CPU.
+        UnsafeCompileModeError: ``nested=True`` with inductor on CPU; a CUDA-graph option
+            (``mode="reduce-overhead"`` or ``"max-autotune"``, ``backend="cudagraphs"``) on a model
+            on CUDA, at this call or at the first call after a move to CUDA: one region's graph
+            output is overwritten by the next region's replay (pytorch#152887); use
+            :func:`compile_model` for CUDA graphs, or ``mode="max-autotune-no-cudagraphs"``.
         BlockSelectorError: a ``blocks=`` selector matches nothing.
 
     Example:
         >>> model = compile_regional(GPT2LMHeadModel(config))  # doctest: +SKIP
         >>> model = compile_regional(model, nested=True, backend="aot_eager")  # doctest: +SKIP
-        >>> model = compile_regional(vit_gpt2, blocks={"encoder.*": {"mode": "max-autotune"},
+        >>> model = compile_regional(vit_gpt2, blocks={"encoder.*": {"dynamic": False},
         ...                                            "decoder.*": {}})  # doctest: +SKIP
     """
     _check_model(model)
-    _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_regional")
     check_flag("precompile", precompile, caller="compile_regional", meaning=PRECOMPILE_MEANING)
     _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
@@ -118,7 +122,7 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
                        keep_kv_cache=keep_kv_cache, **compile_kwargs)
         if nested:
             raise ValueError("compile_regional(nested=True) cannot compile in the background: the "
-                             "hybrid is refused with inductor on CPU and unverified elsewhere")
+                             "hybrid is refused with inductor on CPU and experimental elsewhere")
         start_background_compile(
             model, background, recipe="regional", compile_kwargs=options,
             compile_now=lambda: compile_regional(model, precompile=True, verify=True, **options),
@@ -126,6 +130,12 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         )
         return model
     plan = find_repeated_blocks(model, blocks)
+    if not nested:  # refused before anything compiles when the model is on CUDA already
+        checking = check_cuda_graphs_at_first_call(
+            model, [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
+            caller="compile_regional", per_region=True)
+        if checking is not None:
+            register_undo(model, checking)
     if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
@@ -214,7 +224,6 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         torch.Size([1, 2])
     """
     _check_model(model)
-    _warn_cuda_graphs_on_cpu(model, compile_kwargs)
     verify = check_verify_arg(verify, recipe="compile_model")
     check_flag("precompile", precompile, caller="compile_model", meaning=PRECOMPILE_MEANING)
     if _already_compiled(model):
@@ -230,6 +239,7 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
         register_undo(model, undo)
     _compile_modules([model], type(model).__name__, precompile, None,
                      plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
+    check_cuda_graphs_at_first_call(model, [compile_kwargs], caller="compile_model", per_region=False)
     if verify:
         verifier = FirstCallVerifier(model, recipe="compile_model",
                                      backend=compile_kwargs.get("backend", "inductor"),
@@ -332,10 +342,11 @@ def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify:
                                          f"{torch.__version__} (measured; the forward matches). "
                                          "Use compile_regional(model) (block by block), or try "
                                          "the hybrid with backend='aot_eager' to debug it.")
-        warnings.warn("compile_regional(nested=True) with inductor on this device is unverified "
-                      "here (its CPU gradients were wrong on torch 2.13): it may compute wrong "
-                      "gradients. Check it with check_compile_equivalence(model, batch) before "
-                      "training on it.",
+        warnings.warn("compile_regional(nested=True) with inductor on this device is experimental: "
+                      "its CPU gradients were wrong on torch 2.13, and on CUDA one case was "
+                      "checked (a 2-layer GPT-2 on an H100, torch 2.11, docs/regional.md): it may "
+                      "compute wrong gradients. Its first-call check is on; check it with "
+                      "check_compile_equivalence(model, batch) before training on it.",
                       stacklevel=3)
     for group in plan.groups:
         group.compile_kwargs = dict(compile_kwargs)
@@ -343,6 +354,8 @@ def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify:
     for undo in set_explicit_loss_functions(model, compile=False):
         register_undo(model, undo)  # a whole-model graph must not break at the loss lookup
     compile_in_place([model], **compile_kwargs)
+    check_cuda_graphs_at_first_call(model, [compile_kwargs], caller="compile_regional(nested=True)",
+                                    per_region=False)
     if not keep_kv_cache:
         for undo in disable_cache_in_plain_forwards(model):
             register_undo(model, undo)
@@ -393,22 +406,6 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
             note()
 
     return model.register_forward_pre_hook(hook).remove
-
-
-def _warn_cuda_graphs_on_cpu(model: nn.Module, compile_kwargs: dict[str, Any]) -> None:
-    """Say once that a CUDA-graph mode does nothing on a model with no CUDA parameter."""
-    mode, backend = compile_kwargs.get("mode"), compile_kwargs.get("backend")
-    if mode != "reduce-overhead" and backend != "cudagraphs":
-        return
-    if any(p.device.type == "cuda" for p in model.parameters()):
-        return
-    asked = f"mode={mode!r}" if mode == "reduce-overhead" else f"backend={backend!r}"
-    runs = ("inductor without them, as mode='default'" if mode == "reduce-overhead"
-            else "the captured graph without them (no speed-up)")
-    warnings.warn(f"compile_regional({asked}) on a model with no CUDA parameter: {asked} adds "
-                  f"CUDA graphs, which need CUDA tensors, so here torch runs {runs}. Drop it on "
-                  "CPU, or move the model to CUDA before compile_regional.",
-                  stacklevel=3)
 
 
 def _check_model(model: object) -> None:

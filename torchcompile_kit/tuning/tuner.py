@@ -91,7 +91,9 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
     try:
         out.mkdir(parents=True, exist_ok=True)
         measure = dataclasses.replace(measure, backend=measure.backend or "inductor")
-        device = _device()
+        import torch
+
+        device = torch.device(measure.device_or_default())
         emit = on_event or (lambda event: None)
         plan = RunPlan(spec=spec, measure=measure, device_type=device.type,
                        steps_planned=steps_planned, warm_start=warm_start, runs=out / "runs")
@@ -147,12 +149,6 @@ def _spec_string(model: str | Callable[[], Any] | None) -> str | None:
                              "module-level function of an importable module. Define it at the "
                              "top level of a module and pass it (or 'module:function').")
     return f"{module}:{qualname}"
-
-
-def _device() -> Any:
-    import torch
-
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # --- outputs -------------------------------------------------------------------------------------
