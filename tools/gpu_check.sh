@@ -111,25 +111,7 @@ phase restart 80 "
     TORCHINDUCTOR_CACHE_DIR='$OUT/restart/inductor-'\$mode TRITON_CACHE_DIR='$OUT/restart/triton-'\$mode \
       '$PYTHON' tests/gpu/restart_worker.py \$mode '$OUT/restart/cc.tck' $DEVICE 4 >'$OUT/restart/'\$mode.json || exit 1
   done
-  '$PYTHON' - '$OUT/restart' <<'EOF'
-import json, sys
-cold, warm = (json.load(open(f'{sys.argv[1]}/{m}.json')) for m in ('cold', 'warm'))
-summary = {'first_step_warm_over_cold': warm['first_step_s'] / cold['first_step_s'],
-           'process_warm_over_cold': warm['process_s'] / cold['process_s'],
-           'warm_paths': warm['paths'], 'warm_cache_stats': warm['cache_stats'],
-           'warm_inductor_counters': warm['inductor_counters'], 'warm_cubins_written': warm['cubins_written'],
-           'losses_bit_for_bit': warm['losses'] == cold['losses'], 'cold': cold, 'warm': warm}
-json.dump(summary, open(sys.argv[1] + '.json', 'w'), indent=2)
-print(json.dumps({k: v for k, v in summary.items() if k not in ('cold', 'warm')}))
-stats = warm['cache_stats']
-failed = [why for why, bad in [
-    ('not loaded: ' + warm['load_reason'], not warm['loaded']),
-    ('a region traced again', set(warm['paths'].values()) != {'precompiled (no trace)'}),
-    ('a cache miss', stats['cache_misses'] or stats['dynamo_cache_miss']),
-    ('other losses', not summary['losses_bit_for_bit']),
-    ('no Triton kernel from the artifact', '$DEVICE' == 'cuda' and not warm['inductor_counters'].get('triton_bundler_read_and_emit_kernel'))] if bad]
-sys.exit('restart: ' + '; '.join(failed) if failed else 0)
-EOF"
+  '$PYTHON' tests/gpu/restart_worker.py compare '$OUT/restart' $DEVICE"
 
 phase bench 170 "'$PYTHON' -m torchcompile_kit bench eager regional regional-warm --preset $PRESET $BENCH_STEPS --device $DEVICE --no-charts --out '$OUT/bench'"
 

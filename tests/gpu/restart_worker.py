@@ -6,6 +6,10 @@
 test, and ``tools/gpu_check.sh``'s restart phase): cold compiles and saves, warm loads and must
 not trace. Reported: each region's path, torch's cache counters, Triton's bundle counters and the
 cubins written into ``TRITON_CACHE_DIR``, the first step's seconds, and the losses as exact hex.
+
+``python tests/gpu/restart_worker.py compare DIR DEVICE_TYPE`` (the restart phase) reads
+``DIR/cold.json`` and ``DIR/warm.json``, writes ``DIR.json`` (the ratios and both runs) and exits
+with :func:`failures`' reasons, the checks the GPU test asserts.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -87,5 +92,55 @@ def main(mode: str, artifact: str, device_name: str, n_layer: str) -> dict:
     }
 
 
+def failures(cold: dict, warm: dict, device_type: str) -> list[str]:
+    """What the warm restart got wrong against its cold run (empty: nothing)."""
+    stats = warm["cache_stats"]  # dynamo's entries hit: nothing traced, nothing compiled again
+    checks = [
+        (f"the cold run saved nothing: {cold['saved']}", not (cold["saved"] or {}).get("saved")),
+        (f"not loaded: {warm['load_reason']}", not warm["loaded"]),
+        (
+            f"a region traced again: {warm['paths']}",
+            not warm["paths"] or set(warm["paths"].values()) != {"precompiled (no trace)"},
+        ),
+        (
+            f"dynamo's entries missed: {stats}",
+            stats["dynamo_cache_hit"] < len(warm["paths"]) or stats["dynamo_cache_miss"] != 0,
+        ),
+        (f"a cache miss: {stats}", stats["cache_misses"] != 0),
+        ("other losses than the cold run's (bit for bit)", warm["losses"] != cold["losses"]),
+    ]
+    if device_type == "cuda":  # the kernels came back from the artifact, into an empty Triton dir
+        counters = warm["inductor_counters"]
+        checks += [
+            (
+                f"no Triton kernel came from the artifact: {counters}",
+                not counters.get("triton_bundler_read_and_emit_kernel", 0) > 0,
+            ),
+            ("no cubin was written into the empty Triton dir", not warm["cubins_written"] > 0),
+        ]
+    return [why for why, wrong in checks if wrong]
+
+
+def compare(folder: str, device_type: str) -> None:
+    cold, warm = (json.loads(Path(folder, f"{mode}.json").read_text()) for mode in ("cold", "warm"))
+    summary = {
+        "first_step_warm_over_cold": warm["first_step_s"] / cold["first_step_s"],
+        "process_warm_over_cold": warm["process_s"] / cold["process_s"],
+        "warm_paths": warm["paths"],
+        "warm_cache_stats": warm["cache_stats"],
+        "warm_inductor_counters": warm["inductor_counters"],
+        "warm_cubins_written": warm["cubins_written"],
+        "losses_bit_for_bit": warm["losses"] == cold["losses"],
+    }
+    print(json.dumps(summary))
+    with open(folder.rstrip("/") + ".json", "w") as handle:
+        json.dump({**summary, "cold": cold, "warm": warm}, handle, indent=2)
+    wrong = failures(cold, warm, device_type)
+    sys.exit("restart: " + "; ".join(wrong) if wrong else 0)
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:])))
+    if sys.argv[1] == "compare":
+        compare(*sys.argv[2:])
+    else:
+        print(json.dumps(main(*sys.argv[1:])))

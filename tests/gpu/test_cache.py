@@ -15,6 +15,7 @@ import torch
 from torchcompile_kit.cache import current_environment
 
 from .conftest import cuda_only
+from .restart_worker import failures
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("restart_worker.py")
@@ -58,19 +59,8 @@ def _restart(mode, artifact, tmp_path, device):
 def test_a_warm_restart_runs_every_region_precompiled_with_the_same_losses(device, tmp_path):
     artifact = tmp_path / "cc.tck"
     cold = _restart("cold", artifact, tmp_path, device)
-    assert cold["saved"]["saved"], cold["saved"]
     warm = _restart("warm", artifact, tmp_path, device)
     print("restart:", json.dumps({"cold": cold, "warm": warm}))
-    assert warm["loaded"], warm["load_reason"]
-    assert warm["paths"] and set(warm["paths"].values()) == {"precompiled (no trace)"}, warm[
-        "paths"
-    ]
-    stats = warm["cache_stats"]  # dynamo's entries hit: nothing traced, nothing compiled again
-    assert stats["dynamo_cache_hit"] >= len(warm["paths"]) and stats["dynamo_cache_miss"] == 0, (
-        stats
-    )
-    assert stats["cache_misses"] == 0, stats
-    assert warm["losses"] == cold["losses"]  # bit for bit
-    if device.type == "cuda":  # the kernels came back from the artifact, into an empty Triton dir
-        assert warm["inductor_counters"].get("triton_bundler_read_and_emit_kernel", 0) > 0, warm
-        assert warm["cubins_written"] > 0
+    # saved, loaded, every region precompiled, dynamo's entries hit, no cache miss, the losses bit
+    # for bit; on CUDA, Triton kernels from the artifact and cubins written
+    assert failures(cold, warm, device.type) == []

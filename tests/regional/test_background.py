@@ -357,7 +357,7 @@ def test_on_a_gpu_without_room_the_worker_is_not_started_and_says_why(factory, m
 
     model = factory.build()
     compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
-    monkeypatch.setattr(background, "_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(background, "model_device", lambda model: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * 2**30, 80 * 2**30))
     with pytest.warns(CompileCacheWarning, match="2048 MiB free of 81920 MiB on cuda:0") as warned:

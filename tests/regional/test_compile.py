@@ -569,7 +569,7 @@ def _on_cuda(monkeypatch):
     """The model reads as being on CUDA (as after ``.cuda()``): CPU tensors still run the call."""
     from torchcompile_kit.regional import cuda_graphs
 
-    monkeypatch.setattr(cuda_graphs, "first_parameter_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(cuda_graphs, "model_device", lambda model: torch.device("cuda"))
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -37,9 +37,9 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
     if recipe.world_size > 1 and device_type == "cuda":
         import torch
 
-        if torch.cuda.device_count() < recipe.world_size:
-            return (f"needs {recipe.world_size} GPUs (a process per GPU); this machine has "
-                    f"{torch.cuda.device_count()}")
+        gpus = torch.cuda.device_count()
+        if gpus < recipe.world_size:
+            return f"needs {recipe.world_size} GPUs (a process per GPU); this machine has {gpus}"
     if "nested" in recipe.requires:
         if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
             return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"

@@ -10,6 +10,7 @@ is what inductor's keys and kernels depend on (its name, CUDA and Triton, as
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -83,6 +84,7 @@ def _gpu(device_type: str) -> dict[str, Any] | None:
             "sm_count": properties.multi_processor_count}
 
 
+@functools.cache  # asked at every save, load and bench result; it cannot change in a process
 def _driver(device_type: str) -> str | None:
     """The NVIDIA driver's version through NVML (``nvidia-ml-py``, installed with CUDA torch
     wheels' dependencies on most machines), or ``None``."""

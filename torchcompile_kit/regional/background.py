@@ -308,7 +308,7 @@ def _gpu_memory_short(options: BackgroundCompile) -> str | None:
 def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
     """A CPU model whose torch threads leave no core of their own to the worker: say what that
     costs."""
-    on_cpu = _device(model).type == "cpu"
+    on_cpu = model_device(model).type == "cpu"
     cores = os.sched_getaffinity(0) | set(options.cpus or ())
     if on_cpu and torch.get_num_threads() >= len(cores):
         warnings.warn(f"background compile: training's {torch.get_num_threads()} torch threads "
@@ -338,7 +338,7 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     write_signed(folder / "batch.pt", batch.getvalue(), _keys())
     autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
                      for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
-    device = _device(model)
+    device = model_device(model)
     options.device = str(device)
     if device.type == "cuda":  # the model, and this call's activations kept for its backward
         options._first_call_bytes = torch.cuda.memory_allocated(device)
@@ -485,7 +485,8 @@ def _log_tail(options: BackgroundCompile) -> str:
     return text if len(text) <= 800 else text[:800] + " ..."
 
 
-def _device(model: nn.Module) -> torch.device:
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU when it has none)."""
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 

@@ -130,15 +130,15 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         )
         return model
     plan = find_repeated_blocks(model, blocks)
-    if not nested:  # refused before anything compiles when the model is on CUDA already
-        checking = check_cuda_graphs_at_first_call(
-            model, [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
-            caller="compile_regional", per_region=True)
-        if checking is not None:
-            register_undo(model, checking)
     if nested:
         return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
                                verify=verify is not False, **compile_kwargs)
+    # refused before anything compiles when the model is on CUDA already
+    checking = check_cuda_graphs_at_first_call(
+        model, [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
+        caller="compile_regional", per_region=True)
+    if checking is not None:
+        register_undo(model, checking)
     plan.dynamic = compile_kwargs.get("dynamic")
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}

@@ -26,6 +26,7 @@ from torch import nn
 
 from .. import _dynamo
 from ..errors import UnsafeCompileModeError
+from .background import model_device
 
 __all__ = ["check_cuda_graphs_at_first_call", "cuda_graph_option"]
 
@@ -57,7 +58,8 @@ def check_cuda_graphs_at_first_call(
     (``per_region=False``) wrap the compiled call instead, whose hooks run inside the graph.
 
     Returns:
-        The undo of what was installed, or ``None`` when no CUDA-graph option was asked for.
+        The removal of the per-region hook, or ``None`` (no CUDA-graph option, or a whole-model
+        recipe: ``uncompile`` clears the wrapped compiled call with the check).
 
     Raises:
         UnsafeCompileModeError: ``per_region`` and ``model`` is on CUDA now.
@@ -68,7 +70,7 @@ def check_cuda_graphs_at_first_call(
     state = {"said": False}
 
     def check() -> None:
-        device = first_parameter_device(model)
+        device = model_device(model)
         if device.type == "cuda" and per_region:
             raise UnsafeCompileModeError(_refusal(caller, asked))
         if device.type != "cuda" and not state["said"]:
@@ -76,7 +78,7 @@ def check_cuda_graphs_at_first_call(
             warnings.warn(_cpu_note(caller, asked), UserWarning, stacklevel=4)
 
     if per_region:
-        if first_parameter_device(model).type == "cuda":
+        if model_device(model).type == "cuda":
             raise UnsafeCompileModeError(_refusal(caller, asked))
 
         def hook(module: nn.Module, args: tuple) -> None:
@@ -91,15 +93,7 @@ def check_cuda_graphs_at_first_call(
         return compiled(*args, **kwargs)
 
     _dynamo.set_compiled_call(model, checked)
-    return lambda: None  # uncompile clears the compiled call, and this with it
-
-
-def first_parameter_device(model: nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (or buffer); CPU when it has neither."""
-    tensor = next(model.parameters(), None)
-    if tensor is None:
-        tensor = next(model.buffers(), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
+    return None
 
 
 def _refusal(caller: str, asked: str) -> str:
