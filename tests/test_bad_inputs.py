@@ -14,8 +14,10 @@ from torch import nn
 from torchcompile_kit import (
     BucketBatchSampler,
     compile_cache,
+    compile_in_background,
     compile_model,
     compile_regional,
+    get_regional_plan,
     load_compile_cache,
     mark_dynamic_batch,
     save_compile_cache,
@@ -101,26 +103,43 @@ def test_the_trainers_cache_path_is_checked_when_it_is_built(tmp_path):
         CompileTrainer(model=tiny_models.gpt2(), args=args, compile_cache=7)
 
 
-def test_a_background_that_is_not_a_flag_a_factory_or_options():
+def test_background_options_that_are_not_options_or_a_compile_function():
     model = tiny_models.gpt2()
-    with pytest.raises(
-        TypeError, match=r"background=5 must be True .* 'mypkg.models:build' or BackgroundCompile"
-    ):
-        compile_regional(model, background=5)
+    with pytest.raises(TypeError, match=r"worker=5 must be BackgroundCompile\(...\) or None"):
+        compile_in_background(model, worker=5)
+    with pytest.raises(TypeError, match=r"compile_fn=.* must be compile_regional or compile_model"):
+        compile_in_background(model, torch.compile)
     assert not any(
         hasattr(m, "_compiled_call_impl") and m._compiled_call_impl for m in model.modules()
     )
 
 
 def test_a_background_factory_that_cannot_be_found_is_refused_at_the_call():
+    from torchcompile_kit.regional import BackgroundCompile
+
     with pytest.raises(
-        ValueError, match=r"background='nosuch_tck_module:build': no module 'nosuch_tck_module'"
+        ValueError, match=r"factory='nosuch_tck_module:build': no module 'nosuch_tck_module'"
     ):
-        compile_regional(tiny_models.gpt2(), background="nosuch_tck_module:build")
+        compile_in_background(
+            tiny_models.gpt2(), worker=BackgroundCompile(factory="nosuch_tck_module:build")
+        )
     with pytest.raises(
-        ValueError, match=r"background='missing.py:build': file 'missing.py' does not exist"
+        ValueError, match=r"factory='missing.py:build': file 'missing.py' does not exist"
     ):
-        compile_model(tiny_models.gpt2(), background="missing.py:build")
+        compile_in_background(
+            tiny_models.gpt2(), compile_model, worker=BackgroundCompile(factory="missing.py:build")
+        )
+
+
+@pytest.mark.parametrize("name", ["background", "nested", "remainder", "fulgraph"])
+def test_a_removed_or_misspelt_option_is_refused_before_anything_compiles(name):
+    model = tiny_models.gpt2()
+    with pytest.raises(TypeError, match=f"compile_regional.*{name}="):
+        compile_regional(model, backend="eager", **{name: True})
+    assert get_regional_plan(model) is None
+    assert not any(
+        hasattr(m, "_compiled_call_impl") and m._compiled_call_impl for m in model.modules()
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # the base are imported from their topic (torchcompile_kit.regional, .errors, ...).
 _EXPORTS: dict[str, str] = {name: topic for topic, names in (
     ("errors", "TorchCompileKitError"),
-    ("regional", ("compile_model compile_regional expect_shapes fix_loss_function "
+    ("regional", ("compile_in_background compile_model compile_regional expect_shapes fix_loss_function "
                   "get_regional_plan uncompile")),
     ("optim", "compile_optimizer"),
     ("shapes", ("BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "

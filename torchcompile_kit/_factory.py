@@ -16,7 +16,7 @@ __all__ = ["check_factory", "import_factory", "parse_factory"]
 
 
 def _named(flag: str, text: str) -> str:
-    """``--model 'x:y'`` for a CLI flag, ``background='x:y'`` for an argument (``flag`` ends in =)."""
+    """``--model 'x:y'`` for a CLI flag, ``factory='x:y'`` for an argument (``flag`` ends in =)."""
     return f"{flag}{text!r}" if flag.endswith("=") else f"{flag} {text!r}"
 
 

@@ -263,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
         "candidates are then ranked on step times measured at different moments)",
     )
     tune.add_argument(
-        "--verify",
+        "--check-prediction",
         action="store_true",
         help="then run the recommendation for N steps: predicted vs measured total",
     )
@@ -556,7 +556,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from .bench.config import MeasureConfig
-    from .tuning import STEADY_S, format_table, tune, verification_line
+    from .tuning import STEADY_S, format_table, prediction_line, tune
 
     problem = _check_out_dir(args.out)
     if problem:
@@ -587,15 +587,15 @@ def _tune(args: argparse.Namespace) -> int:
             out_dir=args.out,
             candidates=args.candidates,
             warm_start=args.warm_start,
-            verify=args.verify,
+            check_prediction=args.check_prediction,
             measure=measure,
             on_event=show,
         )
     except ValueError as err:
         return _error(str(err))
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")
-    if result.verification:
-        print(verification_line(result.verification))
+    if result.prediction_check:
+        print(prediction_line(result.prediction_check))
     print(
         f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py"
     )

@@ -53,8 +53,8 @@ class BatchShapeError(TorchCompileKitError, ValueError):
 class CompiledMismatchError(TorchCompileKitError, RuntimeError):
     """A recipe's first compiled call computed something else than eager on the same batch.
 
-    Raised by the first-call check of ``compile_regional(nested=True)``, ``compile_peft`` and
-    ``compile_optimizer`` (``verify=``) before the call returns; the message names the recipe,
+    Raised by the first-call check of ``compile_regional``, ``compile_model``, ``compile_peft``
+    and ``compile_optimizer`` (``verify=``) before the call returns; the message names the recipe,
     the torch version, the backend and the largest difference. ``record`` is the
     ``FirstCallCheck`` (also in a running ``CompileMonitor``'s ``first_call_checks``).
     """

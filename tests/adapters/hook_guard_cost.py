@@ -3,13 +3,16 @@ docs/peft.md and its test, not part of the library."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
 
-from torchcompile_kit import compile_peft
+from torchcompile_kit import _dynamo, compile_peft
 from torchcompile_kit.regional import get_regional_plan
 
 
@@ -30,7 +33,8 @@ def block_guard_counts(model: nn.Module, inputs: dict[str, Any], *, hook_guards:
     return the leaf guards of each compiled entry of its blocks' ``forward``."""
     compiled = copy.deepcopy(model).eval()
     torch._dynamo.reset()
-    compile_peft(compiled, backend=backend, hook_guards=hook_guards, on_violation="ignore")
+    with contextlib.nullcontext() if hook_guards else hook_guards_off():
+        compile_peft(compiled, backend=backend, on_violation="ignore")
     with torch.no_grad():
         compiled(**inputs)
     plan = get_regional_plan(compiled)
@@ -38,3 +42,11 @@ def block_guard_counts(model: nn.Module, inputs: dict[str, Any], *, hook_guards:
     counts = [n for cls in classes for n in guard_counts(cls.forward.__code__)]
     torch._dynamo.reset()
     return counts
+
+
+@contextlib.contextmanager
+def hook_guards_off() -> Iterator[None]:
+    """``compile_peft`` as dynamo's default would have it: its compiled regions without the module
+    hook guards (``_dynamo.with_module_hook_guards`` made a no-op while the model is compiled)."""
+    with mock.patch.object(_dynamo, "with_module_hook_guards", lambda call: call):
+        yield

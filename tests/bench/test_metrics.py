@@ -77,7 +77,7 @@ def test_compare_uses_each_groups_baseline_and_the_loss_reference():
         _row("eager-longest", 8.0, 1.0, [1.0, 2.0]),
         _row("mark-dynamic", 12.0, 12.0, [1.0, 2.0]),
         _row("buckets", 16.0, 20.0, [9.0, 9.0]),
-        RecipeResult(name="nested", status="failed"),
+        RecipeResult(name="regional", status="failed"),
     ]
     compare(rows, RECIPES)
     m = {row.name: row.metrics for row in rows}
@@ -85,7 +85,7 @@ def test_compare_uses_each_groups_baseline_and_the_loss_reference():
     assert m["full"].warmup_ratio == 1.0 and m["buckets"].warmup_ratio == 2.0
     assert m["full"].loss_max_abs_diff == 0.5 and m["eager"].loss_max_abs_diff == 0.0
     assert m["buckets"].loss_max_abs_diff is None  # other batches: no comparison
-    assert m["nested"] == Metrics()
+    assert m["regional"] == Metrics()
 
 
 def test_results_round_trip_through_json(tmp_path):

@@ -2,7 +2,7 @@
 
     python tests/diagnostics/measure_first_call.py RECIPE ARCH BACKEND on|off
 
-RECIPE: nested | regional | peft | optimizer; ARCH: gpt2 | llama (tests/tiny_models.py, 2 layers,
+RECIPE: model | regional | peft | optimizer; ARCH: gpt2 | llama (tests/tiny_models.py, 2 layers,
 hidden 32); BACKEND: aot_eager | inductor. Run each in a fresh process (a cold inductor cache is
 made per run); prints one JSON line: the first step's seconds and the monitor's first-call checks
 (check seconds vs compiled-call seconds). docs/regional.md, peft.md and optimizer.md quote it.
@@ -21,7 +21,13 @@ warnings.filterwarnings("ignore")
 import torch
 from tiny_models import gpt2, llama
 
-from torchcompile_kit import CompileMonitor, compile_optimizer, compile_peft, compile_regional
+from torchcompile_kit import (
+    CompileMonitor,
+    compile_model,
+    compile_optimizer,
+    compile_peft,
+    compile_regional,
+)
 
 recipe, arch, backend, verify = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "on"
 build = {"gpt2": gpt2, "llama": llama}[arch]
@@ -40,8 +46,8 @@ with CompileMonitor() as mon:
         model(**batch).loss.backward(); opt.step()   # eager first step (state init)
         t0 = time.perf_counter(); opt.step(); t = time.perf_counter() - t0
     else:
-        if recipe == "nested":
-            compile_regional(model, nested=True, backend=backend, verify=verify)
+        if recipe == "model":
+            compile_model(model, backend=backend, verify=verify)
         elif recipe == "regional":
             compile_regional(model, backend=backend, verify=verify)
         else:

@@ -1,4 +1,5 @@
-"""The first-call check of the fragile recipes: nested regions, compile_peft, compile_optimizer.
+"""The first-call check (``verify=``) of the recipes: compile_model, compile_regional, compile_peft,
+compile_optimizer.
 
 A backend that adds 1e-2 to a graph's outputs (``tests/miscompute.py``) stands for a torch that
 miscomputes a recipe: the check must raise before the call returns, naming the recipe, the torch
@@ -44,25 +45,27 @@ def test_error_is_public_and_a_runtime_error():
     assert issubclass(CompiledMismatchError, RuntimeError)
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, 0.5, "auto"])
+@pytest.mark.parametrize("bad", ["yes", 1, 0.5, "auto", None])
 def test_verify_keyword_is_validated(bad):
-    with pytest.raises(TypeError, match=r"compile_regional: verify=.* must be True .*False .*None"):
+    with pytest.raises(TypeError, match=r"compile_regional: verify=.* must be True or False"):
         compile_regional(gpt2(), verify=bad, backend="eager")
+    with pytest.raises(TypeError, match=r"compile_model: verify=.* must be True or False"):
+        compile_model(gpt2(), verify=bad, backend="eager")
     with pytest.raises(TypeError, match=r"compile_optimizer: verify="):
         compile_optimizer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), verify=bad)
 
 
-# --- compile_regional(nested=True): on by default ----------------------------------------------
+# --- compile_model: the compiled call wrapped ----------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"])
-def test_nested_raises_on_a_miscomputing_backend(backend):
+def test_whole_model_raises_on_a_miscomputing_backend(backend):
     model = gpt2()
-    compile_regional(model, nested=True, backend=backend)
+    compile_model(model, backend=backend, verify=True)
     with CompileMonitor() as mon, pytest.raises(CompiledMismatchError) as raised:
         model(**_batch())
     message = str(raised.value)
-    assert "compile_regional(nested=True)" in message and torch.__version__ in message
+    assert "compile_model" in message and torch.__version__ in message
     assert "largest difference 0.01" in message and "verify=False" in message
     expected = "output.logits" if backend is perturbed_forward else "grad."
     assert expected in message
@@ -72,12 +75,12 @@ def test_nested_raises_on_a_miscomputing_backend(backend):
         model(**_batch())
 
 
-def test_nested_passes_and_leaves_training_untouched():
+def test_whole_model_passes_and_leaves_training_untouched():
     model = gpt2(n_layer=3)
     plain = copy.deepcopy(model)  # the same compile without the check: what the user would get
     reference = copy.deepcopy(model)
-    compile_regional(model, nested=True, backend="aot_eager")
-    compile_regional(plain, nested=True, backend="aot_eager", verify=False)
+    compile_model(model, backend="aot_eager", verify=True)
+    compile_model(plain, backend="aot_eager")
 
     with CompileMonitor() as mon:
         torch.manual_seed(1)
@@ -105,28 +108,21 @@ def test_nested_passes_and_leaves_training_untouched():
         ("passed", ["outputs", "gradients"], "train mode, grad on"),
         ("passed", ["outputs"], "train mode, grad off"),
     ]
-    assert checks[0].recipe == "compile_regional(nested=True)" and checks[0].max_abs < 1e-5
+    assert checks[0].recipe == "compile_model" and checks[0].max_abs < 1e-5
     assert checks[0].torch_version == torch.__version__ and checks[0].backend == "aot_eager"
     assert "first-call checks" in mon.summary() and mon.as_dict()["first_call_checks"][0]["status"] == "passed"
 
 
-def test_nested_verify_false_does_not_check():
+@pytest.mark.parametrize("compile_fn", [compile_model, compile_regional])
+def test_checks_only_when_asked(compile_fn):
     model = gpt2()
-    compile_regional(model, nested=True, backend=perturbed_forward, verify=False)
+    compile_fn(model, backend=perturbed_forward)  # verify=False, the default
     with CompileMonitor() as mon:
-        model(**_batch())  # wrong, and not checked: the user asked
+        model(**_batch())  # wrong, and not checked: the user did not ask
     assert mon.first_call_checks == []
 
 
-# --- compile_regional block by block: opt-in ---------------------------------------------------
-
-
-def test_regional_checks_only_when_asked():
-    model = gpt2()
-    compile_regional(model, backend=perturbed_forward)
-    with CompileMonitor() as mon:
-        model(**_batch())
-    assert mon.first_call_checks == []
+# --- compile_regional block by block -----------------------------------------------------------
 
     torch._dynamo.reset()
     model = gpt2()
@@ -171,7 +167,7 @@ def test_dropout_is_compared_under_the_same_rng_with_aot_eager():
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.3
-    compile_regional(model, nested=True, backend="aot_eager")
+    compile_regional(model, backend="aot_eager", verify=True)
     with CompileMonitor() as mon:
         model(**_batch())
     assert [c.status for c in mon.first_call_checks] == ["passed"]
@@ -259,7 +255,8 @@ def _train_steps(opt, model, steps):
 def test_optimizer_first_compiled_step_passes_and_matches_eager(impl):
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
     reference = copy.deepcopy(model)
-    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), impl=impl, backend="aot_eager")
+    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), impl=impl, backend="aot_eager",
+                            verify=True)
     with CompileMonitor() as mon:
         _train_steps(opt, model, 3)
     _train_steps(torch.optim.AdamW(reference.parameters(), lr=1e-2), reference, 3)
@@ -272,7 +269,8 @@ def test_optimizer_first_compiled_step_passes_and_matches_eager(impl):
 
 def test_optimizer_raises_and_restores_the_step():
     model = nn.Linear(8, 2)
-    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), backend=perturbed_updates)
+    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), backend=perturbed_updates,
+                            verify=True)
     _train_steps(opt, model, 1)  # the eager first step
     model(torch.randn(4, 8)).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
@@ -286,10 +284,10 @@ def test_optimizer_raises_and_restores_the_step():
             assert torch.equal(value, state[key][name]), name
 
 
-def test_optimizer_verify_false_and_size_default():
+def test_optimizer_checks_only_when_asked():
     model = nn.Linear(8, 2)
     opt = compile_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                            backend=perturbed_updates, verify=False)
+                            backend=perturbed_updates)  # verify=False, the default
     with CompileMonitor() as mon:
         _train_steps(opt, model, 3)
     assert mon.first_call_checks == []

@@ -10,8 +10,13 @@ import time
 import torch
 from regional.test_background import MODEL  # the CPU tests' factory module
 
-from torchcompile_kit import compile_regional, uncompile
-from torchcompile_kit.regional import BackgroundCompile, get_background_compile
+from torchcompile_kit import uncompile
+from torchcompile_kit.regional import (
+    BackgroundCompile,
+    BackgroundState,
+    compile_in_background,
+    get_background_compile,
+)
 
 
 def test_training_switches_to_the_workers_blocks_on_the_gpu(device, tmp_path, monkeypatch):
@@ -22,13 +27,13 @@ def test_training_switches_to_the_workers_blocks_on_the_gpu(device, tmp_path, mo
 
     try:
         model = tck_bg_model.build().to(device)
-        compile_regional(
-            model, background=BackgroundCompile(factory="tck_bg_model:build", start_after_s=0)
+        compile_in_background(
+            model, worker=BackgroundCompile(factory="tck_bg_model:build", start_after_s=0)
         )
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         record, started = get_background_compile(model), time.perf_counter()
         while (
-            record.state in ("waiting for the first call", "compiling")
+            record.state in (BackgroundState.WAITING, BackgroundState.COMPILING)
             and time.perf_counter() - started < 300
         ):
             x = torch.randn(32, 16, generator=torch.Generator().manual_seed(record.eager_steps)).to(
@@ -40,7 +45,7 @@ def test_training_switches_to_the_workers_blocks_on_the_gpu(device, tmp_path, mo
             time.sleep(0.01)
         model(torch.randn(32, 16).to(device)).backward()  # the first compiled call
         print("background:", record.summary(), record.gpu_memory)
-        assert record.state == "compiled", record.state
+        assert record.state is BackgroundState.COMPILED, record.summary()
         assert record.device == str(next(model.parameters()).device)
         assert (record.gpu_memory is not None) == (device.type == "cuda")
         assert record.worker_check == "passed"

@@ -58,18 +58,6 @@ def test_the_first_call_check_passes_and_training_follows_eager(device, recipe, 
     assert compiled == pytest.approx(reference, rel=tolerance), (compiled, reference)
 
 
-def test_the_hybrid_on_cuda_passes_its_first_call_check(device):
-    """``nested=True`` is refused with inductor on CPU (wrong gradients, torch 2.13) and warned
-    about on CUDA: its first-call check (on by default) raises on a difference."""
-    cuda_only(device, "the hybrid with inductor (refused on CPU)")
-    torch.manual_seed(0)
-    model = tm.gpt2(n_layer=2, n_embd=64).to(device)
-    eager = copy.deepcopy(model)
-    with pytest.warns(UserWarning, match="experimental"):
-        compile_regional(model, nested=True)
-    assert _losses(model, device) == pytest.approx(_losses(eager, device), rel=1e-4)
-
-
 def test_cuda_graphs_per_block_are_refused_at_the_call_and_after_a_move(device):
     cuda_only(device, "a model on CUDA")
     model = tm.gpt2().to(device)

@@ -15,9 +15,9 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from integrations.spawn import run_on_ranks
 from torchcompile_kit import (
     BucketBatchSampler,
-    get_regional_plan,
     PadToBucketCollator,
     compile_regional,
+    get_regional_plan,
     uncompile,
     warmup_shapes,
 )
@@ -138,7 +138,7 @@ def test_ddp_and_fsdp2_match_eager_on_two_ranks():
 
 
 def background_body(rank: int, world: int, cwd: str) -> None:
-    """compile_regional(background=True) under DDP: rank 0's worker compiles, every rank switches
+    """compile_in_background under DDP: rank 0's worker compiles, every rank switches
     at the same call (no rank waits in a collective for another), then trains compiled; a rank
     slower to load at the switch still finds the worker's files (rank 0 removed them under it)."""
     import os
@@ -146,9 +146,7 @@ def background_body(rank: int, world: int, cwd: str) -> None:
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from torchcompile_kit.regional import get_background_compile
-
-    from torchcompile_kit.regional import background
+    from torchcompile_kit.regional import background, compile_in_background, get_background_compile
 
     os.chdir(cwd)
     if rank == 1:  # the slower rank at the switch: rank 0 must not remove the worker's files first
@@ -156,7 +154,7 @@ def background_body(rank: int, world: int, cwd: str) -> None:
         background.load_with_keys = lambda *args, **kwargs: (time.sleep(1.0), load(*args, **kwargs))[1]
     torch.manual_seed(0)
     ref = tiny_models.gpt2()
-    model = compile_regional(copy.deepcopy(ref), background=True)
+    model = compile_in_background(copy.deepcopy(ref))
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step, started = 0, time.perf_counter()
@@ -169,7 +167,7 @@ def background_body(rank: int, world: int, cwd: str) -> None:
         assert time.perf_counter() - started < 300, "no switch in 300 s"
     record = get_background_compile(model)
     calls = [None] * world
-    dist.all_gather_object(calls, (record.state, record.switched_at_call, record.eager_steps, record.worker_check))
+    dist.all_gather_object(calls, (record.state.value, record.switched_at_call, record.eager_steps, record.worker_check))
     assert calls[0] == calls[1] and calls[0][0] == "compiled" and calls[0][3] == "passed", calls
     assert (record._proc is not None) == (rank == 0)  # one worker for the job
     group = get_regional_plan(model).groups[0]

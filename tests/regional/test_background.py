@@ -1,4 +1,4 @@
-"""compile_regional / compile_model with ``background=``: training runs eagerly at once, a worker
+"""compile_in_background (compile_regional or compile_model): training runs eagerly at once, a worker
 process compiles, the model switches to the worker's precompiled code at a call boundary; a worker
 that fails, hangs or compiled something else leaves training eager with one warning. Inductor
 compiles in the worker (seconds); counts and equalities are asserted, never times."""
@@ -25,7 +25,12 @@ from torchcompile_kit import (
     uncompile,
 )
 from torchcompile_kit.errors import CompileCacheWarning
-from torchcompile_kit.regional import BackgroundCompile, get_background_compile
+from torchcompile_kit.regional import (
+    BackgroundCompile,
+    BackgroundState,
+    compile_in_background,
+    get_background_compile,
+)
 
 MODEL = '''
 import time
@@ -116,13 +121,13 @@ def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(
     model = factory.build()
     ref = copy.deepcopy(model)
     with CompileMonitor() as monitor:
-        compile_regional(model, background="tck_bg_model:build")
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"))
         assert get_regional_plan(model) is None  # nothing compiled in this process yet
         losses, ref_losses = _train(model, ref, until=lambda r: r.stall_s is not None)
         record = get_background_compile(model)
         frames_at_switch = len(monitor.frames)
         more, more_ref = _train(model, ref, until=lambda r: False, limit_s=0.5)
-    assert record.state == "compiled" and record.eager_steps >= 1
+    assert record.state is BackgroundState.COMPILED and record.eager_steps >= 1
     switch = record.switched_at_call - 1  # calls before it ran eagerly
     assert switch == record.eager_steps and record.worker_s > 0 and record.stall_s > 0
     # eager before the switch, bit for bit; compiled (inductor's numerics) after it
@@ -150,25 +155,25 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
     try:
         model = factory.build()
         cpus = [min(os.sched_getaffinity(0))]
-        compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build", cpus=cpus))
-        _train(model, until=lambda r: r.stall_s is not None or r.state.startswith("eager"))
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build", cpus=cpus))
+        _train(model, until=lambda r: r.stall_s is not None or r.state is BackgroundState.EAGER)
     finally:
         torch.set_num_threads(threads)
     record = get_background_compile(model)
-    assert record.state == "compiled", record.state
+    assert record.state is BackgroundState.COMPILED, record.state
     assert get_regional_plan(model).groups[0].precompile_path == "precompiled (no trace)"
 
 
 @pytest.mark.parametrize(
     ("background", "why"),
     [
-        ("tck_bg_model:crash", "the worker failed (exit code 1)"),
+        (BackgroundCompile(factory="tck_bg_model:crash"), "the worker failed (exit code 1)"),
         (BackgroundCompile(factory="tck_bg_model:hang", timeout_s=1.0), "ran past timeout_s=1"),
         # these two compile in the worker (about 20 s each on a 2-core CPU): with the slow tests
-        pytest.param("tck_bg_model:build_silu", "compiled Block for another model state",
+        pytest.param(BackgroundCompile(factory="tck_bg_model:build_silu"), "compiled Block for another model state",
                      marks=pytest.mark.slow, id="other-model"),
         # the worker's first-call check: the same outputs, other gradients (only its check sees it)
-        pytest.param("tck_bg_model:build_grad_twice", "CompiledMismatchError",
+        pytest.param(BackgroundCompile(factory="tck_bg_model:build_grad_twice"), "CompiledMismatchError",
                      marks=pytest.mark.slow, id="worker-check-fails"),
     ],
     ids=["crash", "hang", "other-model", "worker-check-fails"],
@@ -176,17 +181,17 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
 def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eager(factory, background, why):
     model = factory.build()
     with pytest.warns(CompileCacheWarning, match="training goes on eagerly") as caught:
-        compile_regional(model, background=background)
-        _train(model, until=lambda r: r.state.startswith("eager"), limit_s=120)
+        compile_in_background(model, worker=background)
+        _train(model, until=lambda r: r.state is BackgroundState.EAGER, limit_s=120)
     record = get_background_compile(model)
-    assert record.state.startswith("eager: ") and why in record.state, record.state
+    assert record.state is BackgroundState.EAGER and why in record.eager_reason, record.summary()
     assert [str(w.message) for w in caught if w.category is CompileCacheWarning and why in str(w.message)]
     assert get_regional_plan(model) is None and not _dynamo.compiled_module_names(model)
     assert record._proc.poll() is not None and not record._job.parent.exists()
-    if background == "tck_bg_model:crash":
-        assert "the factory broke" in record.state  # the worker's own error, in the reason
-    if background == "tck_bg_model:build_grad_twice":
-        assert "grad.blocks." in record.state  # the gradients differed
+    if background.factory == "tck_bg_model:crash":
+        assert "the factory broke" in record.eager_reason  # the worker's own error, in the reason
+    if background.factory == "tck_bg_model:build_grad_twice":
+        assert "grad.blocks." in record.eager_reason  # the gradients differed
 
 
 @pytest.mark.slow
@@ -196,30 +201,47 @@ def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_
 
     monkeypatch.chdir(tmp_path)
     model = tiny_models.llama()
-    compile_model(model, background=True)
+    compile_in_background(model, compile_model)
     ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     started = time.perf_counter()
     while get_background_compile(model).stall_s is None and time.perf_counter() - started < 300:
         model(input_ids=ids, labels=ids).loss.backward()
         time.sleep(0.01)
     record = get_background_compile(model)
-    assert record.state == "compiled", record.state
+    assert record.state is BackgroundState.COMPILED, record.state
     assert isinstance(model, transformers.LlamaForCausalLM) and _dynamo.is_compiled_module(model)
 
 
 def test_what_the_worker_cannot_reproduce_is_refused_at_the_call(factory):
     model = factory.build()
     with pytest.raises(ValueError, match="has no config"):
-        compile_regional(model, background=True)
+        compile_in_background(model)
     with pytest.raises(ValueError, match="backend='inductor'"):
-        compile_regional(model, background="tck_bg_model:build", backend="aot_eager")
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), backend="aot_eager")
     with pytest.raises(ValueError, match="as JSON"):
-        compile_regional(model, background="tck_bg_model:build", options={"f": object()})
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), options={"f": object()})
     for start_after_s in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="start_after_s"):
-            compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build",
+            compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build",
                                                                  start_after_s=start_after_s))
+    for implied in ("precompile", "verify"):
+        with pytest.raises(ValueError, match=f"{implied} is implied"):
+            compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"),
+                                  **{implied: True})
     assert get_background_compile(model) is None  # nothing set up by a refused call
+
+
+def test_a_model_compiling_in_the_background_is_not_compiled_again(factory):
+    model = factory.build()
+    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=60))
+    again = BackgroundCompile(factory="tck_bg_model:hang")
+    for compile_again in (compile_regional, compile_model, lambda m: compile_in_background(m, worker=again)):
+        with pytest.warns(UserWarning, match="already compiled"):
+            compile_again(model)
+    assert get_regional_plan(model) is None and not _dynamo.compiled_module_names(model)
+    uncompile(model)
+    compile_regional(model, backend="eager")  # after uncompile: allowed again
+    assert get_regional_plan(model) is not None
 
 
 def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
@@ -230,14 +252,14 @@ def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
         torch.set_num_threads(len(cores))
         model = factory.build()
         with pytest.warns(UserWarning, match="leave none of the CPUs"):
-            compile_regional(model, background="tck_bg_model:hang")
+            compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang"))
         uncompile(model)
         if len(cores) > 1:
             torch.set_num_threads(len(cores) - 1)
             model = factory.build()
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", cpus=cores[-1:]))
+                compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", cpus=cores[-1:]))
             uncompile(model)
     finally:
         torch.set_num_threads(threads)
@@ -245,12 +267,12 @@ def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
 
 def test_uncompile_before_the_switch_stops_the_worker(factory):
     model = factory.build()
-    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
+    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
     model(torch.randn(4, 16)).backward()  # the first call hands its batch over and starts the worker
     record = get_background_compile(model)
-    assert record.state == "compiling" and record._proc.poll() is None
+    assert record.state is BackgroundState.COMPILING and record._proc.poll() is None
     uncompile(model)
-    assert record.state == "eager: cancelled (uncompile)" and record._proc.poll() is not None
+    assert record.state is BackgroundState.EAGER and record.eager_reason == "cancelled (uncompile)" and record._proc.poll() is not None
     assert get_background_compile(model) is None
     model(torch.randn(4, 16)).backward()  # eager, and no worker starts again
     assert record._proc is not None and os.path.exists(str(record._job)) is False
@@ -258,7 +280,7 @@ def test_uncompile_before_the_switch_stops_the_worker(factory):
 
 def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(factory):
     model = factory.build()
-    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0.5))
+    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0.5))
     record = get_background_compile(model)
     assert record._proc is None  # not at the compile call: its start would slow the first step
     model(torch.randn(4, 16)).backward()
@@ -282,7 +304,7 @@ def test_a_bf16_autocast_run_switches_once_the_workers_check_passes(tmp_path, mo
     model = tiny_models.gpt2(n_layer=2, n_embd=64)
     ids = torch.randint(3, 128, (4, 32), generator=torch.Generator().manual_seed(0))
     with CompileMonitor() as monitor:
-        compile_regional(model, background=True)
+        compile_in_background(model)
         started = time.perf_counter()
         while get_background_compile(model).stall_s is None and time.perf_counter() - started < 300:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -290,7 +312,7 @@ def test_a_bf16_autocast_run_switches_once_the_workers_check_passes(tmp_path, mo
             loss.backward()
             time.sleep(0.01)
     record = get_background_compile(model)
-    assert record.state == "compiled" and record.worker_check == "passed", record.state
+    assert record.state is BackgroundState.COMPILED and record.worker_check == "passed", record.state
     (check,) = monitor.first_call_checks  # the switch's own check, under bf16 too
     assert check.status == "passed" and check.reference == "float32", check.message()
 
@@ -319,7 +341,7 @@ def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
             monkeypatch.setenv(ENV_KEY, "team-key")
         marker = tmp_path / f"pwned-{case.replace(' ', '-')}"
         model = factory.build()
-        compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:build", start_after_s=1.0,
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build", start_after_s=1.0,
                                                              directory=str(tmp_path / case)))
         model(torch.randn(4, 16)).backward()  # hands the batch over; the worker starts 1 s later
         record = get_background_compile(model)
@@ -330,12 +352,12 @@ def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
         batch.write_bytes(pickle.dumps({"args": (_Planted(marker),), "kwargs": {}}))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _train(model, until=lambda r: r.state not in ("compiling", "switching"), limit_s=120)
-        assert record.state not in ("compiled", "compiling"), record.state  # the worker failed
+            _train(model, until=lambda r: r.state not in (BackgroundState.COMPILING, BackgroundState.SWITCHING), limit_s=120)
+        assert record.state is BackgroundState.EAGER, record.summary()  # the worker failed
         if case == "no key":
             assert marker.exists()  # today's behaviour without a key: the replaced pickle ran
         else:
-            assert not marker.exists() and "not signed" in record.state, record.state
+            assert not marker.exists() and "not signed" in record.eager_reason, record.summary()
         uncompile(model)
 
 
@@ -345,7 +367,7 @@ def test_a_mode_the_worker_cannot_precompile_is_refused_at_the_call(factory, kwa
     """It was refused at the switch, after the worker had compiled for minutes."""
     model = factory.build()
     with pytest.raises(ValueError, match="precompile"):
-        compile_regional(model, background="tck_bg_model:build", **kwargs)
+        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), **kwargs)
     assert get_background_compile(model) is None
 
 
@@ -356,7 +378,7 @@ def test_on_a_gpu_without_room_the_worker_is_not_started_and_says_why(factory, m
     from torchcompile_kit.regional import background
 
     model = factory.build()
-    compile_regional(model, background=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
+    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
     monkeypatch.setattr(background, "model_device", lambda model: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * 2**30, 80 * 2**30))
@@ -364,5 +386,6 @@ def test_on_a_gpu_without_room_the_worker_is_not_started_and_says_why(factory, m
         model(torch.randn(4, 16)).backward()
     record = get_background_compile(model)
     assert record.device == "cuda:0" and record._proc is None  # no worker started
-    assert record.state.startswith("eager: the worker would compile on the training GPU")
+    assert record.state is BackgroundState.EAGER
+    assert record.eager_reason.startswith("the worker would compile on the training GPU")
     assert "may need about 6656 MiB" in record.gpu_memory and "foreground" in str(warned[0].message)

@@ -404,16 +404,21 @@ def test_error_whole_model_wrapper():
         compile_regional(torch.compile(Stack(), backend="eager"))
 
 
-# --- remainder and loss ---------------------------------------------------------------------
+# --- other modules and the loss --------------------------------------------------------------
+
+EVERY_MODULE = ["transformer.h.*", "transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
+"""The blocks and every other module with parameters (what ``remainder=True`` did before it went)."""
 
 
-def test_remainder_compiles_eager_modules_with_parameters_and_loss():
+def test_a_blocks_list_compiles_other_modules_as_regions_and_the_loss():
     model = tm.gpt2()
     counter = CompileCounter()
-    compile_regional(model, backend=counter, remainder=True)
+    compile_regional(model, backend=counter, blocks=EVERY_MODULE)
     plan = get_regional_plan(model)
-    assert plan.remainder == ["transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
-    assert "transformer.drop" not in plan.remainder  # no parameters: nothing to gain
+    assert sorted(name for g in plan.groups for name in g.names) == sorted(
+        ["transformer.h.0", "transformer.h.1", *EVERY_MODULE[1:]]
+    )
+    assert plan.eager == ["transformer.drop"]  # no parameters: left eager
     out = model(**tm.token_batch())
     out.loss.backward()
     # blocks 1 + wte, wpe, ln_f, lm_head 4 + loss 1
@@ -667,7 +672,7 @@ def test_discovery_does_not_take_stages_of_different_widths_as_blocks():
     assert counter.frame_count == group.preflight.graphs == 4
 
 
-def _StageModel_reference(model):  # noqa: N802 - the eager twin of a compiled model
+def _StageModel_reference(model):
     twin = _StageModel()
     twin.load_state_dict(model.state_dict())
     return twin

@@ -120,20 +120,6 @@ def test_keep_kv_cache_compiles_the_cache_calls_a_graph_per_layer(builder):
     assert counter.frame_count == 10
 
 
-def test_nested_mode_runs_cache_calls_eagerly_too():
-    torch.manual_seed(0)
-    eager = tm.gpt2().eval()
-    model = compile_regional(copy.deepcopy(eager), nested=True, backend="aot_eager")
-    ids = tm.token_batch()["input_ids"]
-    with CompileMonitor() as monitor, torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = model(input_ids=ids)
-        assert monitor.snapshot()["graphs"] == 0
-        model(input_ids=ids, use_cache=False)
-        assert monitor.snapshot()["graphs"] == 1
-    assert_same_cache(cache_of(got), cache_of(eager(input_ids=ids)))
-
-
 def test_uncompile_removes_the_eager_routing_and_the_hook():
     model = compile_regional(tm.gpt2(), backend="eager")
     uncompile(model)

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from torchcompile_kit import _dynamo
-from torchcompile_kit._compat import version_at_least
 from torchcompile_kit import compile_peft as tck_compile_peft
-
+from torchcompile_kit._compat import version_at_least
 
 WORKER = Path(__file__).with_name("precompile_worker.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -321,17 +321,16 @@ def test_the_compiled_loss_is_a_row_and_the_rows_add_up_to_dynamos_count(builder
     assert not report.flagged, report.summary()
 
 
-def test_each_remainder_module_is_a_row_too():
+def test_each_other_module_in_a_blocks_list_is_a_row_too():
     torch._dynamo.reset()
     counters.clear()
-    model = compile_regional(tm.gpt2(), backend="aot_eager", remainder=True)
+    others = ["transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
+    model = compile_regional(tm.gpt2(), backend="aot_eager", blocks=["transformer.h.*", *others])
     with BreakLog() as breaks, CompileMonitor() as monitor:
         _lm_step(model)
     report = get_regional_plan(model).report(monitor)
-    kinds = {g.class_name: g.kind for g in report.groups}
-    assert {name: kinds.get(name) for name in get_regional_plan(model).remainder} == dict.fromkeys(
-        get_regional_plan(model).remainder, "module"
-    )
+    rows = sorted((g.class_name, g.blocks, g.graphs) for g in report.groups if g.blocks == 1)
+    assert rows == [("Embedding", 1, 1), ("Embedding", 1, 1), ("LayerNorm", 1, 1), ("Linear", 1, 1)]
     dynamo = dynamo_record(breaks)
     assert sum(g.graphs for g in report.groups) == dynamo["graphs"] == monitor.snapshot()["graphs"]
     assert sum(g.frames for g in report.groups) == dynamo["frames"]

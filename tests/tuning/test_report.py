@@ -1,11 +1,11 @@
-"""The lines tune prints beside its table: the bucket note and the verification line."""
+"""The lines tune prints beside its table: the bucket note and the prediction-check line."""
 
 from __future__ import annotations
 
 import random
 
 from torchcompile_kit.bench import PRESETS, spec_buckets
-from torchcompile_kit.tuning import verification_line
+from torchcompile_kit.tuning import prediction_line
 from torchcompile_kit.tuning.report import bucket_notes
 
 
@@ -21,14 +21,14 @@ def test_the_bucket_note_says_what_the_timed_buckets_row_padded_to():
     assert bucket_notes(None, 64, measured) == []
 
 
-def test_the_verification_line_carries_steadiness_and_steal():
-    line = verification_line(
+def test_the_prediction_line_carries_steadiness_and_steal():
+    line = prediction_line(
         {"status": "ok", "recipe": "buckets", "steps": 20000, "predicted_s": 474.3, "measured_s": 507.0,
          "ratio": 474.3 / 507.0, "steady_note": "the run kept its speed", "cpu_steal": 0.002}
     )
     assert "predicted 474.3 s, measured 507.0 s (predicted ÷ measured 0.94)" in line
     assert "the run kept its speed" in line and "took 0% of the CPU time" in line
-    assert verification_line({"status": "failed", "error": "boom"}) == "verification: failed: boom"
+    assert prediction_line({"status": "failed", "error": "boom"}) == "prediction check: failed: boom"
 
 
 def test_the_chart_is_drawn_on_a_private_figure_without_touching_pyplot(tmp_path):

@@ -17,27 +17,25 @@ from . import (
     limits,
     marking,
     modules,
-    nested,
     optim,
     paths,
     precompile,
     trace,
 )
-from .cache import *  # noqa: F403
-from .counting import *  # noqa: F403
+from .cache import *
+from .counting import *
 from .doctor import *
-from .hook_guards import *  # noqa: F403
-from .inductor import *  # noqa: F403
-from .isa_probe import *  # noqa: F403
-from .limits import *  # noqa: F403
-from .marking import *  # noqa: F403
-from .modules import *  # noqa: F403
-from .nested import *  # noqa: F403
-from .optim import *  # noqa: F403
-from .paths import *  # noqa: F403
-from .precompile import *  # noqa: F403
-from .trace import *  # noqa: F403
+from .hook_guards import *
+from .inductor import *
+from .isa_probe import *
+from .limits import *
+from .marking import *
+from .modules import *
+from .optim import *
+from .paths import *
+from .precompile import *
+from .trace import *
 
 __all__ = [*cache.__all__, *counting.__all__, *doctor.__all__, *hook_guards.__all__, *inductor.__all__,
-           *isa_probe.__all__, *limits.__all__, *marking.__all__, *modules.__all__, *nested.__all__,
+           *isa_probe.__all__, *limits.__all__, *marking.__all__, *modules.__all__,
            *optim.__all__, *paths.__all__, *precompile.__all__, *trace.__all__]

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import UnsupportedTorchError
 
-__all__ = ["check_per_call_kwargs", "isolated_cache_kwarg", "recompile_limit",
+__all__ = ["PER_CALL_KWARGS", "check_per_call_kwargs", "isolated_cache_kwarg", "recompile_limit",
            "recompile_limit_at_least", "recompile_limit_kwarg"]
 
 

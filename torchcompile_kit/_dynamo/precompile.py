@@ -13,11 +13,24 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["drop_class_guards", "forget_unvetted_entry", "install_module_aliases",
-           "is_package_error", "module_aliases", "dynamo_cache_counters", "dynamo_enabled",
-           "compile_starts", "loaded_regions", "precompiled_regions",
-           "precompiling", "refusals_logged", "remember_loaded_regions", "remember_region",
-           "step_past_installed_names", "without_precompile"]
+__all__ = [
+    "compile_starts",
+    "drop_class_guards",
+    "dynamo_cache_counters",
+    "dynamo_enabled",
+    "forget_unvetted_entry",
+    "install_module_aliases",
+    "is_package_error",
+    "loaded_regions",
+    "module_aliases",
+    "precompiled_regions",
+    "precompiling",
+    "refusals_logged",
+    "remember_loaded_regions",
+    "remember_region",
+    "step_past_installed_names",
+    "without_precompile",
+]
 
 # The regions of this process whose entries a save carries (key -> record), and those a loaded
 # artifact carried: the region code (regional/precompiled.py) and the cache (cache/api.py) meet

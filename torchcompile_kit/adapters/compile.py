@@ -13,9 +13,9 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_choice, check_flag
-from ..diagnostics import check_verify_arg
+from ..diagnostics import VERIFY_MEANING
 from ..regional import compile_model, compile_regional, find_repeated_blocks, get_regional_plan
-from .evaluation import check_on_violation, enforce, evaluate_rules, finding, rule_by_id
+from .evaluation import check_on_violation, enforce, evaluate_rules
 from .facts import describe_peft_model
 from .guard import AdapterGuard
 from .record import Decision, GenerateMode, PeftCompileRecord
@@ -73,7 +73,7 @@ def _check(model: nn.Module, *, extra: list[SafetyFinding] | None = None,
 
 def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnViolation = "error",
                  hotswap_target_rank: int | None = None, generate: GenerateMode = "eager",
-                 hook_guards: bool = True, verify: bool | None = None,
+                 verify: bool = True,
                  **compile_kwargs: Any) -> nn.Module:
     """Check a PEFT model, compile it in place, and guard the risky runtime operations.
 
@@ -97,11 +97,10 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
         generate: ``"eager"`` (default) runs ``generate()`` with the compiled blocks skipped (a
             KV-cache decode compiles about 4 graphs per layer); ``"compiled"`` raises the blocks'
             limit by 4 per block for this compile so generation runs compiled. Regional only.
-        hook_guards: guard module hooks in the compiled regions. ``False`` is dynamo's default and
-            unsafe with ``adapter_names=``; it exists to measure what the guards cost.
         verify: compare the first forward in each adapter state with eager (outputs and adapter
-            gradients) and raise ``CompiledMismatchError`` if they differ. ``None`` (default) and
-            ``True`` check; ``False`` does not.
+            gradients) and raise ``CompiledMismatchError`` if they differ. On by default (PEFT
+            setups that run without error yet compute wrongly are what this recipe guards
+            against).
         **compile_kwargs: passed to ``compile_regional`` / ``compile_model`` (``precompile``)
             and ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``).
 
@@ -112,7 +111,7 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
         UnsafeAdapterConfigError: see :func:`check_peft_compile_safety`.
         ValueError: ``hotswap_target_rank`` with a non-LoRA adapter; bad ``on_violation`` or
             ``generate``; ``NoRepeatedBlocksError`` when ``regional=True`` finds no blocks.
-        TypeError: ``verify`` is not ``True``, ``False`` or ``None``.
+        TypeError: ``verify`` is not a bool.
 
     Example:
         >>> model = compile_peft(get_peft_model(base, LoraConfig(r=8)))  # doctest: +SKIP
@@ -120,12 +119,11 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
     """
     check_choice("generate", generate, ("eager", "compiled"),
                  hint="'eager' skips the compiled blocks in generate(); 'compiled' compiles them")
-    verify = check_verify_arg(verify, recipe="compile_peft") is not False
+    check_flag("verify", verify, caller="compile_peft", meaning=VERIFY_MEANING)
     fullgraph = bool(compile_kwargs.get("fullgraph", False))
     decisions: list[Decision] = []
-    extra = [] if hook_guards else [finding(rule_by_id("hook-guards-off"), "hook_guards=False")]
     facts, _ = _check(model, fullgraph=fullgraph, backend=compile_kwargs.get("backend", "inductor"),
-                      options=compile_kwargs.get("options"), on_violation=on_violation, extra=extra,
+                      options=compile_kwargs.get("options"), on_violation=on_violation,
                       decisions=decisions)
     if hotswap_target_rank is not None:
         _prepare_hotswap(model, hotswap_target_rank)
@@ -157,7 +155,7 @@ def compile_peft(model: nn.Module, *, regional: bool = True, on_violation: OnVio
                           stacklevel=2)
         compile_model(model, verify=False, **compile_kwargs)  # the guard below checks
     if facts.is_peft_model:
-        record = PeftCompileRecord(regional=regional, hook_guards=hook_guards, generate=generate,
+        record = PeftCompileRecord(regional=regional, generate=generate,
                                    recompile_limit=limit, decisions=decisions,
                                    adapters=list(facts.peft_types))
         AdapterGuard(model, fullgraph=fullgraph, regional=regional, on_violation=on_violation,

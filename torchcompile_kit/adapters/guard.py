@@ -67,11 +67,10 @@ class AdapterGuard:
         setattr(model, GUARD_ATTR, self)
         setattr(model, RECORD_ATTR, self.record)
         if self.regional:
-            if self.record.hook_guards:
-                for name in _dynamo.compiled_module_names(model):
-                    module = model.get_submodule(name)
-                    call = _dynamo.get_compiled_call(module)
-                    _dynamo.set_compiled_call(module, _dynamo.with_module_hook_guards(call))
+            for name in _dynamo.compiled_module_names(model):
+                module = model.get_submodule(name)
+                call = _dynamo.get_compiled_call(module)
+                _dynamo.set_compiled_call(module, _dynamo.with_module_hook_guards(call))
             # the PeftModel's own forward stays eager: a pre-hook runs in Python on every call
             self.hook = model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
             if self.verifier is not None:  # after the guard's hook: a refused call is not checked
@@ -80,7 +79,7 @@ class AdapterGuard:
             # a pre-hook would be traced by dynamo (it runs inside the compiled _call_impl), so
             # the check goes in front of the compiled call instead
             call = _dynamo.get_compiled_call(model)
-            self.compiled_call = _dynamo.with_module_hook_guards(call) if self.record.hook_guards else call
+            self.compiled_call = _dynamo.with_module_hook_guards(call)
             if self.verifier is not None:
                 self.compiled_call = self.verifier.wrap(self.compiled_call)
             _dynamo.set_compiled_call(model, self.call_compiled)

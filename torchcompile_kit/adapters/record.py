@@ -63,9 +63,6 @@ class PeftCompileRecord:
 
     regional: bool
     """Blocks compiled one by one (``True``) or the whole ``PeftModel`` (``False``)."""
-    hook_guards: bool
-    """Dynamo guards the module hook dicts inside the compiled regions (the ``adapter_names=``
-    fix); ``False`` only when ``compile_peft(..., hook_guards=False)`` asked for it."""
     generate: GenerateMode
     """How ``generate()`` runs the blocks: ``"eager"`` or ``"compiled"``."""
     recompile_limit: int

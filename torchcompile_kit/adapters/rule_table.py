@@ -209,14 +209,6 @@ RULES: tuple[AdapterRule, ...] = (
                 "stay compiled. To compile generation too, pass compile_peft(..., "
                 "generate='compiled'): the blocks' limit is raised for it, at the cost of about 4 "
                 "compiles per layer."),
-    AdapterRule(id="hook-guards-off", severity="warn",
-                condition="compile_peft(..., hook_guards=False)",
-                evidence=f"{_RUNTIME} (max |diff| 0.37 after a plain forward then an "
-                "adapter_names= forward)",
-                message="hook guards are off ({detail}): a forward with adapter_names= after an "
-                "ordinary one (or the reverse) reuses the other's compiled graph and is silently "
-                "wrong. Use it only to measure what the guards cost; leave hook_guards=True "
-                "otherwise."),
     AdapterRule(id="generate-uncompiled", severity="warn",
                 condition="generate() on a model compiled whole (regional=False)",
                 evidence=f"{_TABLE} (compiled.generate(): 0 graphs; PeftModel.generate calls the "

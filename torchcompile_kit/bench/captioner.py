@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PRESETS", "CaptionerPreset", "build_captioner", "caption_samples", "caption_length_mix"]
+__all__ = ["PRESETS", "CaptionerPreset", "build_captioner", "caption_length_mix", "caption_samples"]
 
 PAD_ID = 0
 START_ID = 1

@@ -18,7 +18,7 @@ from typing import Any
 from .. import _dynamo
 from ..cache import load_compile_cache, save_compile_cache
 from ..diagnostics import CompileMonitor
-from ..regional import get_background_compile, get_regional_plan
+from ..regional import BackgroundState, get_background_compile, get_regional_plan
 from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
@@ -40,12 +40,6 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
         gpus = torch.cuda.device_count()
         if gpus < recipe.world_size:
             return f"needs {recipe.world_size} GPUs (a process per GPU); this machine has {gpus}"
-    if "nested" in recipe.requires:
-        if backend == "eager":  # torch: "fake_mode should be enabled for HOPs"
-            return "nested compile regions need an AOT backend (aot_eager, inductor), not 'eager'"
-        if backend == "inductor" and device_type == "cpu":
-            return ("compile_regional(nested=True) refuses inductor on CPU: its gradients were "
-                    "measured to differ from eager (torch 2.13); see docs/regional.md")
     if recipe.world_size > 1:
         import torch.distributed as dist
 
@@ -196,8 +190,9 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     background = get_background_compile(ctx.model)
     if background is not None:
         metrics.background = {name: getattr(background, name) for name in (
-            "state", "eager_steps", "switched_at_call", "start_after_s", "worker_s", "stall_s",
-            "handoff_s")}
+            "eager_reason", "eager_steps", "switched_at_call", "start_after_s", "worker_s",
+            "stall_s", "handoff_s")}
+        metrics.background["state"] = background.state.value
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
     for group in plan.groups if plan is not None else ():
@@ -225,7 +220,7 @@ def _until_switched(model: Any) -> Any:
     record = get_background_compile(model)
     if record is None:
         return None
-    return lambda: record.stall_s is None and not record.state.startswith("eager")
+    return lambda: record.stall_s is None and record.state is not BackgroundState.EAGER
 
 
 def _set_up(recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any,

@@ -100,7 +100,7 @@ class Metrics:
     cache_saved: bool | None = None
     """Cold rows that save: the cache was written."""
     background: dict[str, Any] | None = None
-    """``background=`` rows: the :class:`~torchcompile_kit.regional.BackgroundCompile` record
+    """Background-compile rows (``compile_in_background``): the :class:`~torchcompile_kit.regional.BackgroundCompile` record
     (``state``, ``eager_steps``, ``switched_at_call``, ``worker_s``, ``stall_s``)."""
     regions: dict[str, str] | None = None
     """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's

@@ -71,7 +71,7 @@ class Recipe:
     default: bool = True
     """In the default set (the tiny default run fits in 15 minutes on a 2-core CPU)."""
     requires: tuple[str, ...] = ()
-    """``cuda``, ``cache`` (compile_cache), ``nested`` (nested_compile_region), ``encoder_decoder``."""
+    """``cuda``, ``cache`` (compile_cache), ``encoder_decoder``."""
     baseline: str = "eager"
     """The recipe ``speedup`` divides by."""
     loss_reference: str | None = "eager"
@@ -107,21 +107,24 @@ def setup_source(recipe: Recipe, *, backend: str = "inductor",
         if isinstance(kwargs.get("blocks"), dict):
             kwargs["blocks"] = {name: {k: v for k, v in kw.items() if k != "mode"} for name, kw in kwargs["blocks"].items()}
         kwargs["backend"] = backend
-    args = ", ".join(
-        f"{k}=BackgroundCompile(cpus={v['cpus']!r})" if k == "background" and isinstance(v, dict) else f"{k}={v!r}"
-        for k, v in kwargs.items()
-    )
+    background = kwargs.pop("background", None)
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     backend_kw = "" if backend == "inductor" else f", backend={backend!r}"
     imports: list[str] = []
     lines: list[str] = []
     if recipe.world_size > 1:  # DDP's gradient hooks break the graph: its recipe has no fullgraph
         lines += ["from torch.nn.parallel import DistributedDataParallel", "model = DistributedDataParallel(model)"]
-    if recipe.compile == "model":
-        imports.append("compile_model")
-        lines.append(f"compile_model(model, {args})")
-    elif recipe.compile == "regional":
-        imports.append("compile_regional")
-        lines.append(f"compile_regional(model, {args})")
+    compile_fn = {"model": "compile_model", "regional": "compile_regional"}.get(recipe.compile)
+    if compile_fn is not None and background:
+        imports += ["compile_in_background", compile_fn]
+        options = ""
+        if isinstance(background, dict):  # the CPUs the worker gets (MeasureConfig.pin)
+            imports.append("BackgroundCompile")
+            options = f", worker=BackgroundCompile(cpus={background['cpus']!r})"
+        lines.append(f"compile_in_background(model, {compile_fn}{options}, {args})")
+    elif compile_fn is not None:
+        imports.append(compile_fn)
+        lines.append(f"{compile_fn}(model, {args})")
     if recipe.optimizer in ("compiled", "foreach_map"):
         imports.append("compile_optimizer")
         impl = ", impl='foreach_map'" if recipe.optimizer == "foreach_map" else ""
@@ -133,8 +136,9 @@ def setup_source(recipe: Recipe, *, backend: str = "inductor",
                   "     for g in optimizer.param_groups],",
                   "    fused=True,",
                   ")"]
-    head = [f"from torchcompile_kit import {', '.join(sorted(imports))}"] if imports else []
-    if "BackgroundCompile(" in args:
+    public = sorted(name for name in imports if name != "BackgroundCompile")
+    head = [f"from torchcompile_kit import {', '.join(public)}"] if public else []
+    if "BackgroundCompile" in imports:
         head.append("from torchcompile_kit.regional import BackgroundCompile")
     return head + lines
 
@@ -200,7 +204,7 @@ def _recipes() -> list[Recipe]:
         Recipe(name="modular", description="encoder and decoder compiled apart, the encoder with mode='max-autotune-no-cudagraphs' (CUDA graphs are refused per region)",
                compile="regional", compile_kwargs={"blocks": {"encoder": {"mode": "max-autotune-no-cudagraphs"}, "decoder": {}}, **_WHOLE},
                requires=("encoder_decoder",), default=False, **dyn),
-        # warm-up: cold compile ('full' above), warm from the saved cache, regional, nested
+        # warm-up: cold compile ('full' above), warm from the saved cache, regional, in the background
         Recipe(name="full-warm", group="warm-up", description="full compile, restarted with the compile cache 'full' saved: the model not traced",
                cache_from="full", requires=("cache",), **full_precompiled),
         Recipe(name="regional", group="warm-up", description="compile_regional(precompile=True): each repeated block compiled once and reused, and the loss; saves its cache",
@@ -209,14 +213,10 @@ def _recipes() -> list[Recipe]:
                cache_from="regional", requires=("cache",), **regional),
         Recipe(name="regional-verify", group="warm-up", description="compile_regional(fullgraph=True, verify=True): the first call checked against eager (the comparator); its cost is a note",
                compile="regional", compile_kwargs={**_WHOLE, "verify": True}, default=False),
-        Recipe(name="regional-background", group="warm-up", description="compile_regional(background=True): trains eagerly at once while a worker process compiles, then switches to the worker's precompiled blocks",
+        Recipe(name="regional-background", group="warm-up", description="compile_in_background(model): trains eagerly at once while a worker process compiles, then switches to the worker's precompiled blocks",
                compile="regional", compile_kwargs={**_WHOLE, "background": True}, default=False),
-        Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (loss and remainder eager)",
+        Recipe(name="regional-blocks", group="warm-up", description="compile_regional(model, compile_loss=False): the blocks only (the loss and the other modules eager)",
                compile="regional", compile_kwargs={"compile_loss": False, **_WHOLE}, default=False),
-        Recipe(name="regional-remainder", group="warm-up", description="compile_regional(model, remainder=True): the loss, and the embeddings, final norm and LM head compiled too",
-               compile="regional", compile_kwargs={"remainder": True, **_WHOLE}, default=False),
-        Recipe(name="nested", group="warm-up", description="the hybrid: one full compile, blocks as nested compile regions (compile_regional(nested=True))",
-               compile="regional", compile_kwargs={"nested": True, **_WHOLE}, requires=("nested",)),
         # distributed
         Recipe(name="ddp", group="distributed", description="DDP, 2 processes (gloo on CPU), compiled after wrapping",
                compile="model", world_size=2, default=False, loss_reference=None),

@@ -221,7 +221,7 @@ def warm_start_lines(warm_rows: Sequence[RecipeResult], all_rows: Sequence[Recip
 
 
 def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResult]) -> list[str]:
-    """For each ``background=`` row: when it switched, the stall against the cold compile of the
+    """For each background-compile row (``compile_in_background``): when it switched, the stall against the cold compile of the
     same recipe, and the time to reach each step ÷ the better of ``eager`` and that cold row
     (unpaired rows only: a paired row's clock runs its baseline's blocks too).
 
@@ -243,7 +243,8 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
             continue
         cold = by_name.get(row.name.removesuffix("-background"))
         if record.get("switched_at_call") is None:
-            lines.append(f"{row.name}: {record['state']} ({record['eager_steps']} eager steps)")
+            reason = f": {record['eager_reason']}" if record.get("eager_reason") else ""
+            lines.append(f"{row.name}: {record['state']}{reason} ({record['eager_steps']} eager steps)")
             continue
         text = (f"{row.name}: compiled from step {record['switched_at_call']} after "
                 f"{record['eager_steps']} eager steps (worker {record['worker_s']:.1f} s; handoff of the "

@@ -7,7 +7,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 from .comparator import TensorDiff, judge_tensors, leaves, needs_reference
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
 from .explain import explain_graph_breaks, explaining
-from .first_call import FirstCallVerifier, check_verify_arg
+from .first_call import VERIFY_MEANING, FirstCallVerifier
 from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
@@ -42,8 +42,8 @@ __all__ = [
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process
     "first_call_checks_made",
-    # for the fragile recipes (regional nested, adapters, optim): the first-call check
-    "FirstCallVerifier", "check_in_place_update", "check_verify_arg",
+    # for the recipes' verify=: the first-call check, and what the flag means everywhere
+    "FirstCallVerifier", "VERIFY_MEANING", "check_in_place_update",
     # for other topics (tune's gate): the comparator's verdict on tensors of its own
     "judge_tensors", "needs_reference",
     # for other topics (the doctor's repro): the tensors of a nested output, in order

@@ -39,7 +39,7 @@ from .monitor import record_first_call_check
 from .reference import Reference, at_precision, autocast_active, cast_floating, reference_dtype
 from .trace_records import FirstCallCheck
 
-__all__ = ["FirstCallVerifier", "check_verify_arg", "copy_into", "distributed_initialized", "make_record", "mismatch_message"]
+__all__ = ["VERIFY_MEANING", "FirstCallVerifier", "copy_into", "distributed_initialized", "make_record", "mismatch_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +50,8 @@ StateFn = Callable[[tuple, dict], Hashable]
 _GRADS_FAILED = "gradients not compared, autograd refused"
 
 
-def check_verify_arg(verify: Any, *, recipe: str) -> bool | None:
-    """``verify`` if it is ``True``, ``False`` or ``None`` (the recipe's default), else ``TypeError``.
-
-    Example:
-        >>> check_verify_arg(None, recipe="compile_peft") is None
-        True
-    """
-    if verify is None or isinstance(verify, bool):
-        return verify
-    raise TypeError(f"{recipe}: verify={verify!r} must be True (compare the first call with "
-                    "eager), False (do not) or None (the recipe's default, see its docstring); "
-                    f"got {type(verify).__name__}.")
+VERIFY_MEANING = "compare the first call in each state with eager"
+"""What ``verify=`` means in every recipe that takes it (its default is stated per recipe)."""
 
 
 def _default_state(args: tuple, kwargs: dict) -> Hashable:

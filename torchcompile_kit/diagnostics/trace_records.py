@@ -170,12 +170,12 @@ class Recompile(_InCode):
 class FirstCallCheck:
     """A fragile recipe compared its first compiled call (in one state) with eager.
 
-    Made by ``compile_regional(nested=True)``, ``compile_peft`` and ``compile_optimizer`` (see
+    Made by ``compile_regional``, ``compile_model``, ``compile_peft`` and ``compile_optimizer`` (see
     ``verify=`` on each); a ``"failed"`` one was raised as ``CompiledMismatchError``.
     """
 
     recipe: str
-    """The recipe that checked itself (``"compile_regional(nested=True)"``)."""
+    """The recipe that checked itself (``"compile_regional"``)."""
     status: str
     """``"passed"`` (everything in ``compared`` matched, and that is everything the state has:
     outputs, and gradients when grad mode is on), ``"partial"`` (what was compared matched, but a

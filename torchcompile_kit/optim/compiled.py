@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 
 from .. import _dynamo
-from .._checks import check_choice
+from .._checks import check_choice, check_flag
 from .._undo import register_undo
-from ..diagnostics import allow_first_compile, check_in_place_update, check_verify_arg
+from ..diagnostics import VERIFY_MEANING, allow_first_compile, check_in_place_update
 from ..errors import UnsupportedOptimizerError
 
 __all__ = ["compile_optimizer"]
@@ -37,9 +37,6 @@ _SCHEDULER_WRAP_FLAG = "_wrapped_by_lr_sched"
 _COMPILED_FLAG = "_torchcompile_kit_impl"
 # Param-group keys set for the step only: what the device allows with a tensor lr.
 _DEVICE_FLAGS = ("foreach", "capturable")
-# verify=None checks the first compiled step when the parameters and state it copies twice take at
-# most this much (about 22M fp32 parameters with Adam); past it the copies cost real memory.
-_VERIFY_DEFAULT_MAX_BYTES = 256 * 2**20
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ logger = logging.getLogger(__name__)
 def compile_optimizer(optimizer: torch.optim.Optimizer, *,
                       impl: Literal["step", "foreach_map"] = "step",
                       scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                      static_grads: bool = False, verify: bool | None = None,
+                      static_grads: bool = False, verify: bool = False,
                       **compile_kwargs: Any) -> torch.optim.Optimizer:
     """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
 
@@ -69,8 +66,9 @@ def compile_optimizer(optimizer: torch.optim.Optimizer, *,
         static_grads: mark every gradient as a static address so CUDA graphs do not copy them;
             useful only when gradients keep their storage (:func:`zero_grads_in_place`).
         verify: run the first compiled step eagerly too and compare updates and state; on a
-            difference, restore parameters and state and raise ``CompiledMismatchError``. ``None``
-            (default) checks when the copies take at most 256 MiB; ``True``/``False`` force it.
+            difference, restore parameters and state and raise ``CompiledMismatchError``. Off by
+            default: it holds two more copies of the parameters and the optimizer state for
+            that step.
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``options``, ``recompile_limit`` ...).
 
@@ -92,7 +90,7 @@ def compile_optimizer(optimizer: torch.optim.Optimizer, *,
         >>> opt.step(); sched.step(); opt.zero_grad()
     """
     wrapper, optimizer = optimizer, _unwrap_accelerated(optimizer)
-    verify = check_verify_arg(verify, recipe="compile_optimizer")
+    check_flag("verify", verify, caller="compile_optimizer", meaning=VERIFY_MEANING)
     _check_arguments(optimizer, impl, scheduler, compile_kwargs)
     runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, verify=verify,
                            **compile_kwargs)
@@ -196,7 +194,7 @@ class _CompiledStep:
     """The installed ``optimizer.step``: hyperparameter sync, eager init, compiled step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, impl: str, static_grads: bool,
-                 verify: bool | None = False, **compile_kwargs: Any) -> None:
+                 verify: bool = False, **compile_kwargs: Any) -> None:
         self.optimizer = optimizer
         self.verify = verify
         self.backend = compile_kwargs.get("backend", "inductor")
@@ -244,15 +242,10 @@ class _CompiledStep:
 
     def _first_compiled_step(self) -> None:
         """The first compiled step, compared with an eager step from the same start (``verify``)."""
-        tensors, params = self._step_tensors()
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if self.verify is False or (self.verify is None and size > _VERIFY_DEFAULT_MAX_BYTES):
-            if self.verify is None:
-                logger.info("compile_optimizer: first compiled step not checked against eager: "
-                            "parameters and state take %.0f MiB (pass verify=True to check)",
-                            size / 2**20)
+        if not self.verify:
             self.compiled_step()
             return
+        tensors, params = self._step_tensors()
         # raises CompiledMismatchError with the parameters and state restored; _compiled_once
         # stays False, so the next step is checked again
         check_in_place_update(tensors, run_eager=self.eager_step, run_compiled=self.compiled_step,

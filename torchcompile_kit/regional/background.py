@@ -1,4 +1,6 @@
-"""Train while it compiles: ``compile_regional(..., background=True)`` and ``compile_model``'s.
+"""Train while it compiles: :func:`compile_in_background`, a layer above ``compile_regional`` and
+``compile_model``. Experimental: it rests on precompiled regions (dynamo's private precompile API,
+``_dynamo/precompile.py``), and can leave that label when torch's precompile API is public.
 
 The model trains eagerly from its first call. That call's batch, the model's recipe (its class and
 config, or a factory) and the state the graphs depend on go to a worker process, started
@@ -12,6 +14,7 @@ keeps training eager, never a stale graph). docs/cache.md ("Train while it compi
 from __future__ import annotations
 
 import atexit
+import enum
 import io
 import json
 import logging
@@ -36,22 +39,47 @@ from .._undo import register_undo
 from ..cache import Keys, load_with_keys, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
+from .compile import (
+    already_compiled,
+    check_model,
+    compile_model,
+    compile_regional,
+    install_first_call_check,
+    uncompile,
+)
+from .cuda_graphs import model_device
+from .plan import PENDING_ATTR
 from .precompiled import precompile_refusal, regions_created
 
-__all__ = ["BackgroundCompile", "get_background_compile", "grads_checked_by_worker", "start_background_compile"]
+__all__ = ["RECIPES", "BackgroundCompile", "BackgroundState", "compile_in_background",
+           "get_background_compile"]
 
 logger = logging.getLogger(__name__)
 
 _ATTR = "_torchcompile_kit_background"
 _RUNNING: list[BackgroundCompile] = []  # the workers to stop at exit
 
+RECIPES: dict[str, Callable[..., nn.Module]] = {f.__name__: f for f in (compile_regional, compile_model)}
+"""The compile functions a background compile runs, by name (the worker imports them by it)."""
+
+
+class BackgroundState(enum.Enum):
+    """Where a background compile is."""
+
+    WAITING = "waiting for the first call"
+    COMPILING = "compiling"
+    SWITCHING = "switching"
+    COMPILED = "compiled"
+    """Switched: the model runs the worker's compiled code."""
+    EAGER = "eager"
+    """Given up or cancelled: training stays eager (``eager_reason`` says why)."""
+
 
 @dataclass(kw_only=True)
 class BackgroundCompile:
     """Options of a background compile, and what it did (``get_background_compile(model)``).
 
-    Pass ``background=BackgroundCompile(...)`` to ``compile_regional``/``compile_model`` to set the
-    options; ``background=True`` takes the defaults, ``background="mypkg.models:build"`` a factory.
+    Pass ``worker=BackgroundCompile(...)`` to :func:`compile_in_background`.
     """
 
     factory: str | None = None
@@ -78,8 +106,10 @@ class BackgroundCompile:
     """Where the worker's batch and artifact go (a temporary folder by default, removed after the
     switch and at exit). Under ``torch.distributed`` every rank reads it: a shared filesystem
     across machines."""
-    state: str = "waiting for the first call"
-    """``"compiling"``, ``"compiled"`` (switched), ``"eager: <why>"``."""
+    state: BackgroundState = BackgroundState.WAITING
+    """Where it is: :class:`BackgroundState`."""
+    eager_reason: str | None = None
+    """Why training stays eager (``state`` is ``EAGER``)."""
     eager_steps: int = 0
     """Grad-enabled training calls that ran eagerly (the first one included)."""
     switched_at_call: int | None = None
@@ -122,7 +152,8 @@ class BackgroundCompile:
             return (f"background compile: compiled from call {self.switched_at_call} after "
                     f"{self.eager_steps} eager steps (worker {self.worker_s:.1f} s, stall at the "
                     f"switch {self.stall_s:.2f} s)")
-        return f"background compile: {self.state} ({self.eager_steps} eager steps so far)"
+        state = self.state.value + (f": {self.eager_reason}" if self.eager_reason else "")
+        return f"background compile: {state} ({self.eager_steps} eager steps so far)"
 
 
 def get_background_compile(model: nn.Module) -> BackgroundCompile | None:
@@ -135,30 +166,96 @@ def get_background_compile(model: nn.Module) -> BackgroundCompile | None:
     return model.__dict__.get(_ATTR)
 
 
-def start_background_compile(model: nn.Module, background: bool | str | BackgroundCompile, *,
-                             recipe: str, compile_kwargs: dict[str, Any],
-                             compile_now: Callable[[], Any],
-                             undo: Callable[[], Any]) -> BackgroundCompile:
-    """Set ``model`` up to train eagerly until a worker compiled ``recipe`` (``"regional"`` or
-    ``"model"``) with ``compile_kwargs``; ``compile_now()`` compiles it in place at the switch,
-    ``undo()`` undoes that when the worker's entries do not fit.
-    Raises ``ValueError`` for what the worker could not reproduce (internal)."""
-    if not isinstance(background, (bool, str, BackgroundCompile)):
-        raise TypeError(f"background={background!r:.80} must be True (rebuild a transformers model "
-                        "from its class and config), a factory 'mypkg.models:build' or "
-                        f"BackgroundCompile(...); got {type(background).__name__}")
-    options = background if isinstance(background, BackgroundCompile) else BackgroundCompile(
-        factory=background if isinstance(background, str) else None)
+def compile_in_background(
+    model: nn.Module,
+    compile_fn: Callable[..., nn.Module] = compile_regional,
+    *,
+    worker: BackgroundCompile | None = None,
+    **compile_kwargs: Any,
+) -> nn.Module:
+    """Train ``model`` eagerly at once while a worker process compiles it, and switch to compiled
+    code at the first call after the worker is done. Experimental (see the module's docstring).
+
+    The worker rebuilds the model (a transformers model from its class and config, or
+    ``worker.factory``), runs ``compile_fn(model, precompile=True, verify=True,
+    **compile_kwargs)`` on the first call's batch and saves a compile cache. At the switch this
+    process loads it and calls ``compile_fn`` itself: a warm start whose first call is checked
+    against eager. A worker that fails, runs past ``worker.timeout_s`` or compiled for another
+    model state leaves training eager, with the reason (warned, and in the record).
+
+    Args:
+        model: the model; trains eagerly until the switch, then is compiled in place.
+        compile_fn: :func:`compile_regional` (default) or :func:`compile_model`.
+        worker: :class:`BackgroundCompile`: the worker's factory, CPUs, niceness, start delay,
+            timeout and folder; ``None``: the defaults.
+        **compile_kwargs: ``compile_fn``'s options (``blocks``, ``backend``, ``fullgraph``, ...),
+            as JSON (names, not objects); inductor only. ``precompile`` and ``verify`` are implied.
+
+    Returns:
+        ``model`` itself; its record is :func:`get_background_compile`.
+
+    Raises:
+        TypeError: ``compile_fn`` is not ``compile_regional`` or ``compile_model``, or
+            ``worker`` is not a ``BackgroundCompile``.
+        ValueError: the options cannot reach the worker (not JSON, another backend, a
+            CUDA-graph mode, ``precompile``/``verify`` given), the model has no config and no
+            factory was given, or the factory's module or file cannot be found.
+
+    Example:
+        >>> model = compile_in_background(GPT2LMHeadModel(config))  # doctest: +SKIP
+        >>> model = compile_in_background(
+        ...     model, compile_model, worker=BackgroundCompile(factory="mypkg.models:build")
+        ... )  # doctest: +SKIP
+    """
+    check_model(model)
+    if compile_fn not in RECIPES.values():
+        raise TypeError(
+            f"compile_in_background: compile_fn={compile_fn!r:.80} must be compile_regional or "
+            "compile_model (the worker runs the same function)"
+        )
+    options = BackgroundCompile() if worker is None else worker
+    if not isinstance(options, BackgroundCompile):
+        raise TypeError(
+            f"compile_in_background: worker={worker!r:.80} must be BackgroundCompile(...) or "
+            f"None; got {type(worker).__name__}"
+        )
+    _check_options(model, options, compile_kwargs)
+    if already_compiled(model):
+        return model
+    model.__dict__[_ATTR] = options
+    model.__dict__[PENDING_ATTR] = options
+    register_undo(model, lambda: _cancel(model, options))
+    spec = {"recipe": compile_fn.__name__, "compile_kwargs": compile_kwargs,
+            "model": _model_source(model, options)}
+    _prepare(model, options, spec)
+    # after each call, not before: a switch then compiles between two calls, and the next one
+    # runs with every hook the compile installs (a pre-hook added during a call does not run)
+    options._hook = lambda module, args, kwargs, output: _after_call(
+        module, args, kwargs, options, compile_fn, compile_kwargs
+    )
+    options._handle = model.register_forward_hook(options._hook, with_kwargs=True)
+    return model
+
+
+def _check_options(model: nn.Module, options: BackgroundCompile, compile_kwargs: dict[str, Any]) -> None:
+    """What the worker could not reproduce, refused at the call (not at the switch after minutes
+    of compiling)."""
+    implied = sorted({"precompile", "verify"} & set(compile_kwargs))
+    if implied:
+        raise ValueError(
+            f"compile_in_background: {', '.join(implied)} is implied (the worker precompiles and "
+            "the switch checks the first call against eager); drop it"
+        )
     if options.factory is not None:
-        check_factory(options.factory, flag="background=")
+        check_factory(options.factory, flag="factory=")
     if not options.start_after_s >= 0:
         raise ValueError(f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
                          "training before the worker starts, 0 or more (0: at the end of the first call)")
     if options.factory is None and getattr(model, "config", None) is None:
         raise ValueError(f"background compile of {type(model).__name__}: the worker rebuilds a "
                          "transformers model from its class and config, and this model has no "
-                         "config; pass a factory that builds it: background='mypkg.models:build' "
-                         "(returns the model)")
+                         "config; pass a factory that builds it: "
+                         "worker=BackgroundCompile(factory='mypkg.models:build') (returns the model)")
     try:
         json.dumps(compile_kwargs)
     except TypeError as err:
@@ -172,34 +269,17 @@ def start_background_compile(model: nn.Module, background: bool | str | Backgrou
     blocks = compile_kwargs.get("blocks")
     for options_of in [compile_kwargs, *(blocks.values() if isinstance(blocks, dict) else ())]:
         refusal = precompile_refusal(options_of, None)
-        if refusal is not None:  # at the call, not at the switch after minutes of compiling
+        if refusal is not None:
             raise ValueError(f"background compile: the worker precompiles what it compiles "
                              f"(precompile=True), and {refusal}; drop it for the background "
                              "compile, or compile in the foreground with it")
-    model.__dict__[_ATTR] = options
-    register_undo(model, lambda: _cancel(model, options))
-    spec = {"recipe": recipe, "compile_kwargs": compile_kwargs, "model": _model_source(model, options)}
-    _prepare(model, options, spec)
-    # after each call, not before: a switch then compiles between two calls, and the next one
-    # runs with every hook the compile installs (a pre-hook added during a call does not run)
-    options._hook = lambda module, args, kwargs, output: _after_call(module, args, kwargs, options,
-                                                                     compile_now, undo)
-    options._handle = model.register_forward_hook(options._hook, with_kwargs=True)
-    return options
-
-
-def grads_checked_by_worker(model: nn.Module) -> dict[Any, str]:
-    """At a switch, the states whose gradients the worker's first-call check compared (for the
-    training process's check, which then compares outputs only); ``{}`` otherwise."""
-    options = get_background_compile(model)
-    return options._grads_checked if options is not None and options.state == "switching" else {}
 
 
 # --- the training side ------------------------------------------------------------------------
 
 
 def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
-                compile_now: Callable[[], Any], undo: Callable[[], Any]) -> None:
+                compile_fn: Callable[..., nn.Module], compile_kwargs: dict[str, Any]) -> None:
     if torch.compiler.is_compiling():
         return
     options._calls += 1
@@ -210,11 +290,11 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         logger.info(options.summary())
         note_running_monitors(options.summary())
         return
-    if options.state not in ("waiting for the first call", "compiling"):
+    if options.state not in (BackgroundState.WAITING, BackgroundState.COMPILING):
         return
     if torch.is_grad_enabled() and model.training:
         options.eager_steps += 1
-    if options.state == "waiting for the first call":
+    if options.state is BackgroundState.WAITING:
         _send_batch(model, args, kwargs, options)
     if (options._proc is None and options._handed_at
             and time.perf_counter() - options._handed_at >= options.start_after_s):
@@ -227,7 +307,7 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         return
     status = _worker_status(options)
     if status == "done":
-        _switch(model, options, compile_now, undo)
+        _switch(model, options, compile_fn, compile_kwargs)
     elif status != "running":
         _give_up(model, options, status)
 
@@ -302,7 +382,7 @@ def _gpu_memory_short(options: BackgroundCompile) -> str | None:
         return None
     return (f"the worker would compile on the training GPU ({options.gpu_memory}), where running "
             "out of memory would crash training; the worker was not started. Compile in the "
-            "foreground (without background=), or free memory on the GPU before the first call")
+            "foreground (compile_regional or compile_model), or free memory on the GPU before the first call")
 
 
 def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
@@ -328,7 +408,7 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
         torch.distributed.broadcast_object_list(shared, src=0)
         options._job = Path(shared[0])
         options._started = options._started or time.perf_counter()
-    options.state = "compiling"
+    options.state = BackgroundState.COMPILING
     if not starts_the_worker:
         return
     began = time.perf_counter()
@@ -371,12 +451,12 @@ def _worker_status(options: BackgroundCompile) -> str:
     return status
 
 
-def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[[], Any],
-            undo: Callable[[], Any]) -> None:
+def _switch(model: nn.Module, options: BackgroundCompile, compile_fn: Callable[..., nn.Module],
+            compile_kwargs: dict[str, Any]) -> None:
     """Load the worker's cache and compile in place, if every region it will create is in it."""
     started = time.perf_counter()
     options.worker_s = started - options._started
-    options.state = "switching"
+    options.state = BackgroundState.SWITCHING
     # every rank reads the worker's one artifact (compiled on rank 0's device: on other GPUs
     # dynamo's device guards trace those ranks again at the switch, docs/cache.md)
     loaded = load_with_keys(options._job.with_name("compile-cache.tck"), _keys(), per_rank=False)
@@ -394,17 +474,20 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
     if why is not None:
         _give_up(model, options, why)
         return
+    model.__dict__.pop(PENDING_ATTR, None)
     with regions_created() as regions:
-        compile_now()
+        compile_fn(model, precompile=True, **compile_kwargs)
     missing = sorted({r.label for r in regions if r.key not in keys})
     if missing or not regions:
-        undo()
+        uncompile(model)
         why = ("nothing was precompiled" if not regions
                else f"it compiled {', '.join(missing)} for another model state (the fingerprint "
                     "differs: parameters, config, classes or compile options)")
         _give_up(model, options, why)
         return
-    options.state = "compiled"
+    options.state = BackgroundState.COMPILED
+    # the first call compared with eager; its gradients only where the worker did not compare them
+    install_first_call_check(model, compile_fn.__name__, compile_kwargs, options._grads_checked)
     options.switched_at_call = options._calls + 1  # the next call runs compiled
     options._switch_started = started
     # after the hooks the compile added (the first-call check's): the stall includes the check
@@ -414,7 +497,7 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_now: Callable[
 
 
 def _give_up(model: nn.Module, options: BackgroundCompile, why: str) -> None:
-    _end(options, f"eager: {why}")
+    _end(model, options, why)
     message = f"background compile of {type(model).__name__}: {why}; training goes on eagerly."
     warnings.warn(message, CompileCacheWarning, stacklevel=4)
     note_running_monitors(message)
@@ -435,16 +518,17 @@ def _model_source(model: nn.Module, options: BackgroundCompile) -> dict[str, Any
 def _cancel(model: nn.Module, options: BackgroundCompile) -> None:
     """``uncompile(model)``: no worker, no hook, no record (a switch undoing its own compile keeps
     them: it gives up with its reason)."""
-    if options.state == "switching":
+    if options.state is BackgroundState.SWITCHING:
         return
-    if options.state in ("waiting for the first call", "compiling"):
-        _end(options, "eager: cancelled (uncompile)")
+    if options.state in (BackgroundState.WAITING, BackgroundState.COMPILING):
+        _end(model, options, "cancelled (uncompile)")
     model.__dict__.pop(_ATTR, None)
 
 
-def _end(options: BackgroundCompile, state: str) -> None:
+def _end(model: nn.Module, options: BackgroundCompile, why: str) -> None:
     """Training stays eager: the after-call hook, the worker and its folder go."""
-    options.state = state
+    options.state, options.eager_reason = BackgroundState.EAGER, why
+    model.__dict__.pop(PENDING_ATTR, None)
     options._handle.remove()  # type: ignore[attr-defined]
     _stop(options)
     _cleanup(options)
@@ -468,7 +552,7 @@ def _cleanup(options: BackgroundCompile) -> None:
 
 
 def _stop_all() -> None:
-    for options in list(_RUNNING):
+    for options in _RUNNING:
         _stop(options)
         _cleanup(options)
 
@@ -483,11 +567,6 @@ def _log_tail(options: BackgroundCompile) -> str:
     last = max((i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t")), default=len(lines) - 3)
     text = " | ".join(lines[max(last, 0):])
     return text if len(text) <= 800 else text[:800] + " ..."
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (the CPU when it has none)."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _rank(*, at_start: bool = False) -> int | None:

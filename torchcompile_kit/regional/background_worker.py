@@ -24,7 +24,7 @@ import torch
 from .._factory import import_factory
 from ..cache import read_signed, resolve_keys, save_compile_cache, write_signed
 from ..diagnostics import first_call_checks_made
-from .compile import compile_model, compile_regional
+from .background import RECIPES
 from .precompiled import regions_created
 
 
@@ -43,7 +43,7 @@ def main(folder: str) -> int:
             param.data = param.data.to(getattr(torch, dtype.removeprefix("torch.")))
         param.requires_grad_(requires_grad)
     model.train(job["training"])
-    compile_fn = compile_regional if spec["recipe"] == "regional" else compile_model
+    compile_fn = RECIPES[spec["recipe"]]
     with regions_created() as regions:
         compile_fn(model, precompile=True, verify=True, **spec["compile_kwargs"])
     batch = torch.load(io.BytesIO(read_signed(root / "batch.pt", keys)), map_location=job["device"],

@@ -5,6 +5,7 @@ keeps ``state_dict()`` keys free of ``_orig_mod.``), and undo it.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import warnings
 from collections.abc import Callable
@@ -16,17 +17,10 @@ from torch import nn
 from .. import _dynamo
 from .._checks import check_flag, check_module
 from .._undo import has_undo, register_undo, run_undo
-from ..diagnostics import FirstCallVerifier, check_verify_arg, explaining, mark_region
-from ..errors import UnsafeCompileModeError
-from .background import (
-    BackgroundCompile,
-    get_background_compile,
-    grads_checked_by_worker,
-    start_background_compile,
-)
+from ..diagnostics import VERIFY_MEANING, FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
 from .discovery import BlocksArg, find_repeated_blocks
-from .plan import PLAN_ATTR, ExtraRegion, get_regional_plan
+from .plan import PENDING_ATTR, PLAN_ATTR, ExtraRegion, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
 from .preflight import preflight_group, requires_grad_variants, size_recompile_limits
 from .transformers_support import (
@@ -36,18 +30,30 @@ from .transformers_support import (
     set_explicit_loss_functions,
 )
 
-__all__ = ["compile_model", "compile_regional", "uncompile"]
+__all__ = [
+    "already_compiled",
+    "check_model",
+    "compile_model",
+    "compile_regional",
+    "install_first_call_check",
+    "uncompile",
+]
 
 logger = logging.getLogger(__name__)
 
 PRECOMPILE_MEANING = "save the traced code with the compile cache, so a restart does not trace"
 
 
-def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: bool = False,
-                     compile_loss: bool = True, keep_kv_cache: bool = False, nested: bool = False,
-                     verify: bool | None = None, precompile: bool = False,
-                     background: bool | str | BackgroundCompile = False,
-                     **compile_kwargs: Any) -> nn.Module:
+def compile_regional(
+    model: nn.Module,
+    *,
+    blocks: BlocksArg = None,
+    compile_loss: bool = True,
+    keep_kv_cache: bool = False,
+    precompile: bool = False,
+    verify: bool = False,
+    **compile_kwargs: Any,
+) -> nn.Module:
     """Compile each repeated block of ``model`` in place and return the same ``model``.
 
     Every block is compiled with ``module.compile(**compile_kwargs)``, so one graph per block class
@@ -56,35 +62,24 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
     and raises the recompile limit for one group only where blocks really come in more variants.
     Training forwards of transformers models run with ``use_cache=False`` unless the caller passes
     ``use_cache``; calls that build or pass a KV cache run the blocks eagerly (warned once).
-    docs/regional.md has the measurements behind each option.
+    docs/regional.md has the measurements behind each option. To compile other modules too (the
+    embeddings, the LM head), name them in a ``blocks=`` list beside the blocks.
 
     Args:
         model: the model; compiled in place.
         blocks: ``None`` to discover the repeated blocks, or a selector (see
             :func:`find_repeated_blocks`); a mapping gives per-group compile kwargs.
-        remainder: also compile each eager module that holds parameters (embeddings, final norm,
-            LM head) as its own region (measured: it never paid).
         compile_loss: pin a transformers model's loss function (:func:`fix_loss_function`) and
             compile it; pays with a large vocabulary. No effect on other models.
         keep_kv_cache: leave transformers' ``use_cache`` default alone and compile the calls that
             pass a cache (a graph per layer).
-        nested: the hybrid: compile the whole model once with each block's ``forward`` as a
-            ``torch.compiler.nested_compile_region``. Experimental: refused with inductor on CPU
-            (wrong gradients measured), one CUDA case checked (docs/regional.md); ``blocks`` mappings and
-            ``remainder`` do not apply.
+        precompile: experimental (it rests on dynamo's private precompile API, see
+            docs/cache.md): also save dynamo's traced code of each group with the compile cache,
+            so a restart that loads it runs the blocks without tracing (inductor only; a group
+            whose blocks differ in per-instance state is compiled the usual way, with a warning).
+            The plan's ``precompile_path`` says which path each group took.
         verify: compare the first call in each state (train/eval, grad on/off) with eager and raise
-            ``CompiledMismatchError`` if they differ. ``None`` (default) checks with ``nested=True``
-            only; ``True``/``False`` force it.
-        precompile: also save dynamo's traced code of each group with the compile cache, so a
-            restart that loads it runs the blocks without tracing (inductor only; a group whose
-            blocks differ in per-instance state is compiled the usual way, with a warning). The
-            plan's ``precompile_path`` says which path each group took (docs/cache.md).
-        background: train eagerly at once while a worker process compiles the model (on its first
-            call's batch) and switch to compiled code at the first call after it is done
-            (``True``: a transformers model, rebuilt from its class and config;
-            ``"mypkg.models:build"``: a factory; :class:`BackgroundCompile`: options). Implies
-            ``precompile=True`` and ``verify=True`` at the switch; inductor only (docs/cache.md,
-            "Train while it compiles").
+            ``CompiledMismatchError`` if they differ. Off by default.
         **compile_kwargs: passed to ``torch.compile`` unchanged (``backend``, ``mode``,
             ``fullgraph``, ``dynamic``, ``options``, ...).
 
@@ -92,106 +87,89 @@ def compile_regional(model: nn.Module, *, blocks: BlocksArg = None, remainder: b
         ``model`` itself. The plan is available from :func:`get_regional_plan`.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``verify`` is not a bool or ``None``,
-            ``precompile`` is not a bool, or ``background`` is not a bool, a factory string or a
-            ``BackgroundCompile``.
-        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``), or the
-            ``background`` factory's module or file cannot be found.
+        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` or ``precompile`` is not a bool.
+        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
         NoRepeatedBlocksError: no block class repeats and ``blocks`` was not given.
-        UnsafeCompileModeError: ``nested=True`` with inductor on CPU; a CUDA-graph option
-            (``mode="reduce-overhead"`` or ``"max-autotune"``, ``backend="cudagraphs"``) on a model
-            on CUDA, at this call or at the first call after a move to CUDA: one region's graph
-            output is overwritten by the next region's replay (pytorch#152887); use
-            :func:`compile_model` for CUDA graphs, or ``mode="max-autotune-no-cudagraphs"``.
+        UnsafeCompileModeError: a CUDA-graph option (``mode="reduce-overhead"`` or
+            ``"max-autotune"``, ``backend="cudagraphs"``) on a model on CUDA, at this call or at
+            the first call after a move to CUDA: one region's graph output is overwritten by the
+            next region's replay (pytorch#152887); use :func:`compile_model` for CUDA graphs, or
+            ``mode="max-autotune-no-cudagraphs"``.
         BlockSelectorError: a ``blocks=`` selector matches nothing.
 
     Example:
         >>> model = compile_regional(GPT2LMHeadModel(config))  # doctest: +SKIP
-        >>> model = compile_regional(model, nested=True, backend="aot_eager")  # doctest: +SKIP
-        >>> model = compile_regional(vit_gpt2, blocks={"encoder.*": {"dynamic": False},
-        ...                                            "decoder.*": {}})  # doctest: +SKIP
+        >>> model = compile_regional(model, blocks=["transformer.h.*", "lm_head"])  # doctest: +SKIP
+        >>> model = compile_regional(
+        ...     vit_gpt2, blocks={"encoder.*": {"dynamic": False}, "decoder.*": {}}
+        ... )  # doctest: +SKIP
     """
-    _check_model(model)
-    verify = check_verify_arg(verify, recipe="compile_regional")
+    check_model(model)
+    check_flag("verify", verify, caller="compile_regional", meaning=VERIFY_MEANING)
     check_flag("precompile", precompile, caller="compile_regional", meaning=PRECOMPILE_MEANING)
-    _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_regional")
-    if _already_compiled(model):
-        return model
-    if background:
-        options = dict(blocks=blocks, remainder=remainder, compile_loss=compile_loss,
-                       keep_kv_cache=keep_kv_cache, **compile_kwargs)
-        if nested:
-            raise ValueError("compile_regional(nested=True) cannot compile in the background: the "
-                             "hybrid is refused with inductor on CPU and experimental elsewhere")
-        start_background_compile(
-            model, background, recipe="regional", compile_kwargs=options,
-            compile_now=lambda: compile_regional(model, precompile=True, verify=True, **options),
-            undo=lambda: uncompile(model),
-        )
+    check_compile_kwargs(compile_kwargs, caller="compile_regional")
+    if already_compiled(model):
         return model
     plan = find_repeated_blocks(model, blocks)
-    if nested:
-        return _compile_nested(model, plan, keep_kv_cache=keep_kv_cache,
-                               verify=verify is not False, **compile_kwargs)
     # refused before anything compiles when the model is on CUDA already
     checking = check_cuda_graphs_at_first_call(
-        model, [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
-        caller="compile_regional", per_region=True)
+        model,
+        [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
+        caller="compile_regional",
+        per_region=True,
+    )
     if checking is not None:
         register_undo(model, checking)
     plan.dynamic = compile_kwargs.get("dynamic")
     for group in plan.groups:
         group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
-        group.preflight = preflight_group(group.class_name, instances,
-                                          cache_disabled=not keep_kv_cache,
-                                          requires_grad=requires_grad_variants(model, instances))
+        group.preflight = preflight_group(
+            group.class_name,
+            instances,
+            cache_disabled=not keep_kv_cache,
+            requires_grad=requires_grad_variants(model, instances),
+        )
         group.block_class = type(instances[0])  # for the measured report (plan.report)
     cache_calls_eager = not keep_kv_cache and has_transformers_model(model)
     labels = [g.class_name for g in plan.groups]
     for index, group in enumerate(plan.groups):
         instances = [model.get_submodule(name) for name in group.names]
-        label = group.class_name if labels.count(group.class_name) == 1 else f"{group.class_name}{index}"
-        group.precompile = _compile_modules(instances, label, precompile, group.preflight,
-                                            **group.compile_kwargs)
+        unique = labels.count(group.class_name) == 1
+        label = group.class_name if unique else f"{group.class_name}{index}"
+        group.precompile = _compile_modules(
+            instances, label, precompile, group.preflight, **group.compile_kwargs
+        )
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name, names=group.names)
         if cache_calls_eager:
             run_cache_calls_eagerly(instances, group.class_name)
-    if remainder:
-        for name in plan.eager:
-            module = model.get_submodule(name)
-            if any(True for _ in module.parameters()):
-                _compile_modules([module], name, precompile, None, **compile_kwargs)
-                plan.remainder.append(name)
-                region = mark_region([module], name, names=[name])
-                plan.extra_regions.append(ExtraRegion(label=name, kind="module", region=region))
     if compile_loss:
         loss_regions: list[tuple[str, str]] = []
-        for undo in set_explicit_loss_functions(model, compile=True, precompile=precompile,
-                                                regions=loss_regions, **compile_kwargs):
+        for undo in set_explicit_loss_functions(
+            model, compile=True, precompile=precompile, regions=loss_regions, **compile_kwargs
+        ):
             register_undo(model, undo)
-        plan.extra_regions += [ExtraRegion(label=label, kind="function", region=region)
-                               for label, region in loss_regions]
+        plan.extra_regions += [
+            ExtraRegion(label=label, kind="function", region=region)
+            for label, region in loss_regions
+        ]
     # one code object, one limit: sized for all its groups (again by expect_shapes)
     size_recompile_limits(plan)
     if not keep_kv_cache:
-        regions = [*plan.blocks, *plan.remainder]
-        for undo in disable_cache_in_plain_forwards(model, compiled_regions=regions):
+        for undo in disable_cache_in_plain_forwards(model, compiled_regions=plan.blocks):
             register_undo(model, undo)
     register_undo(model, _warn_when_traced_whole(model, plan))
-    if verify:  # last, so its pre-hook sees the call as the other hooks left it
-        verifier = FirstCallVerifier(model, recipe="compile_regional",
-                                     backend=compile_kwargs.get("backend", "inductor"),
-                                     grads_checked=grads_checked_by_worker(model))
-        register_undo(model, verifier.install_hooks())
+    if verify:
+        install_first_call_check(model, "compile_regional", compile_kwargs)
     setattr(model, PLAN_ATTR, plan)
     logger.info("compile_regional: %s", plan.summary())
     return model
 
 
-def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | None = None,
-                  background: bool | str | BackgroundCompile = False, **compile_kwargs: Any) -> nn.Module:
+def compile_model(
+    model: nn.Module, *, precompile: bool = False, verify: bool = False, **compile_kwargs: Any
+) -> nn.Module:
     """Compile the whole ``model`` in place (``model.compile()``) and return it.
 
     On a transformers model the loss function is pinned first (:func:`fix_loss_function`), so the
@@ -200,52 +178,70 @@ def compile_model(model: nn.Module, *, precompile: bool = False, verify: bool | 
 
     Args:
         model: the model; compiled in place.
-        precompile: also save dynamo's traced code with the compile cache, so a restart that
-            loads it runs the model without tracing (inductor only; docs/cache.md).
+        precompile: experimental (dynamo's private precompile API): also save dynamo's traced
+            code with the compile cache, so a restart that loads it runs the model without
+            tracing (inductor only; docs/cache.md).
         verify: compare the first call in each state with eager (also the first call that runs a
-            precompiled entry) and raise ``CompiledMismatchError`` on a difference; off by
-            default (``None``).
-        background: train eagerly while a worker process compiles; see :func:`compile_regional`.
+            precompiled entry) and raise ``CompiledMismatchError`` on a difference. Off by
+            default.
         **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, ...).
 
     Returns:
         ``model`` itself.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``verify`` is not a bool or ``None``,
-            ``precompile`` is not a bool, or ``background`` is not a bool, a factory string or a
-            ``BackgroundCompile``.
-        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``), or the
-            ``background`` factory's module or file cannot be found.
+        TypeError: ``model`` is not an ``nn.Module``, or ``verify`` or ``precompile`` is not a bool.
+        ValueError: ``model`` is a ``torch.compile`` wrapper (``OptimizedModule``).
 
     Example:
         >>> model = compile_model(torch.nn.Linear(4, 2), backend="eager")
         >>> model(torch.ones(1, 4)).shape
         torch.Size([1, 2])
     """
-    _check_model(model)
-    verify = check_verify_arg(verify, recipe="compile_model")
+    check_model(model)
+    check_flag("verify", verify, caller="compile_model", meaning=VERIFY_MEANING)
     check_flag("precompile", precompile, caller="compile_model", meaning=PRECOMPILE_MEANING)
-    if _already_compiled(model):
-        return model
-    if background:
-        start_background_compile(
-            model, background, recipe="model", compile_kwargs=compile_kwargs,
-            compile_now=lambda: compile_model(model, precompile=True, verify=True, **compile_kwargs),
-            undo=lambda: uncompile(model),
-        )
+    check_compile_kwargs(compile_kwargs, caller="compile_model")
+    if already_compiled(model):
         return model
     for undo in set_explicit_loss_functions(model):
         register_undo(model, undo)
-    _compile_modules([model], type(model).__name__, precompile, None,
-                     plain=lambda modules, **kwargs: model.compile(**kwargs), **compile_kwargs)
-    check_cuda_graphs_at_first_call(model, [compile_kwargs], caller="compile_model", per_region=False)
+    _compile_modules(
+        [model],
+        type(model).__name__,
+        precompile,
+        None,
+        plain=lambda modules, **kwargs: model.compile(**kwargs),
+        **compile_kwargs,
+    )
+    check_cuda_graphs_at_first_call(
+        model, [compile_kwargs], caller="compile_model", per_region=False
+    )
     if verify:
-        verifier = FirstCallVerifier(model, recipe="compile_model",
-                                     backend=compile_kwargs.get("backend", "inductor"),
-                                     grads_checked=grads_checked_by_worker(model))
-        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
+        install_first_call_check(model, "compile_model", compile_kwargs)
     return model
+
+
+def install_first_call_check(
+    model: nn.Module,
+    recipe: str,
+    compile_kwargs: dict[str, Any],
+    grads_checked: dict[Any, str] | None = None,
+) -> None:
+    """``verify=True``: the first call in each state compared with eager. A whole model compiled
+    in place has its compiled call wrapped; a regionally compiled one gets hooks, installed last so
+    its pre-hook sees the call as the other hooks left it. ``grads_checked``: the states whose
+    gradients a background worker compared already (:class:`FirstCallVerifier`)."""
+    verifier = FirstCallVerifier(
+        model,
+        recipe=recipe,
+        backend=compile_kwargs.get("backend", "inductor"),
+        grads_checked=grads_checked,
+    )
+    if _dynamo.get_compiled_call(model) is not None:
+        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
+    else:
+        register_undo(model, verifier.install_hooks())
 
 
 def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, preflight: Any,
@@ -268,24 +264,54 @@ def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, pre
     return region
 
 
-def _already_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` is compiled in place already (then say so: nothing is done)."""
-    pending = get_background_compile(model)
-    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model) and (
-            pending is None or pending.state not in ("waiting for the first call", "compiling")):
+MOVED_OPTIONS = {
+    "nested": "compile_regional(nested=True) is gone: compile_model(model) gives one whole-model "
+    "graph (torch.compiler.nested_compile_region stays public for the hybrid)",
+    "remainder": "remainder=True is gone (it never paid, docs/regional.md): name the other modules "
+    "in a blocks= list, e.g. blocks=['transformer.h.*', 'transformer.wte', 'lm_head']",
+    "background": "background= moved: compile_in_background(model, compile_regional, ...) (or "
+    "compile_model), with worker=BackgroundCompile(...)",
+    "hook_guards": "compile_peft(hook_guards=False) is gone: the module hook guards are always on "
+    "(tests/adapters/hook_guard_cost.py measures what they cost)",
+}
+"""Options the compile functions no longer take, and what replaced each (named in the error)."""
+
+
+def check_compile_kwargs(compile_kwargs: dict[str, Any], *, caller: str) -> None:
+    """``TypeError`` for a keyword that is neither the caller's nor ``torch.compile``'s, before
+    anything compiles (torch would raise after part of the model was); ``UnsupportedTorchError``
+    for a per-call one this torch lacks."""
+    known = inspect.signature(torch.compile).parameters
+    for name in compile_kwargs:
+        if name in MOVED_OPTIONS:
+            raise TypeError(f"{caller}({name}=...): {MOVED_OPTIONS[name]}")
+        if name not in known and name not in _dynamo.PER_CALL_KWARGS:
+            raise TypeError(
+                f"{caller}: unexpected keyword {name}=; it is not one of {caller}'s and "
+                f"torch.compile takes {', '.join(p for p in known if p != 'model')}"
+            )
+    _dynamo.check_per_call_kwargs(compile_kwargs, caller=caller)
+
+
+def already_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is compiled in place already, or a background compile of it is under
+    way (then say so: nothing is done)."""
+    pending = PENDING_ATTR in model.__dict__
+    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model) and not pending:
         return False
-    warnings.warn(f"{type(model).__name__} is already compiled (compile_regional, compile_model "
-                  "or .compile() was called before); nothing was done. Call "
-                  "torchcompile_kit.uncompile(model) first to compile it again with other "
-                  "settings.",
-                  stacklevel=3)
+    warnings.warn(
+        f"{type(model).__name__} is already compiled (compile_regional, compile_model, "
+        "compile_in_background or .compile() was called before); nothing was done. Call "
+        "torchcompile_kit.uncompile(model) first to compile it again with other settings.",
+        stacklevel=3,
+    )
     return True
 
 
 def uncompile(model: Any) -> Any:
     """Restore eager execution of a model or optimizer compiled in place, and return it.
 
-    For a model: undoes :func:`compile_regional` (blocks, remainder, loss, the ``use_cache`` hook),
+    For a model: undoes :func:`compile_regional` (blocks, loss, the ``use_cache`` hook),
     ``compile_peft`` and any ``module.compile()`` inside it; weights untouched. For an optimizer (or
     accelerate's wrapper): undoes ``compile_optimizer``, state kept. ``TypeError`` for anything else.
 
@@ -297,7 +323,7 @@ def uncompile(model: Any) -> Any:
         inner = getattr(model, "optimizer", None)  # accelerate's AcceleratedOptimizer
         run_undo(inner if inner is not None and not has_undo(model) else model)
         return model
-    _check_model(model)
+    check_model(model)
     for name in _dynamo.compiled_module_names(model):
         _dynamo.clear_compiled_call(model.get_submodule(name))
     model.__dict__.pop(PLAN_ATTR, None)
@@ -320,55 +346,6 @@ def compile_in_place(modules: list[nn.Module], **compile_kwargs: Any) -> None:
         compiled = torch.compile(_call_module, **_dynamo.isolated_cache_kwarg(), **compile_kwargs)
         for module in torch_nn:
             _dynamo.set_compiled_call(module, functools.partial(compiled, module))
-
-
-def _compile_nested(model: nn.Module, plan: Any, *, keep_kv_cache: bool, verify: bool,
-                    **compile_kwargs: Any) -> nn.Module:
-    """The hybrid: blocks marked as nested compile regions, the whole model compiled once."""
-    if any(group.compile_kwargs for group in plan.groups):
-        raise ValueError("compile_regional(nested=True) compiles the whole model once, so "
-                         "per-group compile kwargs (a blocks={selector: kwargs} mapping) cannot "
-                         "apply; pass the selectors as a list and the kwargs to compile_regional "
-                         "itself.")
-    device = next((p.device for p in model.parameters()), None)
-    if compile_kwargs.get("backend", "inductor") == "inductor":
-        if getattr(device, "type", None) == "cpu":
-            # measured (torch 2.13.0+cpu; GPT-2 and the bench's ViT+GPT-2, blocks marked per
-            # instance or with torch's class decorator): the loss matches eager, the gradients do
-            # not; aot_eager is exact. No upstream issue found. tests/regional/test_nested.py
-            # fails once torch fixes it, and this refusal can go then.
-            raise UnsafeCompileModeError("compile_regional(nested=True) with inductor on CPU "
-                                         "computes gradients that differ from eager on torch "
-                                         f"{torch.__version__} (measured; the forward matches). "
-                                         "Use compile_regional(model) (block by block), or try "
-                                         "the hybrid with backend='aot_eager' to debug it.")
-        warnings.warn("compile_regional(nested=True) with inductor on this device is experimental: "
-                      "its CPU gradients were wrong on torch 2.13, and on CUDA one case was "
-                      "checked (a 2-layer GPT-2 on an H100, torch 2.11, docs/regional.md): it may "
-                      "compute wrong gradients. Its first-call check is on; check it with "
-                      "check_compile_equivalence(model, batch) before training on it.",
-                      stacklevel=3)
-    for group in plan.groups:
-        group.compile_kwargs = dict(compile_kwargs)
-        register_undo(model, _dynamo.mark_nested_region([model.get_submodule(n) for n in group.names]))
-    for undo in set_explicit_loss_functions(model, compile=False):
-        register_undo(model, undo)  # a whole-model graph must not break at the loss lookup
-    compile_in_place([model], **compile_kwargs)
-    check_cuda_graphs_at_first_call(model, [compile_kwargs], caller="compile_regional(nested=True)",
-                                    per_region=False)
-    if not keep_kv_cache:
-        for undo in disable_cache_in_plain_forwards(model):
-            register_undo(model, undo)
-        if has_transformers_model(model):
-            run_cache_calls_eagerly([model], type(model).__name__, builds=True)
-    if verify:  # the compiled call itself is wrapped (uncompile clears it with the rest)
-        verifier = FirstCallVerifier(model, recipe="compile_regional(nested=True)",
-                                     backend=compile_kwargs.get("backend", "inductor"))
-        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
-    plan.remainder.extend(plan.eager)  # compiled, as part of the whole-model graph
-    setattr(model, PLAN_ATTR, plan)
-    logger.info("compile_regional(nested=True): %s", plan.summary())
-    return model
 
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -408,7 +385,7 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
     return model.register_forward_pre_hook(hook).remove
 
 
-def _check_model(model: object) -> None:
+def check_model(model: object) -> None:
     check_module("model", model)
     if _dynamo.is_torch_compile_wrapper(model):
         raise ValueError("model is already wrapped by torch.compile(model) (an OptimizedModule); "

@@ -26,9 +26,8 @@ from torch import nn
 
 from .. import _dynamo
 from ..errors import UnsafeCompileModeError
-from .background import model_device
 
-__all__ = ["check_cuda_graphs_at_first_call", "cuda_graph_option"]
+__all__ = ["check_cuda_graphs_at_first_call", "cuda_graph_option", "model_device"]
 
 UPSTREAM_BUG = "https://github.com/pytorch/pytorch/issues/152887"
 
@@ -118,3 +117,8 @@ def _cpu_note(caller: str, asked: str) -> str:
         f"{caller}({asked}) on a model with no CUDA parameter: {asked} adds CUDA graphs, "
         f"which need CUDA tensors, so here torch runs {runs}. Drop it on CPU."
     )
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU when it has none)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -38,7 +38,7 @@ def expect_shapes(
     ``CompileTrainer`` calls it with its sampler and its evaluation data.
 
     Args:
-        model: a model ``compile_regional`` compiled (not ``nested=True``).
+        model: a model ``compile_regional`` compiled.
         shapes: a :class:`~torchcompile_kit.BucketBatchSampler` (its ``batch_shapes()``), a
             sequence of shapes (tuples of ints, e.g. ``(batch, length)``), or how many distinct
             shapes.
@@ -68,8 +68,7 @@ def expect_shapes(
     if plan is None or not any(group.region for group in plan.groups):
         raise ValueError(
             f"expect_shapes: {type(model).__name__} has no regional plan with "
-            "compiled blocks; call compile_regional(model, ...) first (the hybrid, "
-            "nested=True, is one whole-model graph and is not sized per shape)"
+            "compiled blocks; call compile_regional(model, ...) first"
         )
     told = _shapes(shapes)
     expected = plan.expected

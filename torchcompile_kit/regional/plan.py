@@ -17,6 +17,8 @@ __all__ = ["BlockGroup", "ExpectedShapes", "ExtraRegion", "GroupReport", "PlanRe
            "RegionalPlan", "SharedBudget", "get_regional_plan", "predicted_graphs"]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
+PENDING_ATTR = "_torchcompile_kit_pending"
+"""Set on a model while a background compile of it is under way: compiling it again is refused."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,15 +141,13 @@ def predicted_graphs(train: int, evaluation: int, expected: ExpectedShapes,
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class ExtraRegion:
-    """What a recipe compiled beside the block groups (a transformers model's loss, a module of
-    ``remainder=True``), measured as a region of its own so the report's rows add up to dynamo's
-    count."""
+    """What a recipe compiled beside the block groups (a transformers model's loss), measured as a
+    region of its own so the report's rows add up to dynamo's count."""
 
     label: str
-    """``"loss_function (ForCausalLMLoss)"`` (prefixed by the model's path when it is nested), or
-    the module's path (``"lm_head"``)."""
+    """``"loss_function (ForCausalLMLoss)"`` (prefixed by the model's path when it is nested)."""
     kind: str
-    """``"function"`` or ``"module"``."""
+    """``"function"``."""
     region: str
     """Its marked region (``diagnostics.mark_call`` / ``mark_region``)."""
 
@@ -165,11 +165,9 @@ class RegionalPlan:
     groups: list[BlockGroup]
     """Blocks to compile, grouped by class (and by selector when ``blocks=`` is a mapping)."""
     eager: list[str]
-    """The largest modules that contain no block: they run eagerly (unless ``remainder=True``)."""
-    remainder: list[str] = field(default_factory=list)
-    """Eager modules compiled as their own regions (``compile_regional(..., remainder=True)``)."""
+    """The largest modules that contain no block: they run eagerly."""
     extra_regions: list[ExtraRegion] = field(default_factory=list)
-    """What was compiled beside the blocks (the loss, the ``remainder`` modules), a report row each."""
+    """What was compiled beside the blocks (the loss), a report row each."""
     expected: ExpectedShapes = field(default_factory=ExpectedShapes)
     """The batch shapes the run will feed, per mode (:func:`expect_shapes`): the predictions
     and recompile limits are sized for them."""
@@ -189,10 +187,7 @@ class RegionalPlan:
             for g in self.groups
         )
         line = f"compiled {compiled}"
-        if self.remainder:
-            line += f"; also compiled: {', '.join(self.remainder)}"
-        eager = [name for name in self.eager if name not in self.remainder]
-        line = f"{line}; eager: {', '.join(eager) if eager else '(none)'}"
+        line = f"{line}; eager: {', '.join(self.eager) if self.eager else '(none)'}"
         shared: dict[str, list[BlockGroup]] = {}
         for group in self.groups:
             if group.budget and group.budget.shared_with:
@@ -209,8 +204,8 @@ class RegionalPlan:
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
-        """The measured side of the plan: what each group, the compiled loss and each remainder
-        module really compiled under ``monitor``.
+        """The measured side of the plan: what each group and the compiled loss really compiled
+        under ``monitor``.
 
         Per row (a marked region, so the rows add up to dynamo's own counts): predicted against
         measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile seconds.
@@ -234,9 +229,7 @@ class RegionalPlan:
                                           predicted_graphs=group.preflight.graphs if group.preflight else 1,
                                           measured=False))
                 notes.append(f"{group.class_name}: not measured per group (a plan that was not "
-                             "compiled block by block: find_repeated_blocks, or "
-                             "compile_regional(nested=True), whose blocks are part of one "
-                             "whole-model graph; see the monitor's frames)")
+                             "compiled: find_repeated_blocks; see the monitor's frames)")
                 continue
             # what dynamo compiled while the group's blocks ran: their entry frames, the code
             # resumed after breaks, callees compiled as frames of their own
@@ -340,7 +333,7 @@ class GroupReport:
     blocks: int
     """How many blocks the group has; 0 for an extra region's row."""
     kind: str = "blocks"
-    """``"blocks"``, or an extra region's kind: ``"function"`` (the loss) or ``"module"``."""
+    """``"blocks"``, or an extra region's kind: ``"function"`` (the loss)."""
     predicted_graphs: int
     """The preflight's prediction."""
     measured: bool = True
@@ -380,7 +373,7 @@ class PlanReport:
     """The measured side of a :class:`RegionalPlan`, per group."""
 
     groups: list[GroupReport]
-    """One report per block group, then one per extra region that ran (remainder modules, the
+    """One report per block group, then one per extra region that ran (the
     loss): together, everything the recipe compiled, so their graphs add up to dynamo's count."""
     notes: list[str] = field(default_factory=list)
     """What the monitor could not see."""

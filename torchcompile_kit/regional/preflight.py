@@ -255,8 +255,8 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
     (``forward_with_checkpointing``), so the groups that run one code object share one budget:
     their sum. Where it exceeds dynamo's limit, their calls compile under the raised limit, only
     while they run (:func:`~torchcompile_kit.diagnostics.set_recompile_limit`), never the
-    process's. A limit the user gave (``recompile_limit=``) is kept. The loss and the
-    ``remainder`` modules are sized alike. Called by ``compile_regional`` and again by
+    process's. A limit the user gave (``recompile_limit=``) is kept. The loss is sized
+    alike. Called by ``compile_regional`` and again by
     :func:`expect_shapes` (the limit is read at every call, so it holds from the next one).
     """
     limit = _dynamo.recompile_limit()
@@ -286,7 +286,7 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
         elif len(sharing) > 1:
             logger.info("%s share one code object (%s) and one recompile limit: %d for up to %d "
                         "graphs", " and ".join(names), where.split(" (")[0], budget, needed)
-    for extra in plan.extra_regions:  # the loss, remainder modules: one variant each
+    for extra in plan.extra_regions:  # the loss: one variant each
         set_recompile_limit(extra.region,
                             max(limit, sum(predicted_graphs(1, 1, plan.expected, plan.dynamic))))
 

@@ -7,13 +7,13 @@ The topic's API; :mod:`.tuner` is the entry point and its docstring names the ot
 from .arithmetic import Cost, break_even_steps, predicted_total
 from .candidates import CANDIDATES
 from .ranking import rank_candidates
-from .report import format_table, verification_line
+from .report import format_table, prediction_line
 from .result import CandidateResult, TuneResult
 from .tuner import STEADY_S, tune
 
 __all__ = [
     # top level UX
-    "STEADY_S", "CandidateResult", "TuneResult", "format_table", "tune", "verification_line",
+    "STEADY_S", "CandidateResult", "TuneResult", "format_table", "tune", "prediction_line",
     # candidates and arithmetic
     "CANDIDATES", "Cost", "break_even_steps", "predicted_total", "rank_candidates",
 ]

@@ -13,7 +13,7 @@ from ..bench import render_table
 from ..shapes import estimate_padding, plan_buckets
 from .result import CandidateResult, TuneResult
 
-__all__ = ["bucket_notes", "format_table", "recommendation_reason", "verification_line", "write_chart"]
+__all__ = ["bucket_notes", "format_table", "prediction_line", "recommendation_reason", "write_chart"]
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -213,24 +213,24 @@ def bucket_notes(lengths: list[int] | None, batch_size: int,
     return [note]
 
 
-def verification_line(verification: dict[str, Any]) -> str:
-    """One line for ``TuneResult.verification``: predicted against measured, and how steady the run was.
+def prediction_line(check: dict[str, Any]) -> str:
+    """One line for ``TuneResult.prediction_check``: predicted against measured, and how steady the run was.
 
     Example:
-        >>> verification_line({"status": "ok", "recipe": "eager", "steps": 100, "predicted_s": 9.0,
+        >>> prediction_line({"status": "ok", "recipe": "eager", "steps": 100, "predicted_s": 9.0,
         ...                    "measured_s": 10.0, "ratio": 0.9})
-        'verification: eager for 100 steps: predicted 9.0 s, measured 10.0 s (predicted ÷ measured 0.90)'
+        'prediction check: eager for 100 steps: predicted 9.0 s, measured 10.0 s (predicted ÷ measured 0.90)'
     """
-    if verification.get("status") != "ok":
-        return f"verification: {verification.get('status')}: {verification.get('error')}"
+    if check.get("status") != "ok":
+        return f"prediction check: {check.get('status')}: {check.get('error')}"
     line = (
-        f"verification: {verification['recipe']} for {verification['steps']:,} steps: predicted "
-        f"{verification['predicted_s']:.1f} s, measured {verification['measured_s']:.1f} s "
-        f"(predicted ÷ measured {verification['ratio']:.2f})"
+        f"prediction check: {check['recipe']} for {check['steps']:,} steps: predicted "
+        f"{check['predicted_s']:.1f} s, measured {check['measured_s']:.1f} s "
+        f"(predicted ÷ measured {check['ratio']:.2f})"
     )
-    if verification.get("steady_note"):
-        line += f"; {verification['steady_note']}"
-    if verification.get("cpu_steal") is not None:
-        line += f"; the hypervisor took {verification['cpu_steal']:.0%} of the CPU time meanwhile (steal)"
+    if check.get("steady_note"):
+        line += f"; {check['steady_note']}"
+    if check.get("cpu_steal") is not None:
+        line += f"; the hypervisor took {check['cpu_steal']:.0%} of the CPU time meanwhile (steal)"
     return line
 

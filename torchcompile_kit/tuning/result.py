@@ -113,8 +113,8 @@ class TuneResult:
     """Model spec, backend, budget, versions, device, date."""
     notes: list[str] = field(default_factory=list)
     """What else the run found (bucket plan from the user's lengths, missing features ...)."""
-    verification: dict[str, Any] | None = None
-    """With ``verify=True``: the recommended recipe run for ``steps_planned`` steps,
+    prediction_check: dict[str, Any] | None = None
+    """With ``check_prediction=True``: the recommended recipe run for ``steps_planned`` steps,
     ``predicted_s``, ``measured_s`` and their ratio."""
     elapsed_s: float = 0.0
     """Seconds ``tune`` took."""

@@ -19,7 +19,7 @@ from .gate import CHECK_HOOK
 from .ranking import cost_of
 from .result import CandidateResult
 
-__all__ = ["OVERRIDES", "RunPlan", "measure_candidate", "run_steadiness", "verify_run"]
+__all__ = ["OVERRIDES", "RunPlan", "measure_candidate", "run_planned", "run_steadiness"]
 
 # tune lets graph breaks happen (and counts them) instead of failing on them: fullgraph=True is
 # written into the snippet only when the measured run had none
@@ -173,7 +173,7 @@ def _best_so_far(done: list[CandidateResult], steps_planned: int,
     return best
 
 
-def verify_run(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path) -> dict[str, Any]:
+def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path) -> dict[str, Any]:
     """Run the recommendation for the planned steps: ``status`` and, when ok, ``predicted_s``,
     ``measured_s`` (warm-up, cache load and every steady step) and their ``ratio``."""
     warmup = chosen.metrics.warmup_steps or 1

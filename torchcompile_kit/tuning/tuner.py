@@ -29,7 +29,7 @@ from .candidates import CANDIDATES
 from .ranking import rank_candidates
 from .report import bucket_notes, format_table, recommendation_reason, write_chart
 from .result import CandidateResult, TuneResult
-from .runs import RunPlan, measure_candidate, verify_run
+from .runs import RunPlan, measure_candidate, run_planned
 from .snippet import make_snippet
 
 __all__ = ["tune"]
@@ -40,7 +40,7 @@ STEADY_S = 30.0
 
 def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
          budget_s: float | None = None, out_dir: str | Path | None = None,
-         candidates: Sequence[str] | None = None, warm_start: bool = False, verify: bool = False,
+         candidates: Sequence[str] | None = None, warm_start: bool = False, check_prediction: bool = False,
          measure: MeasureConfig | None = None,
          on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
@@ -57,8 +57,8 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
         candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         warm_start: rank the warm restarts for the planned run; otherwise they are shown as what a
             restart would cost.
-        verify: afterwards run the recommendation for ``steps_planned`` steps and record predicted
-            vs measured (``TuneResult.verification``), outside the budget.
+        check_prediction: afterwards run the recommendation for ``steps_planned`` steps and record predicted
+            vs measured (``TuneResult.prediction_check``), outside the budget.
         measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``); ``None``:
             inductor, the tiny preset's steps, at least :data:`STEADY_S` seconds of steady steps,
             paired with an eager copy.
@@ -111,9 +111,9 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
             settings=_settings(plan, budget_s, device),
             notes=_notes(loaded, measure.preset, results),
         )
-        if verify and recommended is not None:
-            result.verification = verify_run(recommended, RECIPES[recommended.name], plan,
-                                             out / "verify")
+        if check_prediction and recommended is not None:
+            result.prediction_check = run_planned(recommended, RECIPES[recommended.name], plan,
+                                             out / "check-prediction")
         result.elapsed_s = budget.elapsed()
         if out_dir is not None:
             result.write_json(out / "tune.json")
