@@ -171,3 +171,29 @@ def test_the_internals_check_catches_planted_uses():
     assert private_torch_uses("from torch._inductor.utils import fresh_cache\n")
     assert private_torch_uses("m._compiled_call_impl = None\n")
     assert not private_torch_uses("import torch\ntorch._foreach_add_(xs, 1)\ntorch.compile(f)\n")
+
+
+def frame_inspection(source: str) -> list[str]:
+    """Where ``source`` reads the live call stack (``sys._getframe``, ``inspect.currentframe`` or
+    ``inspect.stack``, a frame's ``f_back``): how the sampler once guessed who iterated it. (An
+    exception's traceback, walked to name what an error is about, is not the live stack.)"""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and (
+            node.attr in ("_getframe", "currentframe", "f_back")
+            or (node.attr == "stack" and isinstance(node.value, ast.Name) and node.value.id == "inspect")
+        ):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_module_reads_its_callers_frames():
+    found = {str(path.relative_to(PACKAGE)): uses for path in _modules() if (uses := frame_inspection(path.read_text()))}
+    assert found == {}
+
+
+def test_the_frame_check_catches_planted_uses():
+    assert frame_inspection("import sys\ncaller = sys._getframe(1)\n")
+    assert frame_inspection("import inspect\nframes = inspect.stack()\n")
+    assert frame_inspection("frame = frame.f_back\n")
+    assert not frame_inspection("import torch\ntorch.stack(xs)\n")

@@ -139,7 +139,9 @@ def test_prepare_bucket_dataloader_refuses_double_or_wrong_sharding(fresh_accele
 
 def test_dispatch_batches_is_refused_not_half_read(fresh_accelerate_state):
     """dispatch_batches=True: process 0 would concatenate every process's batches (of different
-    buckets) and read only its own share of the sampler; the sampler refuses by name."""
+    buckets) and read only its own share of the sampler; prepare_bucket_dataloader refuses it by
+    name (on several processes, a loader prepared without it is refused by the sampler, which was
+    not told who deals: test_bucket_sampler_shards_once_on_every_path_two_processes)."""
     from accelerate import DataLoaderConfiguration
 
     from torchcompile_kit.errors import BatchShapeError
@@ -149,11 +151,10 @@ def test_dispatch_batches_is_refused_not_half_read(fresh_accelerate_state):
     )
     rows, lengths = rows_and_lengths(8)
     sampler = BucketBatchSampler(lengths, BUCKETS, batch_size=2)
-    loader = accelerator.prepare(torch.utils.data.DataLoader(
-        rows, batch_sampler=sampler, collate_fn=PadToBucketCollator(buckets=BUCKETS)))
-    assert type(loader).__name__ == "DataLoaderDispatcher"
     with pytest.raises(BatchShapeError, match="dispatch_batches=False"):
-        list(loader)
+        prepare_bucket_dataloader(
+            accelerator, rows, sampler=sampler, collate_fn=PadToBucketCollator(buckets=BUCKETS)
+        )
 
 
 def test_compile_optimizer_refuses_accelerated_optimizer_with_grad_scaler(fresh_accelerate_state):
@@ -260,12 +261,14 @@ def accelerate_body(rank: int, world: int) -> None:
     whole = BucketBatchSampler(lengths, BUCKETS, num_replicas=1, rank=0, **kwargs)
     assert len(whole) % world == 1  # odd: the top-up repeats one batch
 
-    def plain(sampler_kwargs=None):
+    def plain(sampler_kwargs=None, *, told=True):
         def make():
             sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs, **(sampler_kwargs or {}))
             loader = accelerator.prepare(
                 torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
             )
+            if told:  # the user says accelerate deals (prepare_bucket_dataloader says it itself)
+                sampler.deal_with_accelerate(accelerator.num_processes)
             assert len(loader) == (len(whole) + 1) // world
             return loader, sampler
         return make
@@ -276,11 +279,18 @@ def accelerate_body(rank: int, world: int) -> None:
             accelerator, rows, sampler=sampler, collate_fn=collate
         ), sampler
 
-    def by_hand():  # DDP by hand: a plain DataLoader, the sampler deals by torch.distributed
-        sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+    def by_hand():  # DDP by hand: a plain DataLoader, the sampler deals (told so: accelerate is in use)
+        sampler = BucketBatchSampler(lengths, BUCKETS, num_replicas=world, rank=rank, **kwargs)
         loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
         return loader, sampler
 
+    # plain accelerator.prepare, the sampler not told who deals: refused, nothing silently dropped
+    sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+    untold = accelerator.prepare(
+        torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
+    )
+    with pytest.raises(BatchShapeError, match="deal_with_accelerate"):
+        next(iter(untold))
     check_epochs("accelerator.prepare", rank, world, plain(), lengths, **kwargs)
     check_epochs("accelerate deals (num_replicas=1)", rank, world,
                  plain({"num_replicas": 1, "rank": 0}), lengths, resume=False, **kwargs)
@@ -289,7 +299,7 @@ def accelerate_body(rank: int, world: int) -> None:
     # DDP by hand resumes with set_epoch and by skipping the batches already trained on
     loader, sampler = by_hand()
     first = [loader_batches(loader) for _ in range(2)]
-    sampler = BucketBatchSampler(lengths, BUCKETS, **kwargs)
+    sampler = BucketBatchSampler(lengths, BUCKETS, num_replicas=world, rank=rank, **kwargs)
     sampler.set_epoch(1)
     assert list(sampler)[3:] == first[1][3:]
 
@@ -300,12 +310,8 @@ def accelerate_body(rank: int, world: int) -> None:
         accelerator.backward(prepared(**batch).loss)
 
     # a sampler built for another number of processes is refused, not silently double-dealt
-    wrong = BucketBatchSampler(lengths, BUCKETS, num_replicas=4, rank=rank, **kwargs)
-    loader = accelerator.prepare(
-        torch.utils.data.DataLoader(rows, batch_sampler=wrong, collate_fn=collate)
-    )
     with pytest.raises(BatchShapeError, match="num_replicas=4"):
-        next(iter(loader))
+        BucketBatchSampler(lengths, BUCKETS, num_replicas=4, rank=rank, **kwargs)
 
 
 @pytest.mark.slow

@@ -621,6 +621,7 @@ def test_sampler_deals_once_inside_accelerates_batch_sampler_shard():
     lengths = caption_lengths(205)
     buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
     sampler = BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1)
+    sampler.deal_with_accelerate(2)  # what prepare_bucket_dataloader says after accelerator.prepare
     shards = [data_loader.BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in (0, 1)]
     got = []
     for shard in shards:
@@ -632,5 +633,6 @@ def test_sampler_deals_once_inside_accelerates_batch_sampler_shard():
     assert [len(s) for s in shards] == [len(s) for s in own]
     assert sorted({i for part in got for b in part for i in b}) == list(range(205))
     wrong = BucketBatchSampler(lengths, buckets, 16, num_replicas=4, rank=0)
+    wrong.deal_with_accelerate(2)
     with pytest.raises(ValueError, match="num_replicas=4"):
         len(data_loader.BatchSamplerShard(wrong, num_processes=2, process_index=0))

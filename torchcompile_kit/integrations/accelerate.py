@@ -68,20 +68,33 @@ def check_sharding(sampler: BucketBatchSampler, num_processes: int) -> None:
 
 
 def shard_once(loader: Any, sampler: BucketBatchSampler) -> Any:
-    """After ``accelerator.prepare``: give accelerate's wrapper a ``set_epoch`` reaching the sampler.
+    """After ``accelerator.prepare``: tell ``sampler`` that accelerate deals its batches, and give
+    accelerate's wrapper a ``set_epoch`` reaching the sampler.
 
-    The sharding needs nothing (the sampler yields the whole epoch to ``BatchSamplerShard``,
-    which deals it out once). ``BatchSamplerShard`` has no ``set_epoch``; ``DataLoaderShard``
-    reaches the sampler through ``sampler.sampler``, but behind ``skip_first_batches``'
-    ``SkipBatchSampler`` it cannot, and transformers' Trainer then calls ``set_epoch`` on the
-    ``BatchSamplerShard`` itself.
+    The sampler then yields the whole epoch to ``BatchSamplerShard``, which deals it out once
+    (:meth:`BucketBatchSampler.deal_with_accelerate`). ``BatchSamplerShard`` has no
+    ``set_epoch``; ``DataLoaderShard`` reaches the sampler through ``sampler.sampler``, but behind
+    ``skip_first_batches``' ``SkipBatchSampler`` it cannot, and transformers' Trainer then calls
+    ``set_epoch`` on the ``BatchSamplerShard`` itself. A ``DataLoaderDispatcher``
+    (``dispatch_batches=True``) is refused: process 0 would fetch and concatenate every process's
+    batches, which differ in length by bucket.
     """
+    if type(loader).__name__ == "DataLoaderDispatcher":
+        raise BatchShapeError(
+            "BucketBatchSampler under accelerate's dispatch_batches=True: process 0 would fetch "
+            "and concatenate every process's batches, which differ in length by bucket (and "
+            "would see only its own share of this sampler's). Use "
+            "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False)), the "
+            "default for map-style datasets: each process then fetches its own batches."
+        )
     wrapper = getattr(loader, "batch_sampler", None)
     if (
         wrapper is None
         or wrapper is sampler
         or getattr(wrapper, "batch_sampler", None) is not sampler
     ):
+        sampler.deal_with_accelerate(1)  # one process: nothing to deal out
         return loader
+    sampler.deal_with_accelerate(wrapper.num_processes, split_batches=wrapper.split_batches)
     wrapper.set_epoch = sampler.set_epoch
     return loader

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
-from types import FrameType
-from typing import Any
 
 import torch
 
@@ -33,9 +31,11 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     batches, so only the epoch's last batch can be partial. The shapes, ``(batch_size, bucket)`` per
     bucket plus at most that one, are the same every epoch (:meth:`batch_shapes`,
     :meth:`warmup_indices`). The order is drawn from ``seed + epoch`` (:meth:`set_epoch`). Under DDP
-    or accelerate the epoch's batches are dealt out exactly once, the same number to every rank;
-    accelerate's ``dispatch_batches=True`` is refused. docs/shapes.md ("BucketBatchSampler") has the
-    epoch, sharding and resume rules.
+    or accelerate the epoch's batches are dealt out exactly once, the same number to every rank:
+    by the sampler itself (``num_replicas``/``rank``), or by accelerate's ``BatchSamplerShard`` once
+    :meth:`deal_with_accelerate` said so (``prepare_bucket_dataloader`` and ``CompileTrainer`` call
+    it). Under accelerate on several processes, a sampler told neither refuses to guess.
+    docs/shapes.md ("BucketBatchSampler") has the epoch, sharding and resume rules.
 
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
@@ -45,10 +45,10 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
         seed: base seed; the epoch's order is drawn from ``seed + epoch``.
-        num_replicas: ranks this sampler deals to when iterated directly; ``None`` reads
-            ``torch.distributed`` at each iteration (1 when it is not initialized). Under
-            accelerate's ``BatchSamplerShard`` accelerate deals, and an explicit value other than 1
-            or its ``num_processes`` raises.
+        num_replicas: ranks this sampler deals to when it deals itself; ``None`` reads
+            ``torch.distributed`` at each iteration (1 when it is not initialized). With
+            accelerate dealing (:meth:`deal_with_accelerate`), a value other than 1 or its
+            ``num_processes`` raises.
         rank: this process's rank; ``None`` reads ``torch.distributed`` like ``num_replicas``.
         max_tokens: a token budget: bucket ``b`` gets batches of
             ``min(batch_size, max(1, max_tokens // b))`` samples.
@@ -62,8 +62,9 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         SequenceTooLongError: a length exceeds the last bucket.
         ValueError: empty or non-positive lengths, bad buckets, sizes or rank, or a bucket
             longer than ``max_tokens``.
-        BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with accelerate's
-            ``BatchSamplerShard`` around the sampler.
+        BatchShapeError: (when iterated) ``num_replicas``/``rank`` disagree with the processes
+            that deal its batches, or accelerate runs several processes and the sampler was told
+            neither who deals nor ``num_replicas``.
 
     Example:
         >>> lengths = [5, 6, 30, 31, 7, 29]
@@ -103,6 +104,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = 0
         self._epoch_used = False  # an iteration drew from `epoch` since set_epoch
         self.sampler = _EpochRelay(self)
+        self._accelerate: tuple[int, bool] | None = None  # (num_processes, split_batches)
         # `batch_size` means "every batch but the last has this size" to torch's BatchSampler and
         # to accelerate's BatchSamplerShard, which shards by it and silently drops batches of
         # another size (half the samples, unequal batch counts per rank: a DDP hang). Ours vary
@@ -120,6 +122,22 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     def rank(self) -> int:
         """This process's rank (given, or ``torch.distributed``'s rank now, else 0)."""
         return _resolve_replicas(self._num_replicas, self._rank)[1]
+
+    def deal_with_accelerate(self, num_processes: int, *, split_batches: bool = False) -> None:
+        """Say that accelerate's ``BatchSamplerShard`` deals this sampler's batches out to
+        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))``):
+        the sampler then yields the whole epoch, topped up to a multiple of ``num_processes``, and
+        accelerate deals it once. ``prepare_bucket_dataloader`` and ``CompileTrainer`` call it;
+        call it yourself before iterating a loader you prepared with ``accelerator.prepare``.
+
+        Example:
+            >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7, 29], [8, 32], batch_size=1)
+            >>> sampler.deal_with_accelerate(4)
+            >>> len(sampler)  # 6 batches topped up to 8, for accelerate to deal 2 to each process
+            8
+        """
+        check_positive_int("num_processes", num_processes, error=BatchShapeError)
+        self._accelerate = (num_processes, bool(split_batches))
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next iteration's order from ``seed + epoch`` (optional: without it each iteration
@@ -161,23 +179,19 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator)]
         return batches
 
-    def _parts(self, caller: FrameType | None) -> tuple[int, int | None]:
+    def _parts(self) -> tuple[int, int | None]:
         """``(P, rank)`` to deal to, ``rank=None``: the whole list (accelerate deals it out)."""
-        wrapper = _accelerate_wrapper(self, caller)
-        if wrapper is None:
-            _refuse_dispatcher(caller)
+        if self._accelerate is None:
+            _refuse_guessing(self._num_replicas)
             return self.num_replicas, self.rank
-        if wrapper.split_batches:  # accelerate splits each batch across the processes
+        processes, split_batches = self._accelerate
+        if split_batches:  # accelerate splits each batch across the processes
             return 1, None
-        processes = wrapper.num_processes
-        if self._num_replicas not in (None, 1, processes) or (
-            self._num_replicas == processes and self._rank not in (None, wrapper.process_index)
-        ):
+        if self._num_replicas not in (None, 1, processes):
             raise BatchShapeError(f"BucketBatchSampler(num_replicas={self._num_replicas!r}, "
-                                  f"rank={self._rank!r}) is dealt out by accelerate to process "
-                                  f"{wrapper.process_index!r} of {processes!r}; build it with "
-                                  "num_replicas=None, rank=None (accelerate deals the batches, "
-                                  "each once)")
+                                  f"rank={self._rank!r}) is dealt out by accelerate to "
+                                  f"{processes!r} processes; build it with num_replicas=None, "
+                                  "rank=None (accelerate deals the batches, each once)")
         return processes, None
 
     def _deal(self, batches: list[list[int]], parts: int, rank: int | None) -> list[list[int]]:
@@ -191,8 +205,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return batches if rank is None else batches[rank::parts]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # not a generator: the caller (accelerate's BatchSamplerShard or not) is the frame below
-        parts, rank = self._parts(sys._getframe(1))
+        parts, rank = self._parts()
         if self._epoch_used:  # no set_epoch since the last iteration: the next epoch
             self.epoch += 1
         self._epoch_used = True
@@ -203,7 +216,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __len__(self) -> int:
         # the batch count depends only on the bucket sizes, not on the shuffle
-        parts, rank = self._parts(sys._getframe(1))
+        parts, rank = self._parts()
         return len(self._deal(self._global_batches(None), parts, rank))
 
     def warmup_indices(self) -> list[list[int]]:
@@ -247,6 +260,22 @@ class _EpochRelay:
     def __init__(self, owner: BucketBatchSampler) -> None:
         self._owner = owner
 
+    def deal_with_accelerate(self, num_processes: int, *, split_batches: bool = False) -> None:
+        """Say that accelerate's ``BatchSamplerShard`` deals this sampler's batches out to
+        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))``):
+        the sampler then yields the whole epoch, topped up to a multiple of ``num_processes``, and
+        accelerate deals it once. ``prepare_bucket_dataloader`` and ``CompileTrainer`` call it;
+        call it yourself before iterating a loader you prepared with ``accelerator.prepare``.
+
+        Example:
+            >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7, 29], [8, 32], batch_size=1)
+            >>> sampler.deal_with_accelerate(4)
+            >>> len(sampler)  # 6 batches topped up to 8, for accelerate to deal 2 to each process
+            8
+        """
+        check_positive_int("num_processes", num_processes, error=BatchShapeError)
+        self._accelerate = (num_processes, bool(split_batches))
+
     def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
 
@@ -254,45 +283,25 @@ class _EpochRelay:
         return f"<set_epoch relay of {type(self._owner).__name__}>"
 
 
-def _accelerate_wrapper(sampler: BucketBatchSampler, caller: FrameType | None) -> Any | None:
-    """accelerate's ``BatchSamplerShard`` when it is what iterates (or measures) ``sampler``, found
-    in the caller's frame (accelerate offers no opt-out; tests/integrations/test_accelerate.py checks
-    it against the installed accelerate). A pass-through wrapper (``num_processes == 1``) counts as none.
-    """
-    module = sys.modules.get("accelerate.data_loader")  # never imported from here
-    if module is None or caller is None:
-        return None
-    wrapper = caller.f_locals.get("self")
-    if (
-        isinstance(wrapper, module.BatchSamplerShard)
-        and wrapper.batch_sampler is sampler
-        and wrapper.num_processes > 1
-    ):
-        return wrapper
-    return None
-
-
-def _refuse_dispatcher(caller: FrameType | None) -> None:
-    """Raise when accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``) iterates us: it
-    concatenates process 0's batches (different buckets do not concatenate, and the other ranks'
-    batches would never be seen). The frames up to torch's loader iterator are searched.
-    """
-    module = sys.modules.get("accelerate.data_loader")  # never imported from here
-    if module is None:
+def _refuse_guessing(num_replicas: int | None) -> None:
+    """Raise when an accelerate ``Accelerator`` (``accelerate.state.is_initialized()``: also
+    Trainer's) runs several processes and the sampler was told neither that
+    accelerate deals (:meth:`BucketBatchSampler.deal_with_accelerate`) nor ``num_replicas``: it
+    cannot tell ``accelerator.prepare``'s ``BatchSamplerShard`` (which deals the batches itself:
+    dealing them here too would drop all but a share) from a loader it iterates directly."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    state = sys.modules.get("accelerate.state")  # never imported from here
+    if num_replicas is not None or state is None or not distributed or not state.is_initialized():
         return
-    frame, depth = caller, 0
-    dispatcher = module.DataLoaderDispatcher
-    while frame is not None and not isinstance(frame.f_locals.get("self"), dispatcher):
-        frame, depth = frame.f_back, depth + 1
-        if depth == 8:
-            return
-    if frame is not None:
+    world = torch.distributed.get_world_size()
+    if world > 1:
         raise BatchShapeError(
-            "BucketBatchSampler under accelerate's dispatch_batches=True: process 0 would fetch "
-            "and concatenate every process's batches, which differ in length by bucket (and "
-            "would see only its own share of this sampler's). Use "
-            "Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=False)), the "
-            "default for map-style datasets: each process then fetches its own batches."
+            f"BucketBatchSampler beside an accelerate Accelerator on {world} processes: who deals "
+            "its batches? "
+            "If accelerator.prepare wrapped the loader, call "
+            "sampler.deal_with_accelerate(accelerator.num_processes) first (or build the loader "
+            "with torchcompile_kit.integrations.prepare_bucket_dataloader, which does); if you "
+            f"iterate it yourself, pass num_replicas={world} and rank=<this process's rank>."
         )
 
 
@@ -303,6 +312,11 @@ def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, 
     if rank is None:
         rank = torch.distributed.get_rank() if distributed else 0
     check_positive_int("num_replicas", num_replicas, error=BatchShapeError)
+    world = torch.distributed.get_world_size() if distributed else 1
+    if world > 1 and num_replicas not in (1, world):
+        raise BatchShapeError(f"num_replicas={num_replicas!r}, but torch.distributed runs {world} "
+                              f"processes: pass num_replicas={world} (or None), or 1 for a "
+                              "sampler another dealer shards")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
         raise BatchShapeError(f"rank must be an int in [0, num_replicas={num_replicas}), got "
                               f"{rank!r}")
