@@ -25,8 +25,15 @@ def gpt2_12_layers(n_layer: int = 12) -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=1024, n_positions=256, n_embd=256, n_layer=n_layer, n_head=4,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+        vocab_size=1024,
+        n_positions=256,
+        n_embd=256,
+        n_layer=n_layer,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
     )
     model = GPT2LMHeadModel(config)
 

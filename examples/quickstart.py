@@ -9,8 +9,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from torchcompile_kit import compile_regional, fix_loss_function
 from torchcompile_kit.regional import find_repeated_blocks
 
-config = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=4, n_head=4,
-                    bos_token_id=1, eos_token_id=2)
+config = GPT2Config(
+    vocab_size=256, n_positions=64, n_embd=64, n_layer=4, n_head=4, bos_token_id=1, eos_token_id=2
+)
 model = fix_loss_function(GPT2LMHeadModel(config))  # no graph break at the loss
 print(find_repeated_blocks(model).summary())
 

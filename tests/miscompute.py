@@ -19,8 +19,12 @@ def _shifted_by(amount: float):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         def run(*args):
             out = gm(*args)
-            shift = lambda t: t + amount if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-            return type(out)(shift(t) for t in out) if isinstance(out, (tuple, list)) else shift(out)
+            shift = lambda t: (
+                t + amount if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            )
+            return (
+                type(out)(shift(t) for t in out) if isinstance(out, (tuple, list)) else shift(out)
+            )
 
         return make_boxed_func(run)
 

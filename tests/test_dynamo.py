@@ -26,28 +26,53 @@ from torchcompile_kit import (
 from torchcompile_kit.regional import compile_in_place
 
 
-def _old_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
-                 options=None, disable=False):
+def _old_compile(
+    model=None,
+    *,
+    fullgraph=False,
+    dynamic=None,
+    backend="inductor",
+    mode=None,
+    options=None,
+    disable=False,
+):
     """torch.compile's signature before per-call recompile limits and isolated caches."""
 
 
-def _new_compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
-                 options=None, disable=False, recompile_limit=None, isolate_recompiles=False):
+def _new_compile(
+    model=None,
+    *,
+    fullgraph=False,
+    dynamic=None,
+    backend="inductor",
+    mode=None,
+    options=None,
+    disable=False,
+    recompile_limit=None,
+    isolate_recompiles=False,
+):
     """torch.compile's signature with both (torch 2.13 has them; 2.8 and 2.10 do not)."""
 
 
 def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
     from torchcompile_kit.errors import UnsupportedTorchError
 
-    with pytest.raises(UnsupportedTorchError, match=r"compile_regional\(recompile_limit=32\).*"
-                       + torch.__version__.replace("+", r"\+") + r".*config.patch"):
-        _dynamo.check_per_call_kwargs({"recompile_limit": 32}, caller="compile_regional",
-                                      compile_fn=_old_compile)
+    with pytest.raises(
+        UnsupportedTorchError,
+        match=r"compile_regional\(recompile_limit=32\).*"
+        + torch.__version__.replace("+", r"\+")
+        + r".*config.patch",
+    ):
+        _dynamo.check_per_call_kwargs(
+            {"recompile_limit": 32}, caller="compile_regional", compile_fn=_old_compile
+        )
     _dynamo.check_per_call_kwargs({"recompile_limit": 32}, caller="x", compile_fn=_new_compile)
     _dynamo.check_per_call_kwargs({"backend": "eager"}, caller="x", compile_fn=_old_compile)
 
 
-@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is not None, reason="this torch takes recompile_limit per call")
+@pytest.mark.skipif(
+    _dynamo.recompile_limit_kwarg() is not None, reason="this torch takes recompile_limit per call"
+)
 def test_compile_regional_refuses_a_per_call_limit_before_compiling_anything():
     from torchcompile_kit.errors import UnsupportedTorchError
 
@@ -131,6 +156,7 @@ def test_feature_paths_name_the_path_each_probe_takes(monkeypatch):
 def test_a_kernel_built_while_loading_built_kernels_is_correct_without_the_precompiled_header():
     """While a compile cache's kernels load, inductor gets a plain header for its C++ prelude; a
     kernel that is built there after all (none is expected) compiles the same code without it."""
+
     def f(x):
         return (x.sin() * 2 + x.cos()).sum(dim=-1)
 
@@ -154,7 +180,13 @@ def test_a_known_isa_answer_fills_inductors_probe_without_building_and_a_wrong_o
     worker = str(Path(__file__).with_name("isa_probe_worker.py"))
 
     def run(*args):
-        done = subprocess.run([sys.executable, worker, *args], capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, worker, *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])
 

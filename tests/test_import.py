@@ -62,9 +62,13 @@ def test_unknown_attribute_raises_attribute_error():
 def test_a_topics_name_at_the_top_says_where_it_is():
     import pytest
 
-    with pytest.raises(AttributeError, match="from torchcompile_kit.errors import UnsafeAdapterConfigError"):
+    with pytest.raises(
+        AttributeError, match="from torchcompile_kit.errors import UnsafeAdapterConfigError"
+    ):
         torchcompile_kit.UnsafeAdapterConfigError  # noqa: B018
-    with pytest.raises(AttributeError, match="from torchcompile_kit.regional import find_repeated_blocks"):
+    with pytest.raises(
+        AttributeError, match="from torchcompile_kit.regional import find_repeated_blocks"
+    ):
         torchcompile_kit.find_repeated_blocks  # noqa: B018
 
 
@@ -74,7 +78,9 @@ def test_every_public_name_has_its_reason_in_the_architecture_page():
 
     page = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
     table = page[page.index("## The public face") :].split("\n\n")[2]
-    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    listed = {
+        name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
     assert listed == set(torchcompile_kit.__all__) - {"__version__"}
 
 
@@ -89,7 +95,11 @@ def test_every_error_a_topic_exports_is_a_torchcompilekiterror():
         module = importlib.import_module(f"torchcompile_kit.{topic}")
         for name in module.__all__:
             obj = getattr(module, name)
-            if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, Exception)
+                and not issubclass(obj, Warning)
+            ):
                 found.append(obj)
                 assert issubclass(obj, TorchCompileKitError), f"torchcompile_kit.{topic}.{name}"
     assert len(found) >= 12

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ci_setting(name: str) -> str:
-    match = re.search(rf"^{name}=\"?([^\"\n]+)\"?$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    match = re.search(
+        rf"^{name}=\"?([^\"\n]+)\"?$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE
+    )
     assert match, f".ci/run sets no {name}"
     return match[1]
 

@@ -22,8 +22,14 @@ def gpt2(n_layer: int = 2, n_embd: int = 32, **overrides):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=128, n_embd=n_embd, n_layer=n_layer, n_head=4,
-        bos_token_id=1, eos_token_id=2, **overrides
+        vocab_size=VOCAB,
+        n_positions=128,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=4,
+        bos_token_id=1,
+        eos_token_id=2,
+        **overrides,
     )
     _no_dropout(config, "resid_pdrop", "embd_pdrop", "attn_pdrop")
     return GPT2LMHeadModel(config)
@@ -103,8 +109,13 @@ def vision_encoder_decoder(n_layer: int = 2, hidden: int = 32):
     from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel
 
     decoder = GPT2Config(
-        vocab_size=VOCAB, n_positions=128, n_embd=hidden, n_layer=n_layer, n_head=4,
-        bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        n_positions=128,
+        n_embd=hidden,
+        n_layer=n_layer,
+        n_head=4,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     _no_dropout(decoder, "resid_pdrop", "embd_pdrop", "attn_pdrop")
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
@@ -148,8 +159,14 @@ def gemma2(n_layer: int = 4, hidden: int = 32):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     config = Gemma2Config(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=8,
         attention_dropout=0.0,
     )
     return Gemma2ForCausalLM(config)
@@ -159,9 +176,16 @@ def qwen2_sliding(n_layer: int = 4, hidden: int = 32):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
-        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
-        max_window_layers=n_layer // 2, attention_dropout=0.0,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=n_layer // 2,
+        attention_dropout=0.0,
     )
     return Qwen2ForCausalLM(config)
 
@@ -170,9 +194,15 @@ def gpt_neo(n_layer: int = 4, hidden: int = 32):
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
     config = GPTNeoConfig(
-        vocab_size=VOCAB, hidden_size=hidden, num_layers=n_layer, num_heads=4,
-        attention_types=[[["global", "local"], n_layer // 2]], window_size=8,
-        max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_layers=n_layer,
+        num_heads=4,
+        attention_types=[[["global", "local"], n_layer // 2]],
+        window_size=8,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     _no_dropout(config, "attention_dropout", "embed_dropout", "resid_dropout")
     return GPTNeoForCausalLM(config)
@@ -182,9 +212,18 @@ def cohere2(n_layer: int = 4, hidden: int = 32):
     from transformers import Cohere2Config, Cohere2ForCausalLM
 
     config = Cohere2Config(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layer,
-        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, sliding_window_pattern=2,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, attention_dropout=0.0,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attention_dropout=0.0,
     )
     return Cohere2ForCausalLM(config)
 
@@ -194,8 +233,13 @@ def roberta(n_layer: int = 2, hidden: int = 32):
     from transformers import RobertaConfig, RobertaForMaskedLM
 
     config = RobertaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=n_layer, num_attention_heads=4,
-        intermediate_size=2 * hidden, max_position_embeddings=128, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=4,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        pad_token_id=0,
     )
     _no_dropout(config, "hidden_dropout_prob", "attention_probs_dropout_prob")
     return RobertaForMaskedLM(config)

@@ -15,23 +15,53 @@ __version__ = "0.1.0"
 # script calls or constructs it to apply, check or measure a recipe (docs/architecture.md gives
 # each one's reason); the types those calls return, the helpers around them and every error but
 # the base are imported from their topic (torchcompile_kit.regional, .errors, ...).
-_EXPORTS: dict[str, str] = {name: topic for topic, names in (
-    ("errors", "TorchCompileKitError"),
-    ("regional", ("compile_in_background compile_model compile_regional expect_shapes fix_loss_function "
-                  "get_regional_plan uncompile")),
-    ("optim", "compile_optimizer"),
-    ("shapes", ("BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
-                "plan_buckets warmup_shapes")),
-    ("diagnostics", ("CompileMonitor EquivalenceStep check_compile_equivalence "
-                     "explain_graph_breaks no_recompiles")),
-    ("cache", "compile_cache load_compile_cache save_compile_cache"),
-    ("adapters", "check_peft_compile_safety compile_peft"),
-    ("tuning", "tune"),
-) for name in names.split()}
-_TOPICS = ("errors", "regional", "optim", "shapes", "diagnostics", "cache", "adapters", "integrations",
-           "tuning", "doctor")
+_EXPORTS: dict[str, str] = {
+    name: topic
+    for topic, names in (
+        ("errors", "TorchCompileKitError"),
+        (
+            "regional",
+            (
+                "compile_in_background compile_model compile_regional expect_shapes "
+                "fix_loss_function "
+                "get_regional_plan uncompile"
+            ),
+        ),
+        ("optim", "compile_optimizer"),
+        (
+            "shapes",
+            (
+                "BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
+                "plan_buckets warmup_shapes"
+            ),
+        ),
+        (
+            "diagnostics",
+            (
+                "CompileMonitor EquivalenceStep check_compile_equivalence "
+                "explain_graph_breaks no_recompiles"
+            ),
+        ),
+        ("cache", "compile_cache load_compile_cache save_compile_cache"),
+        ("adapters", "check_peft_compile_safety compile_peft"),
+        ("tuning", "tune"),
+    )
+    for name in names.split()
+}
+_TOPICS = (
+    "errors",
+    "regional",
+    "optim",
+    "shapes",
+    "diagnostics",
+    "cache",
+    "adapters",
+    "integrations",
+    "tuning",
+    "doctor",
+)
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = sorted([*_EXPORTS, "__version__"])  # noqa: PLE0605 - built from _EXPORTS, one place
 
 
 def __getattr__(name: str) -> Any:
@@ -39,8 +69,10 @@ def __getattr__(name: str) -> Any:
     if module_name is None:
         topic = _topic_of(name)
         if topic is not None:
-            raise AttributeError(f"torchcompile_kit.{name} is imported from its topic: "
-                                 f"from torchcompile_kit.{topic} import {name}")
+            raise AttributeError(
+                f"torchcompile_kit.{name} is imported from its topic: "
+                f"from torchcompile_kit.{topic} import {name}"
+            )
         raise AttributeError(f"module 'torchcompile_kit' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module_name}", __name__), name)
     globals()[name] = value  # later lookups skip __getattr__

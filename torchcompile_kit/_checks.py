@@ -15,8 +15,14 @@ __all__ = ["check_choice", "check_flag", "check_module", "check_positive_int", "
 T = TypeVar("T")
 
 
-def check_choice(name: str, value: T, choices: Collection[T], *,
-                 error: type[Exception] = ValueError, hint: str = "") -> T:
+def check_choice(
+    name: str,
+    value: T,
+    choices: Collection[T],
+    *,
+    error: type[Exception] = ValueError,
+    hint: str = "",
+) -> T:
     """``value`` if it is one of ``choices``, else ``error`` naming the argument and the choices.
 
     Example:
@@ -52,15 +58,18 @@ def check_flag(name: str, value: Any, *, caller: str, meaning: str) -> bool:
     """
     if isinstance(value, bool):
         return value
-    raise TypeError(f"{caller}: {name}={value!r} must be True or False ({meaning}); got "
-                    f"{type(value).__name__}")
+    raise TypeError(
+        f"{caller}: {name}={value!r} must be True or False ({meaning}); got {type(value).__name__}"
+    )
 
 
 def check_module(name: str, value: Any) -> nn.Module:
     """``value`` if it is an ``nn.Module``, else ``TypeError`` saying what was passed instead."""
     if not isinstance(value, nn.Module):
-        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__} "
-                        f"({value!r:.80}); pass the model object itself.")
+        raise TypeError(
+            f"{name} must be a torch.nn.Module, got {type(value).__name__} "
+            f"({value!r:.80}); pass the model object itself."
+        )
     return value
 
 
@@ -79,5 +88,7 @@ def parameters_of(value: Any, *, what: str) -> Iterable[torch.Tensor]:
         return (p for group in value.param_groups for p in group["params"])
     if isinstance(value, Iterable):
         return value
-    raise TypeError(f"{what} takes an nn.Module, an optimizer or an iterable of parameters; got "
-                    f"{type(value).__name__!r}")
+    raise TypeError(
+        f"{what} takes an nn.Module, an optimizer or an iterable of parameters; got "
+        f"{type(value).__name__!r}"
+    )

@@ -44,4 +44,3 @@ def version_at_least(name: str, minimum: str, *, installed: str | Version | None
     else:
         current = Version(".".join(str(p) for p in Version(str(installed)).release))
     return current is not None and current >= Version(minimum)
-

@@ -20,7 +20,9 @@ def _named(flag: str, text: str) -> str:
     return f"{flag}{text!r}" if flag.endswith("=") else f"{flag} {text!r}"
 
 
-def parse_factory(text: str, *, error: type[Exception] = ValueError, flag: str = "--model") -> tuple[str, str]:
+def parse_factory(
+    text: str, *, error: type[Exception] = ValueError, flag: str = "--model"
+) -> tuple[str, str]:
     """``"module:function"`` as ``(module, function)``, or ``error`` saying what to pass.
 
     Example:
@@ -29,8 +31,10 @@ def parse_factory(text: str, *, error: type[Exception] = ValueError, flag: str =
     """
     module, sep, function = str(text).rpartition(":")
     if not sep or not module or not function or not function.isidentifier():
-        raise error(f"{_named(flag, text)} is not 'module:function'; pass e.g. mypkg.models:build "
-                    "(a module importable from the current directory) or path/to/file.py:build")
+        raise error(
+            f"{_named(flag, text)} is not 'module:function'; pass e.g. mypkg.models:build "
+            "(a module importable from the current directory) or path/to/file.py:build"
+        )
     return module, function
 
 
@@ -50,9 +54,11 @@ def check_factory(text: str, *, error: type[Exception] = ValueError, flag: str =
     if top in sys.modules or importlib.util.find_spec(top) is not None:
         return
     if importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:  # `python -m`'s path
-        raise error(f"{_named(flag, text)}: no module {top!r} is importable here (sys.path and the "
-                    "current directory); run from the directory that contains it, or pass a path: "
-                    "path/to/file.py:build")
+        raise error(
+            f"{_named(flag, text)}: no module {top!r} is importable here (sys.path and the "
+            "current directory); run from the directory that contains it, or pass a path: "
+            "path/to/file.py:build"
+        )
 
 
 def import_factory(text: str, *, error: type[Exception] = ValueError, flag: str = "--model") -> Any:
@@ -64,12 +70,16 @@ def import_factory(text: str, *, error: type[Exception] = ValueError, flag: str 
     except error:
         raise
     except Exception as err:  # any import-time failure is the user's module's
-        raise error(f"{_named(flag, text)}: importing {module_name!r} failed with "
-                    f"{type(err).__name__}: {err}. Run from the directory that contains it, or "
-                    "pass a path: path/file.py:fn") from err
+        raise error(
+            f"{_named(flag, text)}: importing {module_name!r} failed with "
+            f"{type(err).__name__}: {err}. Run from the directory that contains it, or "
+            "pass a path: path/file.py:fn"
+        ) from err
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise error(f"{_named(flag, text)}: module {module_name!r} has no callable {function_name!r}")
+        raise error(
+            f"{_named(flag, text)}: module {module_name!r} has no callable {function_name!r}"
+        )
     return function
 
 

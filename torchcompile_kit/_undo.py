@@ -17,8 +17,9 @@ UNDO_ATTR = "_torchcompile_kit_undo"
 
 
 def register_undo(target: Any, undo: Callable[[], None]) -> None:
-    """Run ``undo`` (reverse order of registration) when :func:`~torchcompile_kit.uncompile` is called
-    on ``target``: for helpers that install hooks or wrapped methods next to an in-place compile."""
+    """Run ``undo`` (reverse order of registration) when :func:`~torchcompile_kit.uncompile` is
+    called on ``target``: for helpers that install hooks or wrapped methods next to an in-place
+    compile."""
     target.__dict__.setdefault(UNDO_ATTR, []).append(undo)
 
 

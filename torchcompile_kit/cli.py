@@ -1,4 +1,5 @@
-"""Command line: ``torchcompile-kit bench | report | tune | doctor`` (also ``python -m torchcompile_kit``).
+"""Command line: ``torchcompile-kit bench | report | tune | doctor`` (also ``python -m
+torchcompile_kit``).
 
 Nothing in the package imports this module.
 """
@@ -78,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser(
         "bench",
-        help="run the post's torch.compile experiment recipe by recipe (table, results.json, charts)",
+        help="run the post's torch.compile experiment recipe by recipe (table, results.json, "
+        "charts)",
         description="Recipes (each runs in its own process with an empty inductor cache):\n"
         + _recipe_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
         "--preset",
         default=None,
         choices=("tiny", "full-size"),
-        help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size (the post's sizes; default on CUDA)",
+        help="model and step sizes: tiny (default on CPU, <= 15 min on 2 cores) or full-size "
+        "(the post's sizes; default on CUDA)",
     )
     bench.add_argument(
         "--steps",
@@ -119,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
         "--model",
         default=None,
         metavar="MODULE:FUNCTION",
-        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see docs/benchmarks.md",
+        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see "
+        "docs/benchmarks.md",
     )
     bench.add_argument(
         "--timeout",
@@ -183,8 +187,10 @@ def _parser() -> argparse.ArgumentParser:
     tune = sub.add_parser(
         "tune",
         help="find the fastest recipe that is still correct for your model and run length",
-        description="Runs candidate recipes on your model, each from a cold start in its own process, checks "
-        "each against eager, and recommends the one with the lowest predicted wall time for --steps-planned steps.",
+        description="Runs candidate recipes on your model, each from a cold start in its own "
+        "process, checks "
+        "each against eager, and recommends the one with the lowest predicted wall time for "
+        "--steps-planned steps.",
     )
     tune.add_argument(
         "--device",
@@ -259,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--no-pair",
         action="store_true",
-        help="time each candidate alone, without an eager copy stepping beside it (half the memory; "
+        help="time each candidate alone, without an eager copy stepping beside it (half the "
+        "memory; "
         "candidates are then ranked on step times measured at different moments)",
     )
     tune.add_argument(
@@ -339,7 +346,10 @@ def _check_out_dir(out: str) -> str | None:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        return f"--out {out!r} is not a writable directory ({err.strerror or err}); pass another --out DIR"
+        return (
+            f"--out {out!r} is not a writable directory ({err.strerror or err}); pass another "
+            "--out DIR"
+        )
     return None
 
 
@@ -597,7 +607,8 @@ def _tune(args: argparse.Namespace) -> int:
     if result.prediction_check:
         print(prediction_line(result.prediction_check))
     print(
-        f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: {args.out}/tune.json, tune.png, recommended.py"
+        f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: "
+        f"{args.out}/tune.json, tune.png, recommended.py"
     )
     return 0
 

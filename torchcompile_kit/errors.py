@@ -4,10 +4,21 @@ users expect (``ValueError`` for bad input, ``RuntimeError`` while running).
 
 from __future__ import annotations
 
-__all__ = ["BatchShapeError", "BlockSelectorError", "CompileCacheWarning", "CompiledMismatchError",
-           "NoRepeatedBlocksError", "SequenceTooLongError", "SignatureRefused",
-           "TorchCompileKitError", "UnexpectedRecompileError", "UnsafeAdapterConfigError",
-           "UnsafeCompileModeError", "UnsupportedOptimizerError", "UnsupportedTorchError"]
+__all__ = [
+    "BatchShapeError",
+    "BlockSelectorError",
+    "CompileCacheWarning",
+    "CompiledMismatchError",
+    "NoRepeatedBlocksError",
+    "SequenceTooLongError",
+    "SignatureRefused",
+    "TorchCompileKitError",
+    "UnexpectedRecompileError",
+    "UnsafeAdapterConfigError",
+    "UnsafeCompileModeError",
+    "UnsupportedOptimizerError",
+    "UnsupportedTorchError",
+]
 
 
 class TorchCompileKitError(Exception):

@@ -27,8 +27,9 @@ def guard_counts(code: Any) -> list[int]:
     return [count(entry.guard_manager.root) for entry in _debug_get_cache_entry_list(code)]
 
 
-def block_guard_counts(model: nn.Module, inputs: dict[str, Any], *, hook_guards: bool,
-                       backend: Any = "eager") -> list[int]:
+def block_guard_counts(
+    model: nn.Module, inputs: dict[str, Any], *, hook_guards: bool, backend: Any = "eager"
+) -> list[int]:
     """Compile a copy of ``model`` with ``compile_peft``, run one forward without gradients, and
     return the leaf guards of each compiled entry of its blocks' ``forward``."""
     compiled = copy.deepcopy(model).eval()

@@ -43,16 +43,27 @@ MATRIX = {
     "lora": (gpt2, lambda: LoraConfig(r=4, target_modules=GPT2_ATTN)),
     "lora-embedding": (opt, lambda: LoraConfig(r=4, target_modules=["embed_tokens", *OPT_ATTN])),
     "dora": (opt, lambda: LoraConfig(r=4, target_modules=OPT_ATTN, use_dora=True)),
-    "ia3": (gpt2, lambda: IA3Config(target_modules=["c_attn", "mlp.c_proj"], feedforward_modules=["mlp.c_proj"])),
+    "ia3": (
+        gpt2,
+        lambda: IA3Config(
+            target_modules=["c_attn", "mlp.c_proj"], feedforward_modules=["mlp.c_proj"]
+        ),
+    ),
     "vera": (gpt2, lambda: VeraConfig(r=4, target_modules=GPT2_ATTN)),
-    "adalora": (gpt2, lambda: AdaLoraConfig(init_r=4, target_r=2, target_modules=GPT2_ATTN, total_step=10)),
+    "adalora": (
+        gpt2,
+        lambda: AdaLoraConfig(init_r=4, target_r=2, target_modules=GPT2_ATTN, total_step=10),
+    ),
     "lokr": (opt, lambda: LoKrConfig(r=4, target_modules=OPT_ATTN)),
     "loha": (opt, lambda: LoHaConfig(r=4, target_modules=OPT_ATTN)),
     "oft": (opt, lambda: OFTConfig(r=0, oft_block_size=8, target_modules=OPT_ATTN)),
     "boft": (opt, lambda: BOFTConfig(boft_block_size=4, target_modules=OPT_ATTN)),
     "hra": (opt, lambda: HRAConfig(r=4, target_modules=OPT_ATTN)),
     "ln-tuning": (opt, lambda: LNTuningConfig(target_modules=["self_attn_layer_norm"])),
-    "modules-to-save": (gpt2, lambda: LoraConfig(r=4, target_modules=GPT2_ATTN, modules_to_save=["ln_f"])),
+    "modules-to-save": (
+        gpt2,
+        lambda: LoraConfig(r=4, target_modules=GPT2_ATTN, modules_to_save=["ln_f"]),
+    ),
 }
 
 
@@ -68,7 +79,9 @@ def lora_gpt2(*, seed: int = 0, r: int = 4, **config):
     torch.manual_seed(seed)
     # use_cache=False, as fine-tuning scripts set it: eval forwards run the compiled blocks (a
     # forward that builds a KV cache runs them eagerly: tests/regional/test_compile.py)
-    model = get_peft_model(gpt2(use_cache=False), LoraConfig(r=r, target_modules=GPT2_ATTN, **config))
+    model = get_peft_model(
+        gpt2(use_cache=False), LoraConfig(r=r, target_modules=GPT2_ATTN, **config)
+    )
     set_lora_b(model, seed)
     return model
 
@@ -90,12 +103,17 @@ def logits(model, batch=None):
 # --- the matrix -------------------------------------------------------------------------------
 
 
-# each of these takes 5-10 s on a 2-core CPU: run with the slow tests, LoRA's rows stay in the quick suite
+# each of these takes 5-10 s on a 2-core CPU: run with the slow tests, LoRA's rows stay in the
+# quick suite
 SLOW_MATRIX = {"adalora", "boft", "dora", "hra", "loha", "lokr", "oft"}
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.slow if name in SLOW_MATRIX else ()) for name in sorted(MATRIX)]
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow if name in SLOW_MATRIX else ())
+        for name in sorted(MATRIX)
+    ],
 )
 def test_matrix(name):
     report = check_compile_equivalence(
@@ -119,7 +137,9 @@ def test_whole_model_compile_matches_eager():
     compile_whole = functools.partial(compile_peft, regional=False)
     torch.manual_seed(0)
     model = get_peft_model(opt(use_cache=False), LoraConfig(r=4, target_modules=OPT_ATTN))
-    report = check_compile_equivalence(model, token_batch(), backend="aot_eager", compile_fn=compile_whole)
+    report = check_compile_equivalence(
+        model, token_batch(), backend="aot_eager", compile_fn=compile_whole
+    )
     assert report.ok, report.summary()
 
 
@@ -133,7 +153,11 @@ def test_compile_is_in_place_and_keys_stay_clean(regional):
     assert compile_peft(model, regional=regional, backend="eager") is model
     assert list(model.state_dict()) == keys
     compiled = [n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None)]
-    assert compiled == ([""] if not regional else ["base_model.model.transformer.h.0", "base_model.model.transformer.h.1"])
+    assert compiled == (
+        [""]
+        if not regional
+        else ["base_model.model.transformer.h.0", "base_model.model.transformer.h.1"]
+    )
 
 
 def test_save_and_reload_round_trips(tmp_path):
@@ -153,7 +177,9 @@ def test_save_and_reload_round_trips(tmp_path):
 def test_peft_on_compiled_base_reloads_as_base_model(tmp_path):
     """The silent hazard behind rule peft-on-compiled-model, shown with real peft."""
     torch.manual_seed(0)
-    model = get_peft_model(torch.compile(gpt2(), backend="eager"), LoraConfig(r=4, target_modules=GPT2_ATTN))
+    model = get_peft_model(
+        torch.compile(gpt2(), backend="eager"), LoraConfig(r=4, target_modules=GPT2_ATTN)
+    )
     set_lora_b(model, 0)
     assert any("_orig_mod" in key for key in model.state_dict())
     adapted = logits(model.eval())
@@ -209,7 +235,9 @@ def two_adapters():
 def test_adapter_names_under_fullgraph_is_refused(regional):
     model = compile_peft(two_adapters(), regional=regional, backend="eager", fullgraph=True)
     batch = token_batch()
-    with pytest.raises(UnsafeAdapterConfigError, match=r"\[mixed-batch-fullgraph\].*'default', 'other'"):
+    with pytest.raises(
+        UnsafeAdapterConfigError, match=r"\[mixed-batch-fullgraph\].*'default', 'other'"
+    ):
         model(input_ids=batch["input_ids"], adapter_names=["default", "other"])
 
 

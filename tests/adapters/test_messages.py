@@ -1,4 +1,5 @@
-"""What the PEFT checks say: true for the model they got, and evidence an installed user can open."""
+"""What the PEFT checks say: true for the model they got, and evidence an installed
+user can open."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ def test_a_model_without_adapters_is_named_for_what_it_is(call):
 
 def test_a_lora_model_still_gets_the_refusal_wording():
     model = get_peft_model(gpt2(), LoraConfig(r=4, target_modules=["c_attn"], use_dora=True))
-    with pytest.raises(UnsafeAdapterConfigError, match=r"(?s)refusing to compile .*\[dora-fullgraph\]"
-                       r".*on_violation='warn'"):
+    with pytest.raises(
+        UnsafeAdapterConfigError,
+        match=r"(?s)refusing to compile .*\[dora-fullgraph\]"
+        r".*on_violation='warn'",
+    ):
         check_peft_compile_safety(model, fullgraph=True)
 
 
@@ -72,7 +76,8 @@ def test_evidence_anchors_exist_in_the_docs():
     assert cited, "the rule table cites no docs section"
     for page, anchor in cited:
         headings = [
-            line.lstrip("#") for line in (DOCS / page).read_text().splitlines()
+            line.lstrip("#")
+            for line in (DOCS / page).read_text().splitlines()
             if line.startswith("#")
         ]
         anchors = {_github_anchor(h) for h in headings}

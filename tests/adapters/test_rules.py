@@ -35,7 +35,6 @@ pytestmark = [
 ]
 
 
-
 def lora_gpt2(**config):
     config.setdefault("target_modules", ["c_attn"])
     return get_peft_model(gpt2(), LoraConfig(r=4, **config))
@@ -110,12 +109,16 @@ TRIGGERS = {
     ),
     "many-adapters": (lambda: with_adapters(3), {}, {"many-adapters"}),
     "untested-method": (
-        lambda: get_peft_model(gpt2(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)),
+        lambda: get_peft_model(
+            gpt2(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)
+        ),
         {},
         {"untested-method"},
     ),
     "target-parameters": (
-        lambda: get_peft_model(opt(), LoraConfig(r=4, target_modules=[], target_parameters=["q_proj.weight"])),
+        lambda: get_peft_model(
+            opt(), LoraConfig(r=4, target_modules=[], target_parameters=["q_proj.weight"])
+        ),
         {},
         {"target-parameters"},
     ),
@@ -155,7 +158,10 @@ def test_cuda_rule_needs_torch_2_13():
 
 
 def test_freezing_only_matters_for_inductor():
-    assert fired(lora_gpt2, {"training": True, "backend": "aot_eager", "options": {"freezing": True}}) == set()
+    assert (
+        fired(lora_gpt2, {"training": True, "backend": "aot_eager", "options": {"freezing": True}})
+        == set()
+    )
 
 
 def test_inductor_config_freezing_is_read_when_options_do_not_say():
@@ -180,7 +186,10 @@ def test_refusal_lists_every_violated_rule():
     message = str(info.value)
     assert "[dora-fullgraph]" in message and "[inductor-freezing-training]" in message
     assert "2 rule(s) violated" in message
-    assert {f.rule_id for f in info.value.findings} == {"dora-fullgraph", "inductor-freezing-training"}
+    assert {f.rule_id for f in info.value.findings} == {
+        "dora-fullgraph",
+        "inductor-freezing-training",
+    }
     assert isinstance(info.value, ValueError)
 
 
@@ -218,7 +227,11 @@ def test_a_bad_on_violation_is_refused_with_the_value():
 
 @pytest.mark.parametrize(
     "build",
-    [lambda: opt_with(LoKrConfig), lambda: lora_gpt2(target_modules=["wte"]), lambda: with_adapters(2)],
+    [
+        lambda: opt_with(LoKrConfig),
+        lambda: lora_gpt2(target_modules=["wte"]),
+        lambda: with_adapters(2),
+    ],
     ids=["lokr", "lora-embedding", "two-adapters"],
 )
 def test_what_peft_s_old_guide_listed_as_broken_is_allowed(build):
@@ -229,7 +242,10 @@ def test_what_peft_s_old_guide_listed_as_broken_is_allowed(build):
 
 def test_facts_can_be_declared_directly():
     facts = AdapterFacts(
-        model_class="PeftModel", peft_types={"a": "LOKR", "b": "LORA"}, training=True, fullgraph=True
+        model_class="PeftModel",
+        peft_types={"a": "LOKR", "b": "LORA"},
+        training=True,
+        fullgraph=True,
     )
     ids = [f.rule_id for f in evaluate_rules(facts)]
     assert ids == ["lokr-loha-training-fullgraph"]

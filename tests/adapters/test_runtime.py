@@ -85,8 +85,9 @@ def disabled_forward(model):
 
 def generate(model):
     # use_cache=True: generation with a KV cache, as by default (the models are built without)
-    return model.generate(**batch(), max_new_tokens=3, do_sample=False, pad_token_id=0,
-                          use_cache=True)
+    return model.generate(
+        **batch(), max_new_tokens=3, do_sample=False, pad_token_id=0, use_cache=True
+    )
 
 
 def checked(model, steps, *, backend=None, recompile_limit=None, **compile_kwargs):
@@ -204,14 +205,21 @@ def _delete_new(model):
 def _hotswap_other_into_default(model):
     from peft.utils.hotswap import hotswap_adapter_from_state_dict
 
-    state = {k.replace(".other.", ".default."): v.clone() for k, v in model.state_dict().items() if ".other." in k}
+    state = {
+        k.replace(".other.", ".default."): v.clone()
+        for k, v in model.state_dict().items()
+        if ".other." in k
+    }
     state = {k.removeprefix("base_model.model."): v for k, v in state.items()}
-    hotswap_adapter_from_state_dict(model, state, adapter_name="default", config=model.peft_config["other"])
+    hotswap_adapter_from_state_dict(
+        model, state, adapter_name="default", config=model.peft_config["other"]
+    )
 
 
 @pytest.mark.slow
 def test_adapter_changes_interleaved_with_training_and_generate():
-    """merge/unmerge, add_weighted_adapter, adding and deleting adapters after compiling, hotswap."""
+    """merge/unmerge, add_weighted_adapter, adding and deleting adapters after
+    compiling, hotswap."""
     steps = [
         forward("plain"),
         call("merge", lambda m: m.merge_adapter()),
@@ -293,14 +301,18 @@ def _generate(model, lengths=(6,)):
     out = []
     for length in lengths:
         ids = token_batch(batch=2, length=length)["input_ids"]
-        out.append(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, pad_token_id=0,
-                                  use_cache=True))  # the models are built with use_cache=False
+        out.append(
+            model.generate(
+                input_ids=ids, max_new_tokens=8, do_sample=False, pad_token_id=0, use_cache=True
+            )
+        )  # the models are built with use_cache=False
     return out
 
 
 def test_generate_runs_eagerly_and_says_so():
     """A KV-cache generate compiles 3 block graphs per layer for one prompt (12 measured for 4
-    layers), so 3 layers may already pass the limit of 8: generate="eager" skips them, and says so."""
+    layers), so 3 layers may already pass the limit of 8: generate="eager" skips them, and says
+    so."""
     expected = _generate(two_adapters(n_layer=3))
     model = compile_peft(two_adapters(n_layer=3), backend="eager")
     warns = pytest.warns(UserWarning, match=r"\[generate-eager\].*generate='compiled'")
@@ -312,7 +324,9 @@ def test_generate_runs_eagerly_and_says_so():
         model(**batch())
     assert monitor.snapshot()["graphs"] == 1  # forwards stay compiled
     measured = get_peft_compile_record(model).report(model, monitor)  # as RegionalPlan.report
-    assert [(g.class_name, g.graphs, g.flags) for g in measured.groups] == [("OPTDecoderLayer", 1, [])]
+    assert [(g.class_name, g.graphs, g.flags) for g in measured.groups] == [
+        ("OPTDecoderLayer", 1, [])
+    ]
 
 
 @pytest.mark.slow

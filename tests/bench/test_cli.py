@@ -33,7 +33,9 @@ def test_list_shows_every_recipe_and_marks_opt_in(capsys):
 def test_help_works_through_python_m():
     out = subprocess.run(
         [sys.executable, "-m", "torchcompile_kit", "bench", "--help"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "--preset" in out and "--model" in out and "buckets" in out
     assert "--backend" not in out  # the test switch stays out of the help
@@ -44,11 +46,19 @@ def test_unknown_recipe(capsys, tmp_path):
 
 
 def test_unknown_preset(capsys, tmp_path):
-    _fails(["bench", "eager", "--preset", "huge", "--out", str(tmp_path)], capsys, "argument --preset: invalid choice: 'huge'")
+    _fails(
+        ["bench", "eager", "--preset", "huge", "--out", str(tmp_path)],
+        capsys,
+        "argument --preset: invalid choice: 'huge'",
+    )
 
 
 def test_steps_must_be_positive(capsys, tmp_path):
-    _fails(["bench", "eager", "--steps", "0", "--out", str(tmp_path)], capsys, "argument --steps: must be > 0, got 0")
+    _fails(
+        ["bench", "eager", "--steps", "0", "--out", str(tmp_path)],
+        capsys,
+        "argument --steps: must be > 0, got 0",
+    )
 
 
 def test_unwritable_out(capsys, tmp_path):
@@ -60,14 +70,23 @@ def test_unwritable_out(capsys, tmp_path):
 def test_model_that_does_not_import(capsys, tmp_path):
     _fails(
         ["bench", "eager", "--model", "no_such_module_xyz:build", "--out", str(tmp_path)],
-        capsys, "importing 'no_such_module_xyz' failed",
+        capsys,
+        "importing 'no_such_module_xyz' failed",
     )
 
 
 def test_model_that_returns_the_wrong_thing(capsys, tmp_path):
     _fails(
-        ["bench", "eager", "--model", "tests.bench.user_models:returns_model_only", "--out", str(tmp_path)],
-        capsys, "must return (model, make_batch)",
+        [
+            "bench",
+            "eager",
+            "--model",
+            "tests.bench.user_models:returns_model_only",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+        "must return (model, make_batch)",
     )
 
 
@@ -75,8 +94,11 @@ def test_cuda_asked_for_where_torch_sees_none(capsys, tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    _fails(["bench", "eager", "--device", "cuda", "--out", str(tmp_path / "o")], capsys,
-           "torch sees no CUDA device here")
+    _fails(
+        ["bench", "eager", "--device", "cuda", "--out", str(tmp_path / "o")],
+        capsys,
+        "torch sees no CUDA device here",
+    )
 
 
 def test_a_two_gpu_row_on_one_gpu_is_skipped_with_the_reason(monkeypatch):

@@ -42,7 +42,8 @@ while time.monotonic() < end:
 _DETACH = """
 import subprocess, sys
 proc = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        start_new_session=True)
 print(proc.pid)
 """
 
@@ -52,7 +53,10 @@ def switching_load():
     """A neighbour: one core busy for TOGGLE_S, idle for TOGGLE_S, ... for at most 120 s."""
     out = subprocess.run(
         [sys.executable, "-c", _DETACH, _BUSY, "120", str(TOGGLE_S)],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
     pid = int(out.strip())
     time.sleep(0.2)
@@ -64,8 +68,25 @@ def switching_load():
 
 
 def _run(out):
-    code = main(["bench", "eager", "full", "full-warm", "--model", SPEC, "--steps", "240",
-                 "--warmup-steps", "2", "--backend", "eager", "--out", str(out), "--no-charts"])
+    code = main(
+        [
+            "bench",
+            "eager",
+            "full",
+            "full-warm",
+            "--model",
+            SPEC,
+            "--steps",
+            "240",
+            "--warmup-steps",
+            "2",
+            "--backend",
+            "eager",
+            "--out",
+            str(out),
+            "--no-charts",
+        ]
+    )
     assert code == 0
     rows = {row.name: row for row in load_results(out).rows}
     assert all(row.status == "ok" for row in rows.values()), rows
@@ -94,7 +115,8 @@ def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
             or (name != "eager" and (m.speedup_high - m.speedup_low) / m.speedup > WIDTH_LIMIT)
         ), (name, m.not_quotable)
         if _share(m) <= NEIGHBOUR_LIMIT and (m.cpu_steal or 0) <= STEAL_LIMIT and name != "eager":
-            # nobody else on the machine and no hypervisor steal (a shared CI host has some, measured
+            # nobody else on the machine and no hypervisor steal (a shared CI host has some,
+            # measured
             # 7% once): the interval is narrow enough to quote
             assert m.not_quotable == [], (name, m.not_quotable)
     for name in ("full", "full-warm"):
@@ -102,7 +124,9 @@ def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
 
 
 @pytest.mark.slow
-def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(quiet, tmp_path, monkeypatch, switching_load):
+def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(
+    quiet, tmp_path, monkeypatch, switching_load
+):
     monkeypatch.setenv(INPROCESS_ENV, "1")
     loaded = _run(tmp_path / "loaded")
     for name, m in loaded.items():
@@ -111,7 +135,10 @@ def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(quiet, tmp
         assert "other processes used" in m.not_quotable[0]
     full, warm = loaded["full"], loaded["full-warm"]
     # the same compiled code twice: intervals that overlap each other ...
-    assert full.speedup_low <= warm.speedup_high and warm.speedup_low <= full.speedup_high, (full, warm)
+    assert full.speedup_low <= warm.speedup_high and warm.speedup_low <= full.speedup_high, (
+        full,
+        warm,
+    )
     # ... and that hold the ratio measured without the test's load, within 10%
     for name in ("full", "full-warm"):
         low, high = loaded[name].speedup_low, loaded[name].speedup_high

@@ -13,7 +13,9 @@ from torchcompile_kit.bench.results import BenchResults
 
 def test_real_and_computed_tokens():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
-    assert real_and_computed({"decoder_attention_mask": mask, "attention_mask": torch.ones(2, 9)}) == (5, 8)
+    assert real_and_computed(
+        {"decoder_attention_mask": mask, "attention_mask": torch.ones(2, 9)}
+    ) == (5, 8)
     assert real_and_computed({"input_ids": torch.ones(2, 3)}) == (6, 6)
     assert real_and_computed({"pixel_values": torch.ones(2, 3)}) == (0, 0)
 
@@ -22,7 +24,11 @@ def test_measure_training_counts_steps_and_padding():
     batches = iter([{"attention_mask": torch.tensor([[1, 0]])}] * 5)
     seen = []
     metrics = measure_training(
-        lambda batch: torch.tensor(2.0), batches, warmup_steps=2, steps=3, device=torch.device("cpu"),
+        lambda batch: torch.tensor(2.0),
+        batches,
+        warmup_steps=2,
+        steps=3,
+        device=torch.device("cpu"),
         on_step=lambda i, n, phase: seen.append((i, phase)),
     )
     assert seen == [(1, "warm-up"), (2, "warm-up"), (3, "steady"), (4, "steady"), (5, "steady")]
@@ -57,8 +63,11 @@ def test_a_warm_start_line_names_the_collectors_share_of_the_first_step():
     from torchcompile_kit.bench.report import warm_start_lines
 
     cold = RecipeResult(name="regional", status="ok", metrics=Metrics(first_step_s=17.0))
-    warm = RecipeResult(name="regional-warm", status="ok", metrics=Metrics(
-        cache_load_s=0.05, first_step_s=0.55, first_step_gc_s=0.31))
+    warm = RecipeResult(
+        name="regional-warm",
+        status="ok",
+        metrics=Metrics(cache_load_s=0.05, first_step_s=0.55, first_step_gc_s=0.31),
+    )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "of its first step, 0.31 s was Python's garbage collector" in line
     warm.metrics.first_step_gc_s = 0.03  # young-generation collections: not worth a word
@@ -67,7 +76,11 @@ def test_a_warm_start_line_names_the_collectors_share_of_the_first_step():
 
 
 def _row(name, steps_per_s, warmup_s, losses):
-    return RecipeResult(name=name, status="ok", metrics=Metrics(steps_per_s=steps_per_s, warmup_s=warmup_s, losses=losses))
+    return RecipeResult(
+        name=name,
+        status="ok",
+        metrics=Metrics(steps_per_s=steps_per_s, warmup_s=warmup_s, losses=losses),
+    )
 
 
 def test_compare_uses_each_groups_baseline_and_the_loss_reference():
@@ -151,7 +164,12 @@ def test_steady_steps_go_on_until_they_cover_the_window_and_stop_at_the_cap():
     window = 8 * max(probe.step_times_s)
     totals = []
     out = measure_training(
-        sleepy, batches, warmup_steps=1, steps=2, device="cpu", min_steady_s=window,
+        sleepy,
+        batches,
+        warmup_steps=1,
+        steps=2,
+        device="cpu",
+        min_steady_s=window,
         on_step=lambda i, n, phase: totals.append(n),
     )
     # more steps than the 2 asked for were timed to cover the window; the progress total grew
@@ -170,9 +188,14 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
     """bench printed 'warm ÷ cold 0.012' from a cold row measured with 89% of the CPU taken."""
     from torchcompile_kit.bench.report import warm_start_lines
 
-    cold = RecipeResult(name="full", status="ok", metrics=Metrics(
-        first_step_s=50.0, not_quotable=["other processes used 89% of the CPU"]))
-    warm = RecipeResult(name="full-warm", status="ok", metrics=Metrics(first_step_s=0.5, cache_load_s=0.1))
+    cold = RecipeResult(
+        name="full",
+        status="ok",
+        metrics=Metrics(first_step_s=50.0, not_quotable=["other processes used 89% of the CPU"]),
+    )
+    warm = RecipeResult(
+        name="full-warm", status="ok", metrics=Metrics(first_step_s=0.5, cache_load_s=0.1)
+    )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "warm ÷ cold 0.012" in line and "NOT QUOTABLE" in line and "89% of the CPU" in line
     cold.metrics.not_quotable = []
@@ -183,23 +206,39 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
 def test_the_restart_path_is_named_from_the_counts():
     from torchcompile_kit.bench.report import restart_path
 
-    stats = {"fxgraph_cache_hit": 4, "fxgraph_cache_miss": 0, "autograd_cache_hit": 2, "autograd_cache_miss": 0}
+    stats = {
+        "fxgraph_cache_hit": 4,
+        "fxgraph_cache_miss": 0,
+        "autograd_cache_hit": 2,
+        "autograd_cache_miss": 0,
+    }
     retraced = Metrics(cache_loaded=True, monitor={"frames": 2}, cache_stats=stats)
-    assert restart_path(retraced).startswith("re-traced, graphs from the cache (dynamo traced 2 frames;")
-    missed = Metrics(cache_loaded=True, monitor={"frames": 1}, cache_stats={**stats, "fxgraph_cache_miss": 1})
+    assert restart_path(retraced).startswith(
+        "re-traced, graphs from the cache (dynamo traced 2 frames;"
+    )
+    missed = Metrics(
+        cache_loaded=True, monitor={"frames": 1}, cache_stats={**stats, "fxgraph_cache_miss": 1}
+    )
     assert "1 graph(s) compiled again" in restart_path(missed)
-    assert restart_path(Metrics(cache_loaded=True, monitor={"frames": 0}, cache_stats=stats)).startswith(
-        "not re-traced, graphs from the cache (no frame traced;")
+    assert restart_path(
+        Metrics(cache_loaded=True, monitor={"frames": 0}, cache_stats=stats)
+    ).startswith("not re-traced, graphs from the cache (no frame traced;")
     assert restart_path(Metrics(cache_loaded=False, monitor={"frames": 2})) is None  # not loaded
 
 
 def test_the_whole_restart_counts_import_load_build_and_first_step():
     from torchcompile_kit.bench.report import warm_start_lines
 
-    cold = RecipeResult(name="regional", status="ok", metrics=Metrics(
-        import_compiler_s=2.0, build_s=1.0, first_step_s=17.0))
-    warm = RecipeResult(name="regional-warm", status="ok", metrics=Metrics(
-        import_compiler_s=2.0, cache_load_s=0.5, build_s=1.5, first_step_s=1.0))
+    cold = RecipeResult(
+        name="regional",
+        status="ok",
+        metrics=Metrics(import_compiler_s=2.0, build_s=1.0, first_step_s=17.0),
+    )
+    warm = RecipeResult(
+        name="regional-warm",
+        status="ok",
+        metrics=Metrics(import_compiler_s=2.0, cache_load_s=0.5, build_s=1.5, first_step_s=1.0),
+    )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "warm ÷ cold 0.088" in line  # (0.5 + 1.0) / 17
     assert "whole restart 5.00 s ÷ 20.00 s = 0.250" in line
@@ -209,8 +248,15 @@ def test_the_charts_name_the_group_of_each_colour(tmp_path):
     """The bars were coloured by group with no legend saying which colour is which."""
     from torchcompile_kit.bench import charts
 
-    rows = [RecipeResult(name=n, group=g, status="ok", metrics=Metrics(warmup_s=2.0, steps_per_s=3.0, speedup=1.1))
-            for n, g in (("eager", "static"), ("full", "static"), ("regional", "warm-up"))]
+    rows = [
+        RecipeResult(
+            name=n,
+            group=g,
+            status="ok",
+            metrics=Metrics(warmup_s=2.0, steps_per_s=3.0, speedup=1.1),
+        )
+        for n, g in (("eager", "static"), ("full", "static"), ("regional", "warm-up"))
+    ]
     figure = charts._figure(len(rows))
     axes = figure.add_subplot(1, 1, 1)
     charts._group_legend(axes, rows)
@@ -223,11 +269,21 @@ def _chart_rows():
     loaded = ["other processes used 31% of the machine's CPU during it (limit 10%)"]
 
     def row(name, group, steps_per_s, not_quotable):
-        return RecipeResult(name=name, group=group, status="ok", metrics=Metrics(
-            warmup_s=2.0, steps_per_s=steps_per_s, speedup=1.1, not_quotable=not_quotable))
+        return RecipeResult(
+            name=name,
+            group=group,
+            status="ok",
+            metrics=Metrics(
+                warmup_s=2.0, steps_per_s=steps_per_s, speedup=1.1, not_quotable=not_quotable
+            ),
+        )
 
-    return [row("eager", "static", 1.0, []), row("full", "static", 1.2, loaded),
-            row("eager-longest", "dynamic", 64.9, []), row("buckets", "dynamic", 70.0, loaded)]
+    return [
+        row("eager", "static", 1.0, []),
+        row("full", "static", 1.2, loaded),
+        row("eager-longest", "dynamic", 64.9, []),
+        row("buckets", "dynamic", 70.0, loaded),
+    ]
 
 
 def test_every_chart_marks_the_rows_not_to_quote():
@@ -235,8 +291,11 @@ def test_every_chart_marks_the_rows_not_to_quote():
     from torchcompile_kit.bench import charts
 
     rows = _chart_rows()
-    figures = [charts.bar_figure(rows, "warmup_s", "warm-up", "seconds"),
-               charts.throughput_figure(rows, "throughput"), charts.ratio_figure(rows, "ratio")]
+    figures = [
+        charts.bar_figure(rows, "warmup_s", "warm-up", "seconds"),
+        charts.throughput_figure(rows, "throughput"),
+        charts.ratio_figure(rows, "ratio"),
+    ]
     for figure in figures:
         hatched, labels = set(), []
         for axes in figure.axes:
@@ -250,10 +309,14 @@ def test_every_chart_marks_the_rows_not_to_quote():
 
 
 def test_throughput_draws_each_baseline_on_its_own_axis():
-    """Steps/s of pad-to-max and pad-to-longest rows shared one axis (eager 1.00, eager-longest 64.9)."""
+    """Steps/s of pad-to-max and pad-to-longest rows shared one axis (eager 1.00, eager-longest
+    64.9)."""
     from torchcompile_kit.bench import charts
 
     figure = charts.throughput_figure(_chart_rows(), "throughput")
-    panels = [sorted(t.get_text() for t in axes.get_yticklabels()) for axes in figure.axes
-              if axes.get_yticklabels()]
+    panels = [
+        sorted(t.get_text() for t in axes.get_yticklabels())
+        for axes in figure.axes
+        if axes.get_yticklabels()
+    ]
     assert sorted(panels) == [["buckets", "eager-longest"], ["eager", "full"]], panels

@@ -40,7 +40,10 @@ def test_loads_from_a_file_path(tmp_path):
     [
         ("no_colon", "is not 'module:function'"),
         ("mod:", "is not 'module:function'"),
-        ("does_not_exist_xyz:build", "importing 'does_not_exist_xyz' failed with ModuleNotFoundError"),
+        (
+            "does_not_exist_xyz:build",
+            "importing 'does_not_exist_xyz' failed with ModuleNotFoundError",
+        ),
         (f"{PREFIX}:nope", "has no callable 'nope'"),
         (f"{PREFIX}:raises", r"raises\(\) raised OSError: weights not found"),
         (f"{PREFIX}:returns_model_only", r"returned TinyLM .* must return \(model, make_batch\)"),

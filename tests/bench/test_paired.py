@@ -38,7 +38,11 @@ def test_load_that_hits_both_sides_of_a_block_leaves_the_ratio_alone():
     # a neighbour switching on and off every 3 blocks makes both sides 3x slower meanwhile
     base, recipe = _blocks(1.2, 30, load=lambda i: 3.0 if (i // 3) % 2 else 1.0)
     r = ratio_interval(base, recipe)
-    assert r["ratio"] == pytest.approx(1.2) and r["low"] == pytest.approx(1.2) and r["high"] == pytest.approx(1.2)
+    assert (
+        r["ratio"] == pytest.approx(1.2)
+        and r["low"] == pytest.approx(1.2)
+        and r["high"] == pytest.approx(1.2)
+    )
     # what dividing two runs measured at different moments says: quiet eager, loaded recipe
     assert base[0] / recipe[3] == pytest.approx(0.4)
 
@@ -50,7 +54,9 @@ def test_the_interval_covers_the_ratio_and_narrows_with_more_blocks():
         assert r["low"] <= r["ratio"] <= r["high"] and r["low"] < 1.1 < r["high"]
         assert r["method"] == "median of block ratios, bootstrap" and r["confidence"] == 0.95
     assert many["high"] - many["low"] < few["high"] - few["low"]
-    assert ratio_interval(*_blocks(1.1, 10, noise=0.1)) == few  # seeded: the same blocks, the same interval
+    assert (
+        ratio_interval(*_blocks(1.1, 10, noise=0.1)) == few
+    )  # seeded: the same blocks, the same interval
 
 
 def test_a_minority_of_one_sided_hits_does_not_move_the_median():
@@ -85,11 +91,20 @@ def test_bad_blocks_are_refused():
 
 
 def test_marks_say_why():
-    quiet = Metrics(speedup=1.2, speedup_low=1.15, speedup_high=1.25, speedup_blocks=20,
-                    cpu_neighbours=0.02, cpu_neighbours_steady=0.03, cpu_steal=0.0)
+    quiet = Metrics(
+        speedup=1.2,
+        speedup_low=1.15,
+        speedup_high=1.25,
+        speedup_blocks=20,
+        cpu_neighbours=0.02,
+        cpu_neighbours_steady=0.03,
+        cpu_steal=0.0,
+    )
     assert not_quotable(quiet) == []
     loaded = dataclasses.replace(quiet, cpu_neighbours_steady=0.31)
-    assert not_quotable(loaded) == ["other processes used 31% of the machine's CPU during it (limit 10%)"]
+    assert not_quotable(loaded) == [
+        "other processes used 31% of the machine's CPU during it (limit 10%)"
+    ]
     wide = dataclasses.replace(quiet, speedup_low=0.9, speedup_high=1.5)
     assert "spans 50% of the ratio" in not_quotable(wide)[0]
     stolen = dataclasses.replace(quiet, cpu_steal=0.12)
@@ -127,13 +142,20 @@ def test_measure_training_alternates_blocks_on_the_same_batches():
         return ({"i": torch.tensor(i)} for i in itertools.count())
 
     metrics = measure_training(
-        side("R"), stream(), warmup_steps=2, steps=6, device=torch.device("cpu"),
-        baseline=lambda: (side("B"), stream()), block_steps=2,
+        side("R"),
+        stream(),
+        warmup_steps=2,
+        steps=6,
+        device=torch.device("cpu"),
+        baseline=lambda: (side("B"), stream()),
+        block_steps=2,
     )
     timed = calls[4:]  # after the recipe's and the baseline's 2 warm-up steps each
     assert calls[:4] == [("R", 0), ("R", 1), ("B", 0), ("B", 1)]
     assert [name for name, _ in timed] == list("RRBBBBRRRRBB")  # the order swaps every block
-    assert sorted(i for name, i in timed if name == "R") == sorted(i for name, i in timed if name == "B")
+    assert sorted(i for name, i in timed if name == "R") == sorted(
+        i for name, i in timed if name == "B"
+    )
     paired = metrics.paired
     assert paired["block_steps"] == 2 and len(paired["base_s"]) == len(paired["recipe_s"]) == 3
     assert len(metrics.step_times_s) == 6 and len(metrics.losses) == 8  # the recipe's only
@@ -148,8 +170,12 @@ def test_compare_takes_the_paired_ratio_not_the_rows_measured_apart():
     base, recipe = _blocks(1.02, 20, noise=0.02)
     rows = [
         _row("eager", 4.0, cpu_neighbours=0.02),  # measured while the machine was loaded ...
-        _row("full", 16.0, {"baseline": "eager", "base_s": base, "recipe_s": recipe, "same_batches": True},
-             cpu_neighbours=0.3),  # ... and this one while it was not: 4x by division
+        _row(
+            "full",
+            16.0,
+            {"baseline": "eager", "base_s": base, "recipe_s": recipe, "same_batches": True},
+            cpu_neighbours=0.3,
+        ),  # ... and this one while it was not: 4x by division
     ]
     compare(rows, RECIPES)
     full = rows[1].metrics
@@ -162,10 +188,22 @@ def test_compare_takes_the_paired_ratio_not_the_rows_measured_apart():
 def test_repeats_pool_their_blocks_and_keep_each_run():
     def run(ratio, neighbours, warmup):
         base, recipe = _blocks(ratio, 10, noise=0.05, seed=int(100 * ratio))
-        return RecipeResult(name="full", status="ok", metrics=Metrics(
-            warmup_s=warmup, steps_per_s=10.0, step_times_s=[0.1] * 10, cpu_neighbours=neighbours,
-            paired={"baseline": "eager", "base_s": base, "recipe_s": recipe, "same_batches": True},
-        ))
+        return RecipeResult(
+            name="full",
+            status="ok",
+            metrics=Metrics(
+                warmup_s=warmup,
+                steps_per_s=10.0,
+                step_times_s=[0.1] * 10,
+                cpu_neighbours=neighbours,
+                paired={
+                    "baseline": "eager",
+                    "base_s": base,
+                    "recipe_s": recipe,
+                    "same_batches": True,
+                },
+            ),
+        )
 
     merged = merge_repeats([run(1.2, 0.0, 30.0), run(1.25, 0.5, 90.0), run(1.2, 0.01, 31.0)])
     assert len(merged.metrics.paired["base_s"]) == 30 and merged.metrics.steps == 30
@@ -185,16 +223,25 @@ def test_intervals_cover_what_another_process_of_the_same_code_gave():
 
     Each row's interval is now widened by the spread measured between the two processes, so each
     holds the other's ratio, and the method says what it covers."""
-    rows = [_row("eager", 4.0), _row("full", 4.5, _paired(1.14, 1)),
-            _row("full-warm", 4.4, _paired(1.085, 2))]
+    rows = [
+        _row("eager", 4.0),
+        _row("full", 4.5, _paired(1.14, 1)),
+        _row("full-warm", 4.4, _paired(1.085, 2)),
+    ]
     compare(rows, RECIPES)
     full, warm = rows[1].metrics, rows[2].metrics
-    assert full.speedup == pytest.approx(1.14, rel=0.01) and warm.speedup == pytest.approx(1.085, rel=0.01)
+    assert full.speedup == pytest.approx(1.14, rel=0.01) and warm.speedup == pytest.approx(
+        1.085, rel=0.01
+    )
     for one, other in ((full, warm), (warm, full)):
         assert one.speedup_low <= other.speedup <= one.speedup_high, (one, other)
-        assert "widened by ±5.1%" in one.speedup_method and "full and full-warm" in one.speedup_method
+        assert (
+            "widened by ±5.1%" in one.speedup_method and "full and full-warm" in one.speedup_method
+        )
     # the blocks alone were narrow and disjoint (what the table used to print)
-    own = [ratio_interval(m["base_s"], m["recipe_s"]) for m in (_paired(1.14, 1), _paired(1.085, 2))]
+    own = [
+        ratio_interval(m["base_s"], m["recipe_s"]) for m in (_paired(1.14, 1), _paired(1.085, 2))
+    ]
     assert own[1]["high"] < own[0]["low"], own
 
 
@@ -205,9 +252,14 @@ def test_without_a_second_process_the_interval_says_it_is_of_one_process():
 
 
 def test_rounds_of_one_row_measure_the_spread_too():
-    rounds = [RecipeResult(name="regional", status="ok", metrics=Metrics(
-        steps_per_s=4.0, step_times_s=[0.25] * 30, paired=_paired(ratio, seed)))
-        for ratio, seed in ((1.3, 1), (1.2, 2))]
+    rounds = [
+        RecipeResult(
+            name="regional",
+            status="ok",
+            metrics=Metrics(steps_per_s=4.0, step_times_s=[0.25] * 30, paired=_paired(ratio, seed)),
+        )
+        for ratio, seed in ((1.3, 1), (1.2, 2))
+    ]
     rows = [_row("eager", 4.0), merge_repeats(rounds)]
     compare(rows, RECIPES)
     regional = rows[1].metrics

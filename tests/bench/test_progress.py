@@ -19,7 +19,10 @@ def test_plain_progress_reports_inside_a_recipe_and_estimates_the_rest(capsys):
     assert lines[0] == "[1/2] full: starting"
     assert lines[1].startswith("[1/2] full: compiling (") and lines[1].endswith(" s)")
     assert [line.split(": ")[1].split(" (")[0] for line in lines[2:5]] == [
-        "steady step 1/3", "steady step 2/3", "steady step 3/3"]
+        "steady step 1/3",
+        "steady step 2/3",
+        "steady step 3/3",
+    ]
     assert lines[5] == "[1/2] full: ok"
     assert lines[6].startswith("1 of 2 recipes done,") and "about" in lines[6]
 

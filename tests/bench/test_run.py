@@ -18,8 +18,17 @@ from torchcompile_kit.bench.runner import INPROCESS_ENV, run_recipe_isolated
 from torchcompile_kit.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-METRICS = {"warmup_s", "steps_per_s", "tokens_per_s", "graphs", "recompiles", "graph_breaks",
-           "padding", "peak_memory_mb", "losses"}
+METRICS = {
+    "warmup_s",
+    "steps_per_s",
+    "tokens_per_s",
+    "graphs",
+    "recompiles",
+    "graph_breaks",
+    "padding",
+    "peak_memory_mb",
+    "losses",
+}
 
 
 @pytest.fixture
@@ -28,10 +37,25 @@ def in_process(monkeypatch):
 
 
 def _bench(out, *args):
-    return main(["bench", *args, "--steps", "2", "--warmup-steps", "1", "--backend", "eager", "--out", str(out)])
+    return main(
+        [
+            "bench",
+            *args,
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--backend",
+            "eager",
+            "--out",
+            str(out),
+        ]
+    )
 
 
-def test_where_a_gpu_is_visible_the_cpu_suite_still_runs_on_the_cpu(in_process, tmp_path, monkeypatch):
+def test_where_a_gpu_is_visible_the_cpu_suite_still_runs_on_the_cpu(
+    in_process, tmp_path, monkeypatch
+):
     """On a GPU machine the suite followed the bench's device choice onto CUDA (the CUDA-graph row
     then ran instead of being skipped, the rows trained in bf16). CUDA is made to look visible
     here; $TORCHCOMPILE_KIT_BENCH_DEVICE=cpu (tests/conftest.py) keeps every row on the CPU, and
@@ -41,10 +65,14 @@ def test_where_a_gpu_is_visible_the_cpu_suite_still_runs_on_the_cpu(in_process, 
 
     import torch
 
-    gpu = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132)
+    gpu = types.SimpleNamespace(
+        name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132
+    )
     real = torch.cuda.is_available()
 
-    def asked_by_the_library() -> bool:  # torch's own checks (a CUDA build's optimizer) see the truth
+    def asked_by_the_library() -> (
+        bool
+    ):  # torch's own checks (a CUDA build's optimizer) see the truth
         return sys._getframe(2).f_globals.get("__name__", "").startswith("torchcompile_kit")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: asked_by_the_library() or real)
@@ -100,7 +128,18 @@ def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_pat
 
 def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
     out = tmp_path / "run"
-    assert _bench(out, "eager", "full", "mark-dynamic", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
+    assert (
+        _bench(
+            out,
+            "eager",
+            "full",
+            "mark-dynamic",
+            "--model",
+            "tests.bench.user_models:tiny_lm",
+            "--no-charts",
+        )
+        == 0
+    )
     rows = {row.name: row for row in load_results(out).rows}
     for name in ("full", "mark-dynamic"):
         metrics = rows[name].metrics
@@ -109,7 +148,9 @@ def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
         assert metrics.loss_max_abs_diff < 1e-5 and metrics.speedup > 0
 
 
-def test_the_progress_names_the_compile_only_where_a_row_compiles(in_process, tmp_path, monkeypatch):
+def test_the_progress_names_the_compile_only_where_a_row_compiles(
+    in_process, tmp_path, monkeypatch
+):
     """The eager row's set-up was labelled "compile", and a compiled row's first steps, where
     dynamo and inductor compile (up to minutes), showed only a bar that did not move."""
     from torchcompile_kit.bench import execute
@@ -123,14 +164,26 @@ def test_the_progress_names_the_compile_only_where_a_row_compiles(in_process, tm
         emit(**event)
 
     monkeypatch.setattr(execute, "emit_event", record)
-    assert _bench(tmp_path / "run", "eager", "full", "--model", "tests.bench.user_models:tiny_lm", "--no-charts") == 0
+    assert (
+        _bench(
+            tmp_path / "run",
+            "eager",
+            "full",
+            "--model",
+            "tests.bench.user_models:tiny_lm",
+            "--no-charts",
+        )
+        == 0
+    )
     compiling = "first steps: compiling (minutes on a CPU for a large model)"
     assert phases == ["build", "set up", "build", "compile", compiling]
 
 
 def test_a_failing_recipe_is_a_row_and_the_run_goes_on(in_process, tmp_path, capsys):
     out = tmp_path / "run"
-    code = _bench(out, "full", "eager", "--model", "tests.bench.user_models:compile_hostile", "--no-charts")
+    code = _bench(
+        out, "full", "eager", "--model", "tests.bench.user_models:compile_hostile", "--no-charts"
+    )
     assert code == 0
     rows = {row.name: row for row in load_results(out).rows}
     assert rows["full"].status == "failed"
@@ -161,8 +214,11 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
     events = []
     spec = "tests.bench.user_models:tiny_lm_noting_its_temp_dir"
     result = run_recipe_isolated(
-        "mark-dynamic", spec=spec,
-        config=MeasureConfig(steps=2, warmup_steps=1, backend="eager"), out_dir=tmp_path, on_event=events.append,
+        "mark-dynamic",
+        spec=spec,
+        config=MeasureConfig(steps=2, warmup_steps=1, backend="eager"),
+        out_dir=tmp_path,
+        on_event=events.append,
     )
     assert result.status == "ok", result.error
     assert result.metrics.graphs == 1 and result.metrics.recompiles == 0
@@ -179,8 +235,23 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
 def test_captioner_compiled_recipes_with_a_cheap_backend(in_process, tmp_path):
     """The post's model through dynamo: full and regional (aot_eager)."""
     out = tmp_path / "run"
-    code = main(["bench", "eager", "full", "regional", "--steps", "2", "--warmup-steps", "1",
-                 "--backend", "aot_eager", "--out", str(out), "--no-charts"])
+    code = main(
+        [
+            "bench",
+            "eager",
+            "full",
+            "regional",
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--backend",
+            "aot_eager",
+            "--out",
+            str(out),
+            "--no-charts",
+        ]
+    )
     assert code == 0
     rows = {row.name: row for row in load_results(out).rows}
     for name, graphs in (("full", 1), ("regional", None)):
@@ -195,17 +266,24 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     """Inductor for real: the cold recipe saves the library's cache, the warm one loads it."""
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
     spec = "tests.bench.user_models:tiny_lm"
-    cold = run_recipe_isolated("full", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path)
+    cold = run_recipe_isolated(
+        "full", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path
+    )
     assert cold.status == "ok", cold.error
     assert cold.metrics.cache_saved is True
-    warm = run_recipe_isolated("full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path)
+    warm = run_recipe_isolated(
+        "full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path
+    )
     assert warm.status == "ok", warm.error
     assert warm.metrics.cache_loaded is True
-    # the full row compiles with compile_model(precompile=True): dynamo's entry loads, no frame is traced
+    # the full row compiles with compile_model(precompile=True): dynamo's entry loads, no frame is
+    # traced
     assert warm.metrics.regions == {"TinyLM": "precompiled (no trace)"}, warm.metrics.regions
     assert warm.metrics.monitor["frames"] == 0
     assert warm.metrics.cache_stats["dynamo_cache_hit"] == 1
-    assert restart_path(warm.metrics).startswith("TinyLM precompiled (no trace); the rest not re-traced")
+    assert restart_path(warm.metrics).startswith(
+        "TinyLM precompiled (no trace); the rest not re-traced"
+    )
     assert warm.metrics.losses == cold.metrics.losses
 
 
@@ -221,12 +299,15 @@ def test_the_regional_restart_runs_its_blocks_without_a_trace(tmp_path, monkeypa
     assert warm.status == "ok", warm.error
     assert warm.metrics.regions == {"_Block": "precompiled (no trace)"}
     assert warm.metrics.monitor["frames"] == 0  # nothing else is compiled in this model
-    assert restart_path(warm.metrics).startswith("_Block precompiled (no trace); the rest not re-traced")
+    assert restart_path(warm.metrics).startswith(
+        "_Block precompiled (no trace); the rest not re-traced"
+    )
     assert warm.metrics.losses == cold.metrics.losses
 
 
-def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_path, capsys,
-                                                               monkeypatch):
+def test_an_interrupted_run_leaves_results_that_report_renders(
+    in_process, tmp_path, capsys, monkeypatch
+):
     """bench used to write results.json and the charts only at the very end."""
     from torchcompile_kit.bench import runner
 
@@ -250,4 +331,7 @@ def test_an_interrupted_run_leaves_results_that_report_renders(in_process, tmp_p
     capsys.readouterr()
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"PARTIAL RUN (interrupted, or still running): 2 of 3 recipes; not run: {calls[2]}" in printed
+    assert (
+        f"PARTIAL RUN (interrupted, or still running): 2 of 3 recipes; not run: {calls[2]}"
+        in printed
+    )

@@ -97,7 +97,9 @@ class MediumLM(nn.Module):
     def __init__(self, width: int = 128) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
         self.head = nn.Linear(width, VOCAB)
 
     def forward(self, input_ids, labels):

@@ -14,8 +14,14 @@ WORKER = Path(__file__).with_name("cache_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_worker(mode: str, *args: str, inductor_dir: Path, timeout: int = 600,
-               env: dict[str, str] | None = None, may_fail: bool = False) -> dict:
+def run_worker(
+    mode: str,
+    *args: str,
+    inductor_dir: Path,
+    timeout: int = 600,
+    env: dict[str, str] | None = None,
+    may_fail: bool = False,
+) -> dict:
     """Run ``cache_worker.py MODE ARGS`` in a fresh process with its own inductor cache dir (and
     ``env`` over this process's environment). ``may_fail``: a worker that dies is a result
     (``{"returncode": ..., "stderr": ...}``), not an assertion."""

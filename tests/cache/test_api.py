@@ -1,4 +1,5 @@
-"""save_compile_cache / load_compile_cache: real round trip, refusals, corruption, interrupted saves."""
+"""save_compile_cache / load_compile_cache: real round trip, refusals, corruption, interrupted
+saves."""
 
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def test_absent_artifact_is_silent_and_falsy(tmp_path, inductor_dir):
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "bit_flip", "header_flip", "garbage"])
-def test_corrupt_artifact_is_ignored_with_a_warning(damage, fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+def test_corrupt_artifact_is_ignored_with_a_warning(
+    damage, fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     # a whole artifact holding a kernel file (the mega-cache faked: what is damaged is the format)
     saving_dir = tmp_path / "saving"
     (saving_dir / "ab").mkdir(parents=True)
@@ -203,7 +206,9 @@ def test_save_with_nothing_compiled_keeps_the_previous_artifact(monkeypatch, tmp
     assert path.read_bytes() == b"previous"
 
 
-def test_interrupted_save_leaves_the_previous_cache_intact(fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+def test_interrupted_save_leaves_the_previous_cache_intact(
+    fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     path = tmp_path / "cc.tck"
     assert tck.save_compile_cache(path)
     previous = path.read_bytes()

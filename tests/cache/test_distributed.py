@@ -24,7 +24,9 @@ def test_each_rank_writes_and_reads_its_own_artifact(cold_artifact, tmp_path):
 
     assert ranks[0]["saved"] and ranks[1]["saved"], [r["save_reason"] for r in ranks]
     assert ranks[0]["saved_path"] == ranks[0]["loaded_path"] == str(shared)
-    assert ranks[1]["saved_path"] == ranks[1]["loaded_path"] == str(shared.with_name("cc.rank1.tck"))
+    assert (
+        ranks[1]["saved_path"] == ranks[1]["loaded_path"] == str(shared.with_name("cc.rank1.tck"))
+    )
     for rank in ranks:
         assert rank["loaded"], rank["load_reason"]
         assert rank["kernel_files"] > 0  # each rank filled its own empty inductor dir

@@ -58,7 +58,14 @@ def test_every_differing_field_is_named_with_both_values():
 
 def _saved_on_a_gpu(env, **fields):
     gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "sm_count": 132}
-    return {**env, "device_type": "cuda", "cuda": "13.0", "gpu": gpu, "driver": "580.159.04", **fields}
+    return {
+        **env,
+        "device_type": "cuda",
+        "cuda": "13.0",
+        "gpu": gpu,
+        "driver": "580.159.04",
+        **fields,
+    }
 
 
 def test_a_gpu_artifact_without_cpu_kernels_loads_under_a_launchers_single_thread():
@@ -70,13 +77,25 @@ def test_a_gpu_artifact_without_cpu_kernels_loads_under_a_launchers_single_threa
     import subprocess
     import sys
 
-    code = "import json; from torchcompile_kit.cache.header import current_environment as c; print(json.dumps(c()))"
-    launched = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout)
+    code = (
+        "import json; from torchcompile_kit.cache.header import current_environment as c; "
+        "print(json.dumps(c()))"
+    )
+    launched = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        ).stdout
+    )
     assert launched["num_threads"] == 1
     saved = _saved_on_a_gpu(launched, num_threads=16, cpu_isa="AVX512", driver="570.1")
     loading = _saved_on_a_gpu(launched)
-    assert compare_environment(saved, loading, cpu_kernels=False) == []  # the driver is recorded only
+    assert (
+        compare_environment(saved, loading, cpu_kernels=False) == []
+    )  # the driver is recorded only
     refused = {m.field for m in compare_environment(saved, loading, cpu_kernels=True)}
     assert refused == {"num_threads", "cpu_isa"}  # CPU kernels: built for those
 
@@ -84,7 +103,17 @@ def test_a_gpu_artifact_without_cpu_kernels_loads_under_a_launchers_single_threa
 def test_the_gpus_identity_is_compared_and_only_the_current_device():
     env = current_environment()
     saved = _saved_on_a_gpu(env)
-    other = {**saved["gpu"], "sm_count": 114}  # an H100 PCIe, or a MIG slice: other kernels' metadata
-    assert [m.field for m in compare_environment(saved, {**saved, "gpu": other}, cpu_kernels=False)] == ["gpu"]
-    cpu_saved = {**env, "num_threads": 99}  # saved where no GPU was visible: CPU fields always count
-    assert [m.field for m in compare_environment(cpu_saved, env, cpu_kernels=False)] == ["num_threads"]
+    other = {
+        **saved["gpu"],
+        "sm_count": 114,
+    }  # an H100 PCIe, or a MIG slice: other kernels' metadata
+    assert [
+        m.field for m in compare_environment(saved, {**saved, "gpu": other}, cpu_kernels=False)
+    ] == ["gpu"]
+    cpu_saved = {
+        **env,
+        "num_threads": 99,
+    }  # saved where no GPU was visible: CPU fields always count
+    assert [m.field for m in compare_environment(cpu_saved, env, cpu_kernels=False)] == [
+        "num_threads"
+    ]

@@ -42,15 +42,22 @@ def _move_to_a_fresh_dir(monkeypatch, tmp_path):
 def _rehashed(data: bytes, **change) -> bytes:
     """What anyone who can write the file can do: change it and recompute its content hash."""
     artifact = unpack(data, current_environment=current_environment())
-    parts = {"environment": artifact.header["environment"], "mega_cache": artifact.mega_cache,
-             "kernel_files": artifact.kernel_files, "contents": artifact.header["contents"], **change}
+    parts = {
+        "environment": artifact.header["environment"],
+        "mega_cache": artifact.mega_cache,
+        "kernel_files": artifact.kernel_files,
+        "contents": artifact.header["contents"],
+        **change,
+    }
     return pack(**parts)
 
 
 # --- the key's round trip ----------------------------------------------------------------------
 
 
-def test_the_key_that_signed_loads_it_and_says_so(fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+def test_the_key_that_signed_loads_it_and_says_so(
+    fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     _kernel(inductor_dir)
     saved = tck.save_compile_cache(tmp_path / "cc.tck", key=KEY)
     assert saved and saved.signed_by == signature.key_id(KEY.encode())
@@ -64,7 +71,8 @@ def test_the_key_that_signed_loads_it_and_says_so(fake_mega_cache, tmp_path, ind
 
 @pytest.mark.parametrize("case", ["wrong key", "unsigned", "rehashed", "trailer stripped"])
 def test_a_refused_artifact_reaches_neither_inductor_nor_the_unpickler(
-        case, fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+    case, fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     _kernel(inductor_dir)
     path = tmp_path / "cc.tck"
     tck.save_compile_cache(path, key=None if case == "unsigned" else KEY)
@@ -78,12 +86,18 @@ def test_a_refused_artifact_reaches_neither_inductor_nor_the_unpickler(
         loaded = tck.load_compile_cache(path, key=OTHER if case == "wrong key" else KEY)
     assert not loaded and loaded.reason.startswith("refused: ")
     assert fake_mega_cache == [] and _kernel_files(fresh) == []  # nothing handed on, nothing placed
-    expected = {"wrong key": "signed with key", "unsigned": "it is not signed",
-                "rehashed": "does not match its content", "trailer stripped": "it is not signed"}[case]
+    expected = {
+        "wrong key": "signed with key",
+        "unsigned": "it is not signed",
+        "rehashed": "does not match its content",
+        "trailer stripped": "it is not signed",
+    }[case]
     assert expected in loaded.reason and expected in str(warned[0].message)
 
 
-def test_without_a_key_a_rehashed_artifact_still_loads(fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+def test_without_a_key_a_rehashed_artifact_still_loads(
+    fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     """Why the key exists: the content hash alone cannot tell a replaced artifact from ours."""
     _kernel(inductor_dir)
     path = tmp_path / "cc.tck"
@@ -91,37 +105,52 @@ def test_without_a_key_a_rehashed_artifact_still_loads(fake_mega_cache, tmp_path
     path.write_bytes(_rehashed(path.read_bytes(), mega_cache=b"planted " + FAKE_MEGA))
     _move_to_a_fresh_dir(monkeypatch, tmp_path)
     loaded = tck.load_compile_cache(path)
-    assert loaded and loaded.signature == "unsigned" and fake_mega_cache == [b"planted " + FAKE_MEGA]
+    assert (
+        loaded and loaded.signature == "unsigned" and fake_mega_cache == [b"planted " + FAKE_MEGA]
+    )
 
 
 def test_a_signed_artifact_loaded_without_a_key_loads_and_warns_that_it_was_not_checked(
-        fake_mega_cache, tmp_path, inductor_dir):
+    fake_mega_cache, tmp_path, inductor_dir
+):
     saved = tck.save_compile_cache(tmp_path / "cc.tck", key=KEY)
-    with pytest.warns(CompileCacheWarning, match=rf"signed by key {saved.signed_by}, not checked.*{ENV_KEY}"):
+    with pytest.warns(
+        CompileCacheWarning, match=rf"signed by key {saved.signed_by}, not checked.*{ENV_KEY}"
+    ):
         loaded = tck.load_compile_cache(tmp_path / "cc.tck")
     assert loaded and loaded.signature.startswith("signed by key")
 
 
-def test_the_environment_variable_signs_checks_and_rotates(fake_mega_cache, tmp_path, inductor_dir, monkeypatch):
+def test_the_environment_variable_signs_checks_and_rotates(
+    fake_mega_cache, tmp_path, inductor_dir, monkeypatch
+):
     monkeypatch.setenv(ENV_KEY, "old-key")
     assert tck.save_compile_cache(tmp_path / "old.tck").signed_by == signature.key_id(b"old-key")
-    monkeypatch.setenv(ENV_KEY, "new-key, old-key")  # a rotation: the first signs, both are accepted
+    monkeypatch.setenv(
+        ENV_KEY, "new-key, old-key"
+    )  # a rotation: the first signs, both are accepted
     assert tck.load_compile_cache(tmp_path / "old.tck").signature.startswith("verified")
     assert tck.save_compile_cache(tmp_path / "new.tck").signed_by == signature.key_id(b"new-key")
     monkeypatch.setenv(ENV_KEY, "new-key")  # rotation over: the old key's artifacts are refused
     with pytest.warns(CompileCacheWarning, match="signed with key"):
         assert not tck.load_compile_cache(tmp_path / "old.tck")
     assert tck.load_compile_cache(tmp_path / "new.tck")
-    assert tck.load_compile_cache(tmp_path / "new.tck", key="new-key")  # key= wins over the variable
+    assert tck.load_compile_cache(
+        tmp_path / "new.tck", key="new-key"
+    )  # key= wins over the variable
 
 
-def test_compile_cache_signs_its_saves_and_never_prints_the_key(fake_mega_cache, tmp_path, inductor_dir):
+def test_compile_cache_signs_its_saves_and_never_prints_the_key(
+    fake_mega_cache, tmp_path, inductor_dir
+):
     with tck.compile_cache(tmp_path / "cc.tck", key=KEY) as session:
         pass
     assert session.saved and session.saved.signed_by == signature.key_id(KEY.encode())
     assert KEY not in repr(session) and KEY not in repr(session.keys)
-    with pytest.warns(CompileCacheWarning, match="refused"), tck.compile_cache(
-            tmp_path / "cc.tck", key=OTHER, save_on_exit=False) as other:
+    with (
+        pytest.warns(CompileCacheWarning, match="refused"),
+        tck.compile_cache(tmp_path / "cc.tck", key=OTHER, save_on_exit=False) as other,
+    ):
         pass
     assert not other.loaded
 
@@ -144,21 +173,27 @@ def test_memory_url_behaves_the_same(fake_mega_cache, inductor_dir):
     assert fake_mega_cache == [FAKE_MEGA]  # only the first, verified load reached the loader
 
 
-@pytest.mark.parametrize(("key", "error"), [(123, TypeError), ("", ValueError), ([], TypeError),
-                                            (["ok", 5], TypeError)])
+@pytest.mark.parametrize(
+    ("key", "error"), [(123, TypeError), ("", ValueError), ([], TypeError), (["ok", 5], TypeError)]
+)
 def test_a_bad_key_is_refused_at_the_call_naming_it(key, error, tmp_path):
-    for call in (lambda: tck.save_compile_cache(tmp_path / "cc.tck", key=key),
-                 lambda: tck.load_compile_cache(tmp_path / "cc.tck", key=key),
-                 lambda: tck.compile_cache(tmp_path / "cc.tck", key=key).__enter__()):
+    for call in (
+        lambda: tck.save_compile_cache(tmp_path / "cc.tck", key=key),
+        lambda: tck.load_compile_cache(tmp_path / "cc.tck", key=key),
+        lambda: tck.compile_cache(tmp_path / "cc.tck", key=key).__enter__(),
+    ):
         with pytest.raises(error, match="key must"):
             call()
 
 
-# --- a real artifact: the same hits; a planted pickle never runs -----------------------------------
+# --- a real artifact: the same hits; a planted pickle never runs
+# -----------------------------------
 
 
 @pytest.mark.slow
-def test_a_signed_real_artifact_gives_the_same_hits_and_loss_as_an_unsigned_one(cold_artifact, tmp_path):
+def test_a_signed_real_artifact_gives_the_same_hits_and_loss_as_an_unsigned_one(
+    cold_artifact, tmp_path
+):
     path, cold = cold_artifact
     signed = tmp_path / "signed.tck"
     signed.write_bytes(signature.sign(path.read_bytes(), KEY.encode()))
@@ -188,7 +223,9 @@ def _planted_artifact(data: bytes, marker: str) -> bytes:
     entries = CacheArtifactManager.deserialize(artifact.mega_cache)
     planted = pickle.dumps(_Planted(marker))
     for kind in ("inductor", "aot_autograd"):
-        entries[kind] = [dataclasses.replace(entry, content=planted) for entry in entries.get(kind, [])]
+        entries[kind] = [
+            dataclasses.replace(entry, content=planted) for entry in entries.get(kind, [])
+        ]
     assert entries["inductor"] and entries["aot_autograd"], sorted(entries)
     serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
     serializer.extend(entries.items())
@@ -196,7 +233,9 @@ def _planted_artifact(data: bytes, marker: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_a_planted_pickle_runs_from_an_unsigned_cache_and_never_from_a_refused_one(cold_artifact, tmp_path):
+def test_a_planted_pickle_runs_from_an_unsigned_cache_and_never_from_a_refused_one(
+    cold_artifact, tmp_path
+):
     path, _ = cold_artifact
     signed = signature.sign(path.read_bytes(), KEY.encode())
     body, trailer = signature.split(signed)
@@ -216,6 +255,8 @@ def test_a_planted_pickle_runs_from_an_unsigned_cache_and_never_from_a_refused_o
             assert not warm["loaded"] and "does not match its content" in warm["reason"], warm
             assert not marker.exists()  # nothing from it was unpickled
             planted = pickle.dumps(_Planted(str(marker)))
-            assert not [p for p in inductor_dir.rglob("*") if p.is_file() and planted in p.read_bytes()]
+            assert not [
+                p for p in inductor_dir.rglob("*") if p.is_file() and planted in p.read_bytes()
+            ]
             assert warm["kernel_files"] == 0
     assert os.path.exists(tmp_path / "pwned-no-key")

@@ -9,8 +9,9 @@ and a small conv net, in fp32 and under bf16 autocast, one batch per seed (shape
 forward and backward eagerly, at the reference precision (float64, or float32 for bf16) and
 compiled whole, judged with ``judge_trees``; prints a line per check (its worst tensor's share of
 the allowance, at most 1 passes; how many tensors were rounding-level near eager, and of those how
-many the reference rule alone would have failed) and a JSON summary line: the largest share the reference rule
-gave any tensor, the largest and smallest worst share of a check, and those two counts.
+many the reference rule alone would have failed) and a JSON summary line: the largest share the
+reference rule gave any tensor, the largest and smallest worst share of a check, and those two
+counts.
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ from torchcompile_kit.diagnostics.reference import at_precision, cast_floating
 class ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                                  nn.Conv2d(16, 32, 3, padding=1), nn.GELU(), nn.AdaptiveAvgPool2d(1))
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.GELU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
         self.head = nn.Linear(32, 10)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -47,18 +54,26 @@ class ConvNet(nn.Module):
 
 
 def _tokens(seed: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(3, 128, (2 + seed % 3, 16 + 8 * seed), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(
+        3, 128, (2 + seed % 3, 16 + 8 * seed), generator=torch.Generator().manual_seed(seed)
+    )
     return {"input_ids": ids, "labels": ids}
 
 
 def _images(seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(4, 3, 8, 8, generator=generator),
-            "labels": torch.randint(0, 10, (4,), generator=generator)}
+    return {
+        "x": torch.randn(4, 3, 8, 8, generator=generator),
+        "labels": torch.randint(0, 10, (4,), generator=generator),
+    }
 
 
-MODELS = {"gpt2": (lambda: gpt2(2, 64), _tokens), "llama": (lambda: llama(2, 64), _tokens),
-          "bert": (lambda: bert(2, 64), _tokens), "conv": (ConvNet, _images)}
+MODELS = {
+    "gpt2": (lambda: gpt2(2, 64), _tokens),
+    "llama": (lambda: llama(2, 64), _tokens),
+    "bert": (lambda: bert(2, 64), _tokens),
+    "conv": (ConvNet, _images),
+}
 
 
 def _step(model: nn.Module, batch: dict[str, torch.Tensor], autocast: bool) -> dict[str, object]:
@@ -67,13 +82,17 @@ def _step(model: nn.Module, batch: dict[str, torch.Tensor], autocast: bool) -> d
     out = {"logits": out["logits"], "loss": out["loss"]}  # not the KV cache
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(out["loss"], [p for _, p in named], allow_unused=True)
-    return {"output": {k: v.detach() for k, v in out.items()},
-            "grad": {n: g for (n, _), g in zip(named, grads) if g is not None}}
+    return {
+        "output": {k: v.detach() for k, v in out.items()},
+        "grad": {n: g for (n, _), g in zip(named, grads) if g is not None},
+    }
 
 
 def main(backend_name: str, seeds: int) -> None:
-    backend = {"perturbed_forward": perturbed_forward, "perturbed_backward": perturbed_backward}.get(
-        backend_name, backend_name)
+    backend = {
+        "perturbed_forward": perturbed_forward,
+        "perturbed_backward": perturbed_backward,
+    }.get(backend_name, backend_name)
     worsts: list[float] = []
     by_rule: list[float] = [0.0]  # the share of the allowance of every tensor the rule judged
     shortcut = [0, 0]  # tensors passed as near eager; of them, the rule alone would fail
@@ -97,20 +116,37 @@ def main(backend_name: str, seeds: int) -> None:
                 near = [d for d in diffs if d.judged_by == "eager"]
                 by_rule += [d.ratio for d in diffs if d.judged_by == "reference"]
                 # a tensor the shortcut passed that the rule alone would not (typical error aside)
-                overruled = [d for d in near if d.compiled_error > d.factor * d.eager_error + d.floor]
+                overruled = [
+                    d for d in near if d.compiled_error > d.factor * d.eager_error + d.floor
+                ]
                 shortcut[0] += len(near)
                 shortcut[1] += len(overruled)
-                print(f"{name:5s} {'bf16' if autocast else 'fp32'} seed {seed}: {len(diffs)} tensors, "
-                      f"{sum(not d.ok for d in diffs)} wrong, {len(near)} near eager "
-                      f"({len(overruled)} the rule alone would fail), worst {worst.ratio:.3g} of the "
-                      f"allowance ({worst.name}, {worst.judged_by}) "
-                      f"[{time.perf_counter() - started:.0f} s]", flush=True)
+                print(
+                    f"{name:5s} {'bf16' if autocast else 'fp32'} seed {seed}: {len(diffs)} "
+                    "tensors, "
+                    f"{sum(not d.ok for d in diffs)} wrong, {len(near)} near eager "
+                    f"({len(overruled)} the rule alone would fail), worst {worst.ratio:.3g} of the "
+                    f"allowance ({worst.name}, {worst.judged_by}) "
+                    f"[{time.perf_counter() - started:.0f} s]",
+                    flush=True,
+                )
     # healthy: the largest share the rule gave any tensor (< 1 passes; a near-eager tensor's
     # share is of the 16-epsilon band, and beyond it the rule decides); planted: the smallest worst
     # share of a check (> 1 is caught)
-    print(json.dumps({"backend": backend_name, "checks": len(worsts), "largest_by_rule": max(by_rule),
-                      "largest": max(worsts), "smallest": min(worsts), "near_eager": shortcut[0],
-                      "rule_would_fail": shortcut[1], "torch": torch.__version__}))
+    print(
+        json.dumps(
+            {
+                "backend": backend_name,
+                "checks": len(worsts),
+                "largest_by_rule": max(by_rule),
+                "largest": max(worsts),
+                "smallest": min(worsts),
+                "near_eager": shortcut[0],
+                "rule_would_fail": shortcut[1],
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The comparator's rule on tensors made to measure (no compiler): a compiled tensor is wrong when it
-is more than FACTOR times farther from the higher-precision reference than eager is, above the
+"""The comparator's rule on tensors made to measure (no compiler): a compiled tensor is wrong when
+it is more than FACTOR times farther from the higher-precision reference than eager is, above the
 rounding floor and the measured noise; a user's rtol/atol replace the rule; integers and NaNs are
 exact; small tensors get the run's typical error. docs/diagnostics.md states the rule."""
 
@@ -34,8 +34,8 @@ def _exact(n: int = 4096, seed: int = 0) -> torch.Tensor:
 
 
 def test_compiled_as_far_from_the_reference_as_eager_passes_where_a_fixed_tolerance_refused():
-    """A bf16 step's fp32 gradient: eager and compiled each ~0.4% from the exact answer, differently.
-    The old fixed fp32 tolerance (rtol 1e-4, atol 1e-5) called that a miscompile."""
+    """A bf16 step's fp32 gradient: eager and compiled each ~0.4% from the exact answer,
+    differently. The old fixed fp32 tolerance (rtol 1e-4, atol 1e-5) called that a miscompile."""
     exact = _exact()
     eager, compiled = _noisy(exact, 4e-3, 1), _noisy(exact, 4e-3, 2)
     diff = judge("grad.w", eager, compiled, exact, reference_dtype="float32")

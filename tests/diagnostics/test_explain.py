@@ -50,7 +50,11 @@ def test_no_break_is_an_empty_list():
     assert explain_graph_breaks(lambda x: x.sin() * 2, torch.ones(3)) == []
 
 
-@pytest.mark.skipif(not _dynamo.isolated_cache_kwarg(), reason="torch < 2.13 has no isolate_recompiles: the traced frames use the caller's budget, as each break's hint says (next test)")
+@pytest.mark.skipif(
+    not _dynamo.isolated_cache_kwarg(),
+    reason="torch < 2.13 has no isolate_recompiles: the traced frames use the caller's budget, "
+    "as each break's hint says (next test)",
+)
 def test_callers_graphs_and_recompile_budget_are_untouched(capsys):
     counter = CompileCounter()
     step = torch.compile(noisy, backend=counter, dynamic=False)

@@ -58,7 +58,9 @@ def test_verify_keyword_is_validated(bad):
 # --- compile_model: the compiled call wrapped ----------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"])
+@pytest.mark.parametrize(
+    "backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"]
+)
 def test_whole_model_raises_on_a_miscomputing_backend(backend):
     model = gpt2()
     compile_model(model, backend=backend, verify=True)
@@ -99,8 +101,9 @@ def test_whole_model_passes_and_leaves_training_untouched():
 
     assert torch.equal(out.logits, plain_out.logits)  # the call returns the compiled result
     torch.testing.assert_close(out.logits, expected.logits)
-    for (name, p), (_, q), (_, r) in zip(model.named_parameters(), plain.named_parameters(),
-                                         reference.named_parameters()):
+    for (name, p), (_, q), (_, r) in zip(
+        model.named_parameters(), plain.named_parameters(), reference.named_parameters()
+    ):
         assert torch.equal(p.grad, q.grad), name  # the check added nothing to .grad
         torch.testing.assert_close(q.grad, r.grad, msg=name)
     checks = mon.first_call_checks
@@ -110,7 +113,10 @@ def test_whole_model_passes_and_leaves_training_untouched():
     ]
     assert checks[0].recipe == "compile_model" and checks[0].max_abs < 1e-5
     assert checks[0].torch_version == torch.__version__ and checks[0].backend == "aot_eager"
-    assert "first-call checks" in mon.summary() and mon.as_dict()["first_call_checks"][0]["status"] == "passed"
+    assert (
+        "first-call checks" in mon.summary()
+        and mon.as_dict()["first_call_checks"][0]["status"] == "passed"
+    )
 
 
 @pytest.mark.parametrize("compile_fn", [compile_model, compile_regional])
@@ -121,8 +127,8 @@ def test_checks_only_when_asked(compile_fn):
         model(**_batch())  # wrong, and not checked: the user did not ask
     assert mon.first_call_checks == []
 
-
-# --- compile_regional block by block -----------------------------------------------------------
+    # --- compile_regional block by block
+    # -----------------------------------------------------------
 
     torch._dynamo.reset()
     model = gpt2()
@@ -138,7 +144,9 @@ def test_regional_opt_in_passes_and_restores_buffers():
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)) for _ in range(2))
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)) for _ in range(2)
+            )
 
         def forward(self, x):
             for block in self.blocks:
@@ -184,7 +192,10 @@ def test_dropout_under_a_backend_with_its_own_rng_is_skipped_and_said():
         return run
 
     compile_regional(model, blocks=["0", "2"], backend=own_rng, verify=True)
-    with CompileMonitor() as mon, pytest.warns(UserWarning, match="first-call check skipped.*dropout"):
+    with (
+        CompileMonitor() as mon,
+        pytest.warns(UserWarning, match="first-call check skipped.*dropout"),
+    ):
         model(torch.randn(4, 8))
     assert [c.status for c in mon.first_call_checks] == ["skipped"]
 
@@ -255,8 +266,9 @@ def _train_steps(opt, model, steps):
 def test_optimizer_first_compiled_step_passes_and_matches_eager(impl):
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
     reference = copy.deepcopy(model)
-    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), impl=impl, backend="aot_eager",
-                            verify=True)
+    opt = compile_optimizer(
+        torch.optim.AdamW(model.parameters(), lr=1e-2), impl=impl, backend="aot_eager", verify=True
+    )
     with CompileMonitor() as mon:
         _train_steps(opt, model, 3)
     _train_steps(torch.optim.AdamW(reference.parameters(), lr=1e-2), reference, 3)
@@ -264,18 +276,23 @@ def test_optimizer_first_compiled_step_passes_and_matches_eager(impl):
         torch.testing.assert_close(p, q)
     (check,) = mon.first_call_checks
     assert check.status == "passed" and check.recipe == "compile_optimizer(AdamW)"
-    assert check.compared == ["updates", "state"] and check.tensors == 4 * 4  # 4 parameters: update, step, 2 moments
+    assert (
+        check.compared == ["updates", "state"] and check.tensors == 4 * 4
+    )  # 4 parameters: update, step, 2 moments
 
 
 def test_optimizer_raises_and_restores_the_step():
     model = nn.Linear(8, 2)
-    opt = compile_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), backend=perturbed_updates,
-                            verify=True)
+    opt = compile_optimizer(
+        torch.optim.AdamW(model.parameters(), lr=1e-2), backend=perturbed_updates, verify=True
+    )
     _train_steps(opt, model, 1)  # the eager first step
     model(torch.randn(4, 8)).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
     state = copy.deepcopy(opt.state_dict()["state"])
-    with pytest.raises(CompiledMismatchError, match=r"compile_optimizer\(AdamW\) .*largest difference 0.01"):
+    with pytest.raises(
+        CompiledMismatchError, match=r"compile_optimizer\(AdamW\) .*largest difference 0.01"
+    ):
         opt.step()
     for p, q in zip(model.parameters(), before):
         assert torch.equal(p, q)  # the wrong step was not applied
@@ -286,8 +303,9 @@ def test_optimizer_raises_and_restores_the_step():
 
 def test_optimizer_checks_only_when_asked():
     model = nn.Linear(8, 2)
-    opt = compile_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                            backend=perturbed_updates)  # verify=False, the default
+    opt = compile_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), backend=perturbed_updates
+    )  # verify=False, the default
     with CompileMonitor() as mon:
         _train_steps(opt, model, 3)
     assert mon.first_call_checks == []
@@ -337,8 +355,14 @@ def test_a_gradient_comparison_that_cannot_run_is_partial_and_warned():
     verifier = FirstCallVerifier(model, recipe="test", backend="aot_eager")
     call = verifier.wrap(lambda x: checkpoint(model, x, use_reentrant=True))
     x = torch.randn(5, 4, requires_grad=True)
-    with CompileMonitor() as mon, pytest.warns(UserWarning, match=r"\[train mode, grad on\] "
-                                                                   r"compared the outputs only"):
+    with (
+        CompileMonitor() as mon,
+        pytest.warns(
+            UserWarning,
+            match=r"\[train mode, grad on\] "
+            r"compared the outputs only",
+        ),
+    ):
         call(x)
     (check,) = mon.first_call_checks
     assert (check.status, check.compared) == ("partial", ["outputs"]), check.message()
@@ -355,7 +379,9 @@ def test_a_matching_check_runs_eager_once_and_only_a_mismatch_asks_more(monkeypa
 
     eager_runs = []
     force_eager = first_call._force_eager
-    monkeypatch.setattr(first_call, "_force_eager", lambda *a: (eager_runs.append(1), force_eager(*a))[1])
+    monkeypatch.setattr(
+        first_call, "_force_eager", lambda *a: (eager_runs.append(1), force_eager(*a))[1]
+    )
 
     def own_rng(gm, example_inputs):  # stands for inductor: same graph, other random numbers
         def run(*args):
@@ -364,12 +390,16 @@ def test_a_matching_check_runs_eager_once_and_only_a_mismatch_asks_more(monkeypa
 
         return run
 
-    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(dropout), nn.Linear(8, 8), nn.Dropout(dropout))
+    model = nn.Sequential(
+        nn.Linear(8, 8), nn.Dropout(dropout), nn.Linear(8, 8), nn.Dropout(dropout)
+    )
     compile_regional(model, blocks=["0", "2"], backend=own_rng, verify=True)
     with CompileMonitor() as mon, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model(torch.randn(4, 8))
-    assert [c.status for c in mon.first_call_checks] == (["passed"] if dropout == 0 else ["skipped"])
+    assert [c.status for c in mon.first_call_checks] == (
+        ["passed"] if dropout == 0 else ["skipped"]
+    )
     assert len(eager_runs) == (1 if dropout == 0 else 3)
 
 
@@ -380,7 +410,9 @@ def _bf16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"])
+@pytest.mark.parametrize(
+    "backend", [perturbed_forward, perturbed_backward], ids=["outputs", "gradients"]
+)
 def test_planted_miscomputes_fail_under_bf16_autocast(backend):
     """A loose bf16 tolerance would hide a small miscompute; the reference does not."""
     model = gpt2()
@@ -390,7 +422,9 @@ def test_planted_miscomputes_fail_under_bf16_autocast(backend):
     (check,) = mon.first_call_checks
     assert check.status == "failed" and check.reference == "float32"
     assert "against the float32 reference" in str(raised.value)
-    assert check.failures >= 5 and check.worst.startswith("grad.")  # through the saved activations, too
+    assert check.failures >= 5 and check.worst.startswith(
+        "grad."
+    )  # through the saved activations, too
     if backend is perturbed_backward:
         assert "output." not in str(raised.value)  # the forward was right
 
@@ -408,13 +442,19 @@ def test_a_model_that_cannot_run_in_float64_is_judged_by_the_fixed_tolerance_and
             return x
 
     model = Cached()
-    compile_model(model, backend=slightly_shifted, verify=True)  # beyond rounding: the reference is asked
+    compile_model(
+        model, backend=slightly_shifted, verify=True
+    )  # beyond rounding: the reference is asked
     with CompileMonitor() as mon:
         model(torch.randn(3, 4))
     (check,) = mon.first_call_checks  # 1e-6 is inside the fixed fp32 tolerance (atol 1e-5)
-    assert check.status == "passed" and check.reference.startswith("none (the model does not run in float64")
+    assert check.status == "passed" and check.reference.startswith(
+        "none (the model does not run in float64"
+    )
     wrong = compile_model(Cached(), backend=perturbed_forward, verify=True)
-    with pytest.raises(CompiledMismatchError, match=r"judged by the fixed tolerance: no float64 reference"):
+    with pytest.raises(
+        CompiledMismatchError, match=r"judged by the fixed tolerance: no float64 reference"
+    ):
         wrong(torch.randn(3, 4))
 
 
@@ -428,10 +468,17 @@ def test_non_contiguous_inputs_and_active_dropout_are_checked_as_they_are():
         out = model(x)
     with torch.random.fork_rng():
         torch.manual_seed(3)
-        torch.testing.assert_close(out, reference(x))  # the user's RNG stream is the compiled call's
+        torch.testing.assert_close(
+            out, reference(x)
+        )  # the user's RNG stream is the compiled call's
     (check,) = mon.first_call_checks  # aot_eager draws as eager does: equal, no reference needed
-    assert check.status == "passed" and check.reference.startswith("not needed: every tensor within 16")
-    assert "dropout active" in check.note and "the RNG state the compiled call started from" in check.note
+    assert check.status == "passed" and check.reference.startswith(
+        "not needed: every tensor within 16"
+    )
+    assert (
+        "dropout active" in check.note
+        and "the RNG state the compiled call started from" in check.note
+    )
 
 
 def _step(model, batch, bf16):
@@ -455,7 +502,11 @@ def test_a_healthy_inductor_compile_passes_under_bf16_autocast(arch, how):
     with CompileMonitor() as mon:
         _step(model, {"input_ids": ids, "labels": ids}, bf16=True)
     (check,) = mon.first_call_checks
-    assert (check.status, check.reference, check.compared) == ("passed", "float32", ["outputs", "gradients"]), check.message()
+    assert (check.status, check.reference, check.compared) == (
+        "passed",
+        "float32",
+        ["outputs", "gradients"],
+    ), check.message()
     assert check.worst_ratio <= 1.0 and check.tensors > 20
 
 
@@ -480,7 +531,9 @@ def test_compile_peft_lora_passes_under_bf16_autocast():
     with CompileMonitor() as mon:
         _step(model, _batch(), bf16=True)
     (check,) = mon.first_call_checks
-    assert (check.recipe, check.status, check.reference) == ("compile_peft", "passed", "float32"), check.message()
+    assert (check.recipe, check.status, check.reference) == ("compile_peft", "passed", "float32"), (
+        check.message()
+    )
 
 
 @pytest.mark.slow
@@ -492,7 +545,9 @@ def test_inductors_own_planted_accuracy_bug_fails(bf16):
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2))
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)
+            )
 
         def forward(self, x):
             for block in self.blocks:
@@ -503,8 +558,11 @@ def test_inductors_own_planted_accuracy_bug_fails(bf16):
     model = Net()
     with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}):
         compile_model(model, verify=True)
-        with CompileMonitor() as mon, pytest.raises(CompiledMismatchError), (
-                _bf16() if bf16 else contextlib.nullcontext()):
+        with (
+            CompileMonitor() as mon,
+            pytest.raises(CompiledMismatchError),
+            _bf16() if bf16 else contextlib.nullcontext(),
+        ):
             model(torch.randn(8, 16))
     (check,) = mon.first_call_checks
     assert check.status == "failed" and check.reference == ("float32" if bf16 else "float64")

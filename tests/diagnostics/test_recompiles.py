@@ -32,8 +32,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*loss_type=None.*")
 
 
 def _rows(lengths: list[int]) -> list[dict[str, list[int]]]:
-    return [{"input_ids": [3 + i % 50 for i in range(n)], "labels": [3 + i % 50 for i in range(n)]}
-            for n in lengths]
+    return [
+        {"input_ids": [3 + i % 50 for i in range(n)], "labels": [3 + i % 50 for i in range(n)]}
+        for n in lengths
+    ]
 
 
 def _dynamo_names_frames(err: pytest.ExceptionInfo) -> bool:

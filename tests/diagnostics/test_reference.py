@@ -47,7 +47,9 @@ def test_at_precision_keeps_ties_and_gives_everything_back():
     pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
     with at_precision(model, torch.float64), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.head.weight is model.embed.weight and model.head.weight.dtype == torch.float64
-        assert all(p.grad is None for p in model.parameters())  # set aside: a backward here is its own
+        assert all(
+            p.grad is None for p in model.parameters()
+        )  # set aside: a backward here is its own
         out = model(torch.tensor([[1, 2, 3]]))
         assert out.dtype == torch.float64  # autocast is off inside
         (grad,) = torch.autograd.grad(out.sum(), [model.embed.weight])
@@ -56,7 +58,9 @@ def test_at_precision_keeps_ties_and_gives_everything_back():
     assert all(p.dtype == torch.float32 for p in model.parameters())
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, grads[name], rtol=0, atol=0)
-    torch.testing.assert_close(model.norm.running_mean, stats, rtol=0, atol=0)  # the run's update went with it
+    torch.testing.assert_close(
+        model.norm.running_mean, stats, rtol=0, atol=0
+    )  # the run's update went with it
 
 
 def test_at_precision_gives_back_after_an_error():

@@ -56,8 +56,13 @@ def _record(name, value, *, attempt=0, payload=None):
 def test_a_graph_of_an_attempt_dynamo_restarted_is_not_counted():
     recorder = TraceRecorder()
     start = {"stack": [{"name": "forward", "filename": -1, "line": 3}]}
-    metrics = {"co_name": "forward", "co_filename": "m.py", "co_firstlineno": 3,
-               "compile_id": "0/0", "graph_op_count": 2}
+    metrics = {
+        "co_name": "forward",
+        "co_filename": "m.py",
+        "co_firstlineno": 3,
+        "compile_id": "0/0",
+        "graph_op_count": 2,
+    }
     for record in (
         _record("dynamo_start", start),
         _record("dynamo_output_graph", {}, attempt=0),  # discarded by the restart

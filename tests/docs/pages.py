@@ -51,8 +51,10 @@ def _lengths(_: StandIns) -> list[int]:
 
 
 def _rows(s: StandIns) -> list[dict[str, list[int]]]:
-    return [{"input_ids": [3 + i % 100 for i in range(n)], "labels": [3 + i % 100 for i in range(n)]}
-            for n in s["lengths"]]
+    return [
+        {"input_ids": [3 + i % 100 for i in range(n)], "labels": [3 + i % 100 for i in range(n)]}
+        for n in s["lengths"]
+    ]
 
 
 def _tokenizer(_: StandIns) -> Any:
@@ -140,8 +142,9 @@ class _OneBatchPerBucket:
 
     def __iter__(self):
         loader, ds = self.names["loader"], self.names["ds"]
-        return (loader.collate_fn([ds[i] for i in idx])
-                for idx in loader.batch_sampler.warmup_indices())
+        return (
+            loader.collate_fn([ds[i] for i in idx]) for idx in loader.batch_sampler.warmup_indices()
+        )
 
 
 def _train(_: StandIns) -> Callable[..., None]:
@@ -220,7 +223,8 @@ def _memory_s3(_: Path) -> Callable[[], None]:
 
 
 def _mypkg(_: Path) -> Callable[[], None]:
-    """``mypkg.models:build`` as docs/benchmarks.md describes it: ``build() -> (model, make_batch)``."""
+    """``mypkg.models:build`` as docs/benchmarks.md describes it: ``build() -> (model,
+    make_batch)``."""
 
     def build():
         model = tm.gpt2()
@@ -273,7 +277,9 @@ DEFAULTS: dict[str, Factory] = {
     "train_step": _train_step,
     "log": lambda _: print,  # the reader's training logger
     "args": lambda s: __import__("transformers").TrainingArguments(
-        output_dir=str(s.workdir / "out"), per_device_train_batch_size=8, report_to=[],
+        output_dir=str(s.workdir / "out"),
+        per_device_train_batch_size=8,
+        report_to=[],
         use_cpu=True,
     ),
     "forward_backward": _forward_backward,
@@ -284,8 +290,9 @@ DEFAULTS: dict[str, Factory] = {
 PER_PAGE: dict[str, dict[str, Factory]] = {
     "README.md": {  # "12 x GPT2Block": a 2-layer one here; enough rows for batches of 64
         "model": _gpt2,
-        "lengths": lambda _: torch.randint(4, 31, (1024,),
-                                           generator=torch.Generator().manual_seed(0)).tolist(),
+        "lengths": lambda _: torch.randint(
+            4, 31, (1024,), generator=torch.Generator().manual_seed(0)
+        ).tolist(),
     },
     "docs/regional.md": {
         "model": lambda _: tm.vision_encoder_decoder(),  # the page's encoder / decoder patterns
@@ -304,8 +311,10 @@ PER_PAGE: dict[str, dict[str, Factory]] = {
         "base": _gpt2,
     },
     "docs/optimizer.md": {
-        **{name: functools.partial(_adam_list, name=name)
-           for name in ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")},
+        **{
+            name: functools.partial(_adam_list, name=name)
+            for name in ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")
+        },
         "adam_lists": _adam_lists,
     },
 }

@@ -51,7 +51,9 @@ def commands(source: str) -> list[list[str]]:
                 found.append(argv)
                 argv = []
             elif set(token) <= set(";&|"):
-                raise AssertionError(f"{token!r} in {line!r}: pipes and background jobs have no rule")
+                raise AssertionError(
+                    f"{token!r} in {line!r}: pipes and background jobs have no rule"
+                )
             else:
                 argv.append(token)
         if argv:
@@ -78,16 +80,21 @@ def check_command(argv: list[str], cwd: Path) -> str:
         return _export(argv[1:])
     if argv[0] == "tools/gpu_check.sh":
         return _gpu_check(argv[1:])
-    raise AssertionError(f"no rule for the documented command {shlex.join(argv)!r}: add one to {__file__}")
+    raise AssertionError(
+        f"no rule for the documented command {shlex.join(argv)!r}: add one to {__file__}"
+    )
 
 
 def _gpu_check(args: list[str]) -> str:
     script = ROOT / "tools" / "gpu_check.sh"
-    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60,
-                           check=True).stdout
+    usage = subprocess.run(
+        ["bash", str(script), "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     options = set(re.findall(r"--[\w-]+", usage))
     unknown = [arg for arg in args if arg.startswith("--") and arg not in options]
-    assert not unknown, f"tools/gpu_check.sh {shlex.join(args)}: no option {unknown!r} (it has {sorted(options)})"
+    assert not unknown, (
+        f"tools/gpu_check.sh {shlex.join(args)}: no option {unknown!r} (it has {sorted(options)})"
+    )
     return f"validated: tools/gpu_check.sh {shlex.join(args)}"
 
 
@@ -95,7 +102,9 @@ def _export(args: list[str]) -> str:
     assert len(args) == 1 and "=" in args[0], f"export {shlex.join(args)!r}: expected NAME=VALUE"
     name = args[0].split("=", 1)[0]
     source = "\n".join(p.read_text() for p in (ROOT / "torchcompile_kit").rglob("*.py"))
-    assert f'"{name}"' in source, f"export {name}: the package reads no environment variable {name!r}"
+    assert f'"{name}"' in source, (
+        f"export {name}: the package reads no environment variable {name!r}"
+    )
     return f"validated: export {name}"
 
 
@@ -138,9 +147,15 @@ def _cli(args: list[str], argv: list[str], cwd: Path) -> str:
     if tuple(args) in RUN:
         result = subprocess.run(
             [sys.executable, "-m", "torchcompile_kit", *args],
-            cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
-        assert result.returncode == 0, f"{shlex.join(argv)} exited {result.returncode}:\n{result.stderr}"
+        assert result.returncode == 0, (
+            f"{shlex.join(argv)} exited {result.returncode}:\n{result.stderr}"
+        )
         return f"ran: {shlex.join(argv)}"
     try:
         parsed = _parser().parse_args(args)
@@ -162,10 +177,14 @@ def _cli(args: list[str], argv: list[str], cwd: Path) -> str:
 def _pytest(args: list[str]) -> str:
     from _pytest.mark.expression import Expression  # pytest's own -m parser
 
-    registered = {line.split(":")[0] for line in PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]}
+    registered = {
+        line.split(":")[0] for line in PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
+    }
     for flag, value in itertools.pairwise(args):
         if flag == "-m":
             Expression.compile(value)  # raises ParseError for a malformed expression
             names = set(re.findall(r"\b\w+\b", value)) - {"and", "or", "not"}
-            assert names <= registered, f"pytest -m {value!r}: unregistered marker(s) {names - registered}"
+            assert names <= registered, (
+                f"pytest -m {value!r}: unregistered marker(s) {names - registered}"
+            )
     return f"validated: python -m pytest {shlex.join(args)}"

@@ -62,7 +62,11 @@ def _run_python(example: Example) -> None:
     env = {**os.environ, "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())}
     result = subprocess.run(
         [str(Path(sys.executable).parent / "torchrun"), *argv[1:]],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, (
         f"{launch['command']} exited {result.returncode}:\n{result.stdout[-3000:]}\n"
@@ -71,7 +75,8 @@ def _run_python(example: Example) -> None:
 
 
 class _PythonParser(PythonCodeBlockParser):
-    """Sybil's Python parser (code blocks and ``>>>`` doctests), evaluated by :func:`_run_python`."""
+    """Sybil's Python parser (code blocks and ``>>>`` doctests), evaluated by
+    :func:`_run_python`."""
 
     @staticmethod
     def codeblock_parser_class(language: str, evaluator: Any) -> CodeBlockParser:
@@ -96,17 +101,21 @@ class _MarkParser:
             words = lexed.lexemes["arguments"].split("(", 1)[0].split()
             unknown = [w for w in words if w not in MARKS]
             if unknown or not words:
-                raise ValueError(f"{document.path}: docs-test marks {unknown or words!r}, "
-                                 f"expected some of {sorted(MARKS)}")
+                raise ValueError(
+                    f"{document.path}: docs-test marks {unknown or words!r}, "
+                    f"expected some of {sorted(MARKS)}"
+                )
             yield Region(lexed.start, lexed.end, tuple(words), _mark_directive)
 
 
-SYBIL = Sybil(parsers=[
-    _PythonParser(),
-    CodeBlockParser("bash", _run_shell),
-    SkipParser(),
-    _MarkParser(),
-])
+SYBIL = Sybil(
+    parsers=[
+        _PythonParser(),
+        CodeBlockParser("bash", _run_shell),
+        SkipParser(),
+        _MarkParser(),
+    ]
+)
 
 
 # --- collecting: one test per block --------------------------------------------------------------
@@ -144,10 +153,11 @@ def _page_blocks(page: str, document: Any) -> list[Any]:
         if isinstance(evaluator, Skipper) or evaluator is _mark_directive:
             directives.append(example)
             continue
-        text = document.text[example.start:example.end]
+        text = document.text[example.start : example.end]
         block = Block(page, example, text, directives, list(imports))
-        marks = [MARKS[w] for d in directives if d.region.evaluator is _mark_directive
-                 for w in d.parsed]
+        marks = [
+            MARKS[w] for d in directives if d.region.evaluator is _mark_directive for w in d.parsed
+        ]
         if evaluator is _run_python and TORCHRUN.match(str(example.parsed).lstrip()):
             marks += [pytest.mark.distributed, pytest.mark.slow]
         params.append(pytest.param(block, id=block.id, marks=marks))
@@ -174,8 +184,11 @@ def test_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     stand_ins = StandIns(block.page, tmp_path, namespace)
     for name in stand_ins.names() & set(re.findall(r"\b[A-Za-z_]\w*\b", block.text)):
         namespace[name] = stand_ins[name]
-    undo = [setup(tmp_path) for (page, needle), setup in SETUP.items()
-            if page == block.page and needle in block.text]
+    undo = [
+        setup(tmp_path)
+        for (page, needle), setup in SETUP.items()
+        if page == block.page and needle in block.text
+    ]
     try:
         for directive in block.directives:
             directive.evaluate()
@@ -197,5 +210,6 @@ def test_every_page_is_collected() -> None:
         for fence in re.finditer(r"^```(?:python|bash)\s*$", text, re.MULTILINE):
             closing = text.index("\n```", fence.end())
             assert any(fence.start() <= start <= closing for start in starts), (
-                page, text[fence.start():fence.start() + 80]
+                page,
+                text[fence.start() : fence.start() + 80],
             )

@@ -24,19 +24,23 @@ def _tour_source() -> str:
     text = (ROOT / "docs" / "index.md").read_text()
     step3 = text.index("**3. Apply what paid off.**")
     start = text.index("```python\n", step3) + len("```python\n")
-    return text[start:text.index("\n```", start)]
+    return text[start : text.index("\n```", start)]
 
 
 def _rows(lengths):
-    return [{"input_ids": [3 + i % 100 for i in range(n)], "labels": [3 + i % 100 for i in range(n)]}
-            for n in lengths]
+    return [
+        {"input_ids": [3 + i % 100 for i in range(n)], "labels": [3 + i % 100 for i in range(n)]}
+        for n in lengths
+    ]
 
 
 def _run_tour(tmp_path, monkeypatch, *, backend: str | None):
     monkeypatch.chdir(tmp_path)
     source = _tour_source()
     if backend is not None:  # the same block, compiled with a faster backend
-        source = source.replace("compile_regional(model, ", f"compile_regional(model, backend={backend!r}, ")
+        source = source.replace(
+            "compile_regional(model, ", f"compile_regional(model, backend={backend!r}, "
+        )
         source = re.sub(r"(lr=torch\.tensor\(1e-4\)\))\)", rf"\1, backend={backend!r})", source)
         assert source.count(f"backend={backend!r}") == 2, source
     torch.manual_seed(0)

@@ -196,7 +196,8 @@ def test_batch_sampler_shard_trusts_batch_size(batch_size):
 
 def expected_shards(lengths, epoch, world, **kwargs) -> list[list[list[int]]]:
     """Each rank's batches for ``epoch`` by the documented rule: the epoch's batch list (the same
-    on every rank) topped up with its first ``(-len) % world`` batches, batch i to rank i % world."""
+    on every rank) topped up with its first ``(-len) % world`` batches, batch i to rank i %
+    world."""
     whole = BucketBatchSampler(lengths, BUCKETS, num_replicas=1, rank=0, **kwargs)
     whole.set_epoch(epoch)
     batches = list(whole)
@@ -271,6 +272,7 @@ def accelerate_body(rank: int, world: int) -> None:
                 sampler.deal_with_accelerate(accelerator.num_processes)
             assert len(loader) == (len(whole) + 1) // world
             return loader, sampler
+
         return make
 
     def helper():
@@ -279,7 +281,8 @@ def accelerate_body(rank: int, world: int) -> None:
             accelerator, rows, sampler=sampler, collate_fn=collate
         ), sampler
 
-    def by_hand():  # DDP by hand: a plain DataLoader, the sampler deals (told so: accelerate is in use)
+    # DDP by hand: a plain DataLoader, the sampler deals (told so: an Accelerator exists)
+    def by_hand():
         sampler = BucketBatchSampler(lengths, BUCKETS, num_replicas=world, rank=rank, **kwargs)
         loader = torch.utils.data.DataLoader(rows, batch_sampler=sampler, collate_fn=collate)
         return loader, sampler
@@ -292,8 +295,15 @@ def accelerate_body(rank: int, world: int) -> None:
     with pytest.raises(BatchShapeError, match="deal_with_accelerate"):
         next(iter(untold))
     check_epochs("accelerator.prepare", rank, world, plain(), lengths, **kwargs)
-    check_epochs("accelerate deals (num_replicas=1)", rank, world,
-                 plain({"num_replicas": 1, "rank": 0}), lengths, resume=False, **kwargs)
+    check_epochs(
+        "accelerate deals (num_replicas=1)",
+        rank,
+        world,
+        plain({"num_replicas": 1, "rank": 0}),
+        lengths,
+        resume=False,
+        **kwargs,
+    )
     check_epochs("prepare_bucket_dataloader", rank, world, helper, lengths, **kwargs)
     check_epochs("DDP by hand", rank, world, by_hand, lengths, resume=False, **kwargs)
     # DDP by hand resumes with set_epoch and by skipping the batches already trained on
@@ -329,9 +339,7 @@ LAUNCH = re.compile(r"^# (?P<command>accelerate launch .+\.py)\s*$", re.MULTILIN
 def test_docs_accelerate_launch_command_starts_two_cpu_processes(tmp_path):
     """The `# accelerate launch ...` example of docs/integrations.md, run with that command."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
-    block = next(
-        b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if LAUNCH.match(b)
-    )
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if LAUNCH.match(b))
     argv = shlex.split(LAUNCH.match(block)["command"])
     (tmp_path / argv[-1]).write_text(block)
     launcher = str(Path(sys.executable).parent / "accelerate")

@@ -1,4 +1,5 @@
-"""DDP and FSDP2 on 2 gloo ranks, activation checkpointing + bf16 autocast, discovery after FSDP2."""
+"""DDP and FSDP2 on 2 gloo ranks, activation checkpointing + bf16 autocast,
+discovery after FSDP2."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 def train_against_reference(rank, world, model, forward, ref) -> None:
-    """STEPS SGD steps on the local rows vs eager ``ref`` on the global batch: loss, grads, weights."""
+    """STEPS SGD steps on the local rows vs eager ``ref`` on the global batch: loss, grads and
+    weights."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     for step in range(STEPS):
@@ -118,7 +120,8 @@ def ddp_and_fsdp2_body(rank: int, world: int) -> None:
     ref = tiny_models.gpt2()
     counter = CompileCounterWithBackend("aot_eager")
     model = apply_fsdp2_regional(
-        copy.deepcopy(ref), checkpointing=True,
+        copy.deepcopy(ref),
+        checkpointing=True,
         compile_kwargs={"backend": counter, "compile_loss": False},  # the blocks' graphs
     )
     blocks = [model.get_submodule(name) for name in find_repeated_blocks(model).blocks]
@@ -151,7 +154,10 @@ def background_body(rank: int, world: int, cwd: str) -> None:
     os.chdir(cwd)
     if rank == 1:  # the slower rank at the switch: rank 0 must not remove the worker's files first
         load = background.load_with_keys
-        background.load_with_keys = lambda *args, **kwargs: (time.sleep(1.0), load(*args, **kwargs))[1]
+        background.load_with_keys = lambda *args, **kwargs: (
+            time.sleep(1.0),
+            load(*args, **kwargs),
+        )[1]
     torch.manual_seed(0)
     ref = tiny_models.gpt2()
     model = compile_in_background(copy.deepcopy(ref))
@@ -167,7 +173,10 @@ def background_body(rank: int, world: int, cwd: str) -> None:
         assert time.perf_counter() - started < 300, "no switch in 300 s"
     record = get_background_compile(model)
     calls = [None] * world
-    dist.all_gather_object(calls, (record.state.value, record.switched_at_call, record.eager_steps, record.worker_check))
+    dist.all_gather_object(
+        calls,
+        (record.state.value, record.switched_at_call, record.eager_steps, record.worker_check),
+    )
     assert calls[0] == calls[1] and calls[0][0] == "compiled" and calls[0][3] == "passed", calls
     assert (record._proc is not None) == (rank == 0)  # one worker for the job
     group = get_regional_plan(model).groups[0]

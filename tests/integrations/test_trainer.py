@@ -164,11 +164,22 @@ def test_trainer_refuses_whole_model_compile(tmp_path):
 def test_plain_trainer_with_torch_compile_over_regional_blocks_warns(tmp_path):
     """transformers' own Trainer cannot be made to refuse: the blocks notice the outer trace."""
     model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
-    args = training_args(tmp_path, torch_compile=True, torch_compile_backend="aot_eager",
-                         max_steps=1, save_strategy="no")
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=lm_dataset()[0],
-                                   data_collator=PadToBucketCollator(buckets=BUCKETS))
-    with pytest.warns(UserWarning, match=r"regionally \(GPT2Block\).*whole-model torch.compile is tracing it"):
+    args = training_args(
+        tmp_path,
+        torch_compile=True,
+        torch_compile_backend="aot_eager",
+        max_steps=1,
+        save_strategy="no",
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=lm_dataset()[0],
+        data_collator=PadToBucketCollator(buckets=BUCKETS),
+    )
+    with pytest.warns(
+        UserWarning, match=r"regionally \(GPT2Block\).*whole-model torch.compile is tracing it"
+    ):
         trainer.train()
 
 
@@ -203,7 +214,9 @@ def test_trainer_compiles_the_optimizer_by_default_and_says_so(tmp_path, caplog)
     assert hasattr(optimizer.step, "_torchcompile_kit_impl")  # compiled, with the defaults
     assert "compiled the SGD optimizer" in caplog.text
     eager = CompileTrainer(
-        model=tiny_models.gpt2(), args=args, train_dataset=lm_dataset()[0],
+        model=tiny_models.gpt2(),
+        args=args,
+        train_dataset=lm_dataset()[0],
         compile_optimizer_kwargs=False,
     )
     assert not hasattr(eager.create_optimizer().step, "_torchcompile_kit_impl")
@@ -211,9 +224,7 @@ def test_trainer_compiles_the_optimizer_by_default_and_says_so(tmp_path, caplog)
 
 def test_trainer_default_keeps_an_uncompilable_optimizer_eager_with_a_warning(tmp_path):
     args = training_args(tmp_path, optim="adamw_torch_fused")  # Trainer's own default
-    trainer = CompileTrainer(
-        model=tiny_models.gpt2(), args=args, train_dataset=lm_dataset()[0]
-    )
+    trainer = CompileTrainer(model=tiny_models.gpt2(), args=args, train_dataset=lm_dataset()[0])
     with pytest.warns(UserWarning, match=r'kept the AdamW optimizer eager.*optim="adamw_torch"'):
         optimizer = trainer.create_optimizer()
     assert not hasattr(optimizer.step, "_torchcompile_kit_impl")
@@ -222,7 +233,8 @@ def test_trainer_default_keeps_an_uncompilable_optimizer_eager_with_a_warning(tm
 
 
 def trainer_body(rank: int, world: int, out: str) -> None:
-    """CompileTrainer on 2 processes: each rank's batches per epoch, and after a mid-epoch resume."""
+    """CompileTrainer on 2 processes: each rank's batches per epoch, and after a
+    mid-epoch resume."""
     import torch.distributed as dist
 
     from integrations.test_accelerate import expected_shards
@@ -240,13 +252,21 @@ def trainer_body(rank: int, world: int, out: str) -> None:
 
     def run(resume_from=None, save_steps=1000):
         args = training_args(
-            Path(out), remove_unused_columns=False, save_strategy="steps", save_steps=save_steps,
-            logging_steps=1000, learning_rate=0.01,
+            Path(out),
+            remove_unused_columns=False,
+            save_strategy="steps",
+            save_steps=save_steps,
+            logging_steps=1000,
+            learning_rate=0.01,
         )
         trainer = CompileTrainer(
-            model=tiny_models.gpt2(), args=args, train_dataset=rows, data_collator=collate,
+            model=tiny_models.gpt2(),
+            args=args,
+            train_dataset=rows,
+            data_collator=collate,
             train_batch_sampler=BucketBatchSampler(lengths, BUCKETS, **kwargs),
-            compile_optimizer_kwargs=False, compile_monitor=False,
+            compile_optimizer_kwargs=False,
+            compile_monitor=False,
         )
         trainer.train(resume_from_checkpoint=resume_from)
         return trainer
@@ -274,10 +294,12 @@ def test_trainer_bucket_sampler_shards_once_and_resumes_two_processes(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path):
-    """A Trainer user can ask why (``trainer.monitor``) and get warm restarts (``compile_cache=``)."""
+    """A Trainer user can ask why (``trainer.monitor``) and get warm restarts
+    (``compile_cache=``)."""
     path = tmp_path / "cc.tck"
-    trainer, _ = make_trainer(tmp_path / "out", compile_cache=path, num_train_epochs=1,
-                              save_strategy="no")
+    trainer, _ = make_trainer(
+        tmp_path / "out", compile_cache=path, num_train_epochs=1, save_strategy="no"
+    )
     trainer.train()
     assert trainer.monitor.frames and "forward_with_checkpointing" in trainer.monitor.summary()
     session = trainer.compile_cache_session
@@ -287,25 +309,44 @@ def test_trainer_exposes_its_monitor_and_trains_inside_a_compile_cache(tmp_path)
 
 
 @pytest.mark.slow
-def test_the_trainers_cache_key_signs_its_cache_and_refuses_one_signed_by_another(tmp_path, monkeypatch):
+def test_the_trainers_cache_key_signs_its_cache_and_refuses_one_signed_by_another(
+    tmp_path, monkeypatch
+):
     from torchcompile_kit import _dynamo
     from torchcompile_kit.cache import ENV_KEY, CompileCacheWarning
 
     monkeypatch.delenv(ENV_KEY, raising=False)
     loaded = []  # torch's mega-cache stands in (aot_eager compiles nothing to save)
     monkeypatch.setattr(_dynamo, "save_mega_cache", lambda: (b"mega-cache " * 64, {"inductor": 1}))
-    monkeypatch.setattr(_dynamo, "load_mega_cache", lambda data: loaded.append(data) or {"inductor": 1})
+    monkeypatch.setattr(
+        _dynamo, "load_mega_cache", lambda data: loaded.append(data) or {"inductor": 1}
+    )
     path = tmp_path / "cc.tck"
-    trainer, _ = make_trainer(tmp_path / "a", compile_cache=path, compile_cache_key="team-key",
-                              max_steps=1, save_strategy="no")
+    trainer, _ = make_trainer(
+        tmp_path / "a",
+        compile_cache=path,
+        compile_cache_key="team-key",
+        max_steps=1,
+        save_strategy="no",
+    )
     trainer.train()
     assert trainer.compile_cache_session.saved.signed_by  # signed with the trainer's key
-    same, _ = make_trainer(tmp_path / "b", compile_cache=path, compile_cache_key="team-key",
-                           max_steps=1, save_strategy="no")
+    same, _ = make_trainer(
+        tmp_path / "b",
+        compile_cache=path,
+        compile_cache_key="team-key",
+        max_steps=1,
+        save_strategy="no",
+    )
     same.train()
     assert same.compile_cache_session.loaded.signature.startswith("verified") and len(loaded) == 1
-    other, _ = make_trainer(tmp_path / "c", compile_cache=path, compile_cache_key="other-key",
-                            max_steps=1, save_strategy="no")
+    other, _ = make_trainer(
+        tmp_path / "c",
+        compile_cache=path,
+        compile_cache_key="other-key",
+        max_steps=1,
+        save_strategy="no",
+    )
     with pytest.warns(CompileCacheWarning, match="signed with key"):
         other.train()
     assert not other.compile_cache_session.loaded and len(loaded) == 1  # nothing of it was used

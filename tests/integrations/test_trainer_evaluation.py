@@ -1,6 +1,7 @@
-"""README's recipe through HF Trainer with evaluation: 8 bucket shapes, ``dynamic=False``, evaluation
-every few steps and at the end. Every graph of both modes compiles (no recompile-limit hit), each
-evaluation logs its own compile figures, and the plan's report predicts what dynamo compiled.
+"""README's recipe through HF Trainer with evaluation: 8 bucket shapes, ``dynamic=False``,
+evaluation every few steps and at the end. Every graph of both modes compiles (no recompile-limit
+hit), each evaluation logs its own compile figures, and the plan's report predicts what dynamo
+compiled.
 
 It used to run out of graphs: 8 training shapes filled dynamo's limit of 8, the first evaluation
 (a new grad mode) hit it and ran eagerly, from then on bucket shapes trained eagerly too, the

@@ -1,4 +1,5 @@
-"""compile_optimizer, zero_grads_in_place: parity with eager torch.optim, recompiles, state dicts, errors."""
+"""compile_optimizer, zero_grads_in_place: parity with eager torch.optim, recompiles, state dicts,
+errors."""
 
 from __future__ import annotations
 
@@ -284,8 +285,9 @@ def test_resume_round_trip_compiled_plain_compiled(foreach, sched_order):
     model = _model()
     opt, sched = build(model, compiled=True)
     run(model, opt, sched, 3, 0)
-    checkpoint = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
-                                "sched": sched.state_dict()})
+    checkpoint = copy.deepcopy(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+    )
     for value in (*checkpoint["sched"]["base_lrs"], *checkpoint["sched"]["_last_lr"]):
         assert type(value) is float, checkpoint["sched"]
     for stage, compiled in (("plain", False), ("compiled", True)):
@@ -297,8 +299,9 @@ def test_resume_round_trip_compiled_plain_compiled(foreach, sched_order):
         start = 3 if stage == "plain" else 6
         run(model, opt, sched, 3, start)
         assert all(type(g["lr"]) is float for g in opt.param_groups), stage
-        checkpoint = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
-                                    "sched": sched.state_dict()})
+        checkpoint = copy.deepcopy(
+            {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+        )
     _assert_same_training(model, ref_model, opt, ref_opt)
     assert sched.get_last_lr() == pytest.approx(ref_sched.get_last_lr())
 

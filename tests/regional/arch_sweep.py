@@ -39,8 +39,22 @@ from typing import Any, Self
 VOCAB = 128
 # the issue's sweep: the causal-LM mapping plus encoders, encoder-decoders and vision models
 EXTRA_TYPES = (
-    "bert", "roberta", "electra", "deberta-v2", "longformer", "camembert", "xlm-roberta",
-    "albert", "distilbert", "mpnet", "t5", "mt5", "umt5", "bart", "vit", "swin",
+    "bert",
+    "roberta",
+    "electra",
+    "deberta-v2",
+    "longformer",
+    "camembert",
+    "xlm-roberta",
+    "albert",
+    "distilbert",
+    "mpnet",
+    "t5",
+    "mt5",
+    "umt5",
+    "bart",
+    "vit",
+    "swin",
 )
 SAMPLE = ("bert", "t5", "llama", "diffllama", "jetmoe")
 """The slow test's sample: the BERT family, T5, llama, a preflight warning that dynamo disproves
@@ -50,29 +64,78 @@ tests (``test_report.py``), with a block built for it."""
 
 # sizes every config that has the attribute gets (sub-configs too)
 _SIZES = {
-    "vocab_size": VOCAB, "hidden_size": 64, "d_model": 64, "n_embd": 64, "embed_dim": 64,
-    "num_hidden_layers": 4, "num_layers": 4, "n_layer": 4, "num_decoder_layers": 4,
-    "encoder_layers": 4, "decoder_layers": 4, "num_attention_heads": 4, "n_head": 4,
-    "num_heads": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 128, "ffn_dim": 128, "d_ff": 128,
-    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128, "head_dim": 16, "d_kv": 16,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4,
-    "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "max_position_embeddings": 256, "n_positions": 256, "image_size": 32, "patch_size": 8,
-    "num_channels": 3, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-    "decoder_start_token_id": 0, "use_cache": False,
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "d_model": 64,
+    "n_embd": 64,
+    "embed_dim": 64,
+    "num_hidden_layers": 4,
+    "num_layers": 4,
+    "n_layer": 4,
+    "num_decoder_layers": 4,
+    "encoder_layers": 4,
+    "decoder_layers": 4,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "ffn_dim": 128,
+    "d_ff": 128,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "n_inner": 128,
+    "head_dim": 16,
+    "d_kv": 16,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 256,
+    "n_positions": 256,
+    "image_size": 32,
+    "patch_size": 8,
+    "num_channels": 3,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 0,
+    "use_cache": False,
 }
 # dropped on a second try when the first fails to build or run eagerly: derived sizes (rope and
 # latent-attention head dims, expert widths) that some configs tie to these
-_RELAXED = frozenset({
-    "head_dim", "d_kv", "num_key_value_heads", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
-    "num_experts_per_tok",
-})
+_RELAXED = frozenset(
+    {
+        "head_dim",
+        "d_kv",
+        "num_key_value_heads",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "num_experts",
+        "num_local_experts",
+        "n_routed_experts",
+        "num_experts_per_tok",
+    }
+)
 _DROPOUTS = (
-    "dropout", "attention_dropout", "hidden_dropout", "hidden_dropout_prob",
-    "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout_rate",
-    "activation_dropout", "classifier_dropout", "embed_dropout", "resid_dropout", "ffn_dropout",
+    "dropout",
+    "attention_dropout",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout_rate",
+    "activation_dropout",
+    "classifier_dropout",
+    "embed_dropout",
+    "resid_dropout",
+    "ffn_dropout",
 )
 
 
@@ -92,8 +155,13 @@ def _overrides(config: Any, relaxed: bool = False) -> dict[str, Any]:
     }
     out.update({k: 0.0 for k in _DROPOUTS if isinstance(getattr(config, k, None), float)})
     # every other random draw in train mode (seed_oss's residual_dropout, phimoe's router jitter)
-    out.update({k: 0.0 for k, v in vars(config).items()
-                if isinstance(v, float) and ("dropout" in k or "jitter" in k)})
+    out.update(
+        {
+            k: 0.0
+            for k, v in vars(config).items()
+            if isinstance(v, float) and ("dropout" in k or "jitter" in k)
+        }
+    )
     for name, value in vars(config).items():
         if isinstance(value, PretrainedConfig):
             out[name] = {**value.to_dict(), **_overrides(value, relaxed)}
@@ -107,9 +175,10 @@ def tiny_config(model_type: str, *, relaxed: bool = False) -> Any:
 
     default = AutoConfig.for_model(model_type)
     config = AutoConfig.for_model(model_type, **_overrides(default, relaxed))
-    if getattr(config, "is_encoder_decoder", False) and getattr(
-        config, "decoder_start_token_id", None
-    ) is None:  # labels are shifted right into decoder inputs from this token
+    if (
+        getattr(config, "is_encoder_decoder", False)
+        and getattr(config, "decoder_start_token_id", None) is None
+    ):  # labels are shifted right into decoder inputs from this token
         config.decoder_start_token_id = 0
     if hasattr(config, "layer_types") and isinstance(config.layer_types, list):
         layers = getattr(config, "num_hidden_layers", None)
@@ -127,13 +196,16 @@ def build(model_type: str, *, relaxed: bool = False) -> tuple[Any, dict[str, Any
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if model_type in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES and model_type in (
-        "vit", "swin"
+        "vit",
+        "swin",
     ):
         from transformers import AutoModelForImageClassification
 
         model = AutoModelForImageClassification.from_config(config)
-        batch = {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen),
-                 "labels": torch.tensor([0, 1])}
+        batch = {
+            "pixel_values": torch.randn(2, 3, 32, 32, generator=gen),
+            "labels": torch.tensor([0, 1]),
+        }
         return model.train(), batch
     ids = torch.randint(3, VOCAB, (2, 16), generator=gen)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
@@ -224,7 +296,9 @@ def dynamo_record(breaks: BreakLog) -> dict[str, int]:
     from torch._dynamo.utils import get_compilation_metrics
 
     restarts = sum(
-        "Tensorify" in str(m.restart_reasons) for m in get_compilation_metrics() if m.restart_reasons
+        "Tensorify" in str(m.restart_reasons)
+        for m in get_compilation_metrics()
+        if m.restart_reasons
     )
     return {
         "tensorify_restarts": restarts,
@@ -243,8 +317,12 @@ def run_one(model_type: str, *, backend: str = "aot_eager", steps: int = 2) -> d
 
     from torchcompile_kit import CompileMonitor, compile_regional, get_regional_plan
 
-    row: dict[str, Any] = {"type": model_type, "torch": torch.__version__,
-                           "transformers": transformers.__version__, "backend": backend}
+    row: dict[str, Any] = {
+        "type": model_type,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "backend": backend,
+    }
     start = time.perf_counter()
     failed: dict[str, Any] = {}
     for relaxed in (False, True):  # a second try with the derived sizes left alone
@@ -255,8 +333,10 @@ def run_one(model_type: str, *, backend: str = "aot_eager", steps: int = 2) -> d
             failed = failed or {**row, "stage": "build", "error": _short(exc)}
             continue
         called: set[str] = set()
-        hooks = [module.register_forward_pre_hook(lambda *_, name=name, seen=called: seen.add(name))
-                 for name, module in model.named_modules()]
+        hooks = [
+            module.register_forward_pre_hook(lambda *_, name=name, seen=called: seen.add(name))
+            for name, module in model.named_modules()
+        ]
         try:
             eager_losses, eager_grads = _train(model, batch, steps)
         except Exception as exc:  # noqa: BLE001
@@ -288,9 +368,16 @@ def run_one(model_type: str, *, backend: str = "aot_eager", steps: int = 2) -> d
     snapshot = monitor.snapshot()
     planned = get_regional_plan(compiled).groups
     groups = [
-        {"class": g.class_name, "blocks": g.blocks, "predicted": g.predicted_graphs,
-         "graphs": g.graphs, "recompiles": len(g.recompiles), "breaks": g.graph_break_count,
-         "flags": g.flags, "ran": plan is None or any(name in called for name in plan.names)}
+        {
+            "class": g.class_name,
+            "blocks": g.blocks,
+            "predicted": g.predicted_graphs,
+            "graphs": g.graphs,
+            "recompiles": len(g.recompiles),
+            "breaks": g.graph_break_count,
+            "flags": g.flags,
+            "ran": plan is None or any(name in called for name in plan.names),
+        }
         for g, plan in zip_longest(report.groups, planned)  # the block groups, then the loss
     ]
     summed = {key: sum(g[key] for g in groups) for key in ("graphs", "recompiles", "breaks")}
@@ -310,12 +397,20 @@ def run_one(model_type: str, *, backend: str = "aot_eager", steps: int = 2) -> d
         bit_identical=max(diffs, default=0.0) == 0.0,
         one_graph_per_class=all(g["graphs"] <= 1 for g in groups) and not summed["breaks"],
         report_equals_dynamo=(
-            summed == {"graphs": dynamo["graphs"], "recompiles": dynamo["recompiles"],
-                       "breaks": dynamo["graph_breaks"]}
+            summed
+            == {
+                "graphs": dynamo["graphs"],
+                "recompiles": dynamo["recompiles"],
+                "breaks": dynamo["graph_breaks"],
+            }
         ),
         snapshot_equals_dynamo=(
-            (snapshot["frames"], snapshot["graphs"], snapshot["recompiles"],
-             snapshot["graph_breaks_met"])
+            (
+                snapshot["frames"],
+                snapshot["graphs"],
+                snapshot["recompiles"],
+                snapshot["graph_breaks_met"],
+            )
             == (dynamo["frames"], dynamo["graphs"], dynamo["recompiles"], dynamo["graph_breaks"])
         ),
         # a group whose blocks ran (in the eager run of the same batch) said "compiled nothing"
@@ -323,7 +418,9 @@ def run_one(model_type: str, *, backend: str = "aot_eager", steps: int = 2) -> d
         # not run on a text batch: "compiled nothing" is then the truth)
         compiled_nothing_wrongly=any(
             g["ran"] and any("compiled nothing" in f for f in g["flags"]) for g in groups
-        ) and dynamo["graphs"] > 0 and not snapshot["recompile_limit_hits"],
+        )
+        and dynamo["graphs"] > 0
+        and not snapshot["recompile_limit_hits"],
     )
     return row
 
@@ -340,16 +437,20 @@ def run_in_subprocess(model_type: str, *, timeout: float = 900) -> dict[str, Any
     command = [sys.executable, os.path.abspath(__file__), "--one", model_type]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                              check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
         return {"type": model_type, "stage": "timeout", "error": f"over {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"type": model_type, "stage": "crashed", "error": f"exit {done.returncode}: "
-            + " | ".join(tail)[:300]}
+    return {
+        "type": model_type,
+        "stage": "crashed",
+        "error": f"exit {done.returncode}: " + " | ".join(tail)[:300],
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -361,23 +462,43 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     agree = sum(bool(r["report_equals_dynamo"] and r["snapshot_equals_dynamo"]) for r in done)
     lines = [
-        ("| types tried | ran compiled | equal to eager (bit-identical) | <= 1 graph per class, "
-        "no break | report and snapshot = dynamo | \"compiled nothing\" while dynamo compiled |"),
+        (
+            "| types tried | ran compiled | equal to eager (bit-identical) | <= 1 graph per class, "
+            'no break | report and snapshot = dynamo | "compiled nothing" while dynamo compiled |'
+        ),
         "|---|---|---|---|---|---|",
-        (f"| {len(rows)} | {len(done)} | {count('equal')} ({count('bit_identical')}) | "
-        f"{count('one_graph_per_class')} | {agree} | {count('compiled_nothing_wrongly')} |"),
+        (
+            f"| {len(rows)} | {len(done)} | {count('equal')} ({count('bit_identical')}) | "
+            f"{count('one_graph_per_class')} | {agree} | {count('compiled_nothing_wrongly')} |"
+        ),
     ]
     failed = [r for r in rows if r.get("stage") != "done"]
     if failed:
-        lines += ["", ("Not run (stage that failed: `build`/`eager` = cannot be built tiny by the "
-                  "generic shrinker, `compile_regional` = no repeated blocks, `compiled` = a "
-                  "crash under compile, `timeout`):"), "",
-                  "| type | stage | reason |", "|---|---|---|"]
-        lines += [f"| {r['type']} | {r['stage']} | "
-                  f"{str(r.get('error', ''))[:140].replace('|', '/')} |" for r in failed]
-    lines += ["", "<details><summary>Every type that ran</summary>", "",
-              ("| type | class: graphs / predicted | recompiles | breaks | max diff vs eager "
-              "| report = dynamo |"), "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            (
+                "Not run (stage that failed: `build`/`eager` = cannot be built tiny by the "
+                "generic shrinker, `compile_regional` = no repeated blocks, `compiled` = a "
+                "crash under compile, `timeout`):"
+            ),
+            "",
+            "| type | stage | reason |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['type']} | {r['stage']} | {str(r.get('error', ''))[:140].replace('|', '/')} |"
+            for r in failed
+        ]
+    lines += [
+        "",
+        "<details><summary>Every type that ran</summary>",
+        "",
+        (
+            "| type | class: graphs / predicted | recompiles | breaks | max diff vs eager "
+            "| report = dynamo |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
     for r in done:
         classes = ", ".join(f"{g['class']}: {g['graphs']} / {g['predicted']}" for g in r["groups"])
         agrees = r["report_equals_dynamo"] and r["snapshot_equals_dynamo"]

@@ -5,10 +5,11 @@ batch shape). Prints one JSON line.
 ``python precompile_worker.py cold|warm MODEL_DIR ARTIFACT [VARIANT]``, with
 ``TORCHINDUCTOR_CACHE_DIR`` set by the test. ``MODEL_DIR`` holds ``tck_blocks.py`` (the test writes,
 and edits, it). Variants: ``frozen`` (every block's ``up.bias`` frozen), ``config`` (another
-``scale``), ``swap`` (every block's activation function gelu -> silu), ``torch-key`` (combinable: the
-region's fingerprint emptied, so torch's key alone decides: the control), ``verified``
-(combinable: ``verify=True``, the first call after the load checked against eager), ``install-fails`` (torch's
-install of the loaded entry raises a ``TypeError``, as it did for a LoRA block on torch 2.13).
+``scale``), ``swap`` (every block's activation function gelu -> silu), ``torch-key`` (combinable:
+the region's fingerprint emptied, so torch's key alone decides: the control), ``verified``
+(combinable: ``verify=True``, the first call after the load checked against eager),
+``install-fails`` (torch's install of the loaded entry raises a ``TypeError``, as it did for a LoRA
+block on torch 2.13).
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
 
     if "torch-key" in variant:
         regional_compile.region_fingerprint = lambda module, kwargs: {}
-    if variant == "install-fails":  # torch's install of a loaded entry raising what it does not catch
+    if (
+        variant == "install-fails"
+    ):  # torch's install of a loaded entry raising what it does not catch
         from torch._dynamo import package
 
         def install(self, backends):
-            raise TypeError("assigned grad expected to be a Tensor or None but got grad of type _Missing")
+            raise TypeError(
+                "assigned grad expected to be a Tensor or None but got grad of type _Missing"
+            )
 
         package.CompilePackage.install = install
     if mode == "warm":
@@ -68,7 +73,8 @@ def main(mode: str, model_dir: str, artifact: str, variant: str = "") -> dict:
         "loss": loss.item(),
         "grads": hashlib.sha256(grads).hexdigest(),
         "warnings": [str(w.message) for w in caught if "compile cache" in str(w.message)],
-        "header_precompiles": _dynamo.header_precompiles(),  # inductor's C++ prelude, made or checked
+        # inductor's C++ prelude, made or checked
+        "header_precompiles": _dynamo.header_precompiles(),
     }
     if mode == "warm" and not variant:  # a new shape after a precompiled start: a trace beside it
         with tck.CompileMonitor() as again:
@@ -88,8 +94,14 @@ def _llama(mode: str, artifact: str) -> dict:
         tck.load_compile_cache(artifact)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        use_cache=False,
     )
     model = tck.compile_regional(transformers.LlamaForCausalLM(config), precompile=True)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
@@ -118,8 +130,15 @@ def _transformers(case: str, mode: str, artifact: str) -> dict:
         tck.load_compile_cache(artifact)
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, use_cache=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=128,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     model = transformers.GPT2LMHeadModel(config)
     if case == "gpt2-whole":
@@ -127,7 +146,12 @@ def _transformers(case: str, mode: str, artifact: str) -> dict:
     else:
         import peft
 
-        lora = dict(r=4, target_modules=["c_attn"], init_lora_weights=False, lora_dropout=0.0)
+        lora = {
+            "r": 4,
+            "target_modules": ["c_attn"],
+            "init_lora_weights": False,
+            "lora_dropout": 0.0,
+        }
         model = peft.get_peft_model(model, peft.LoraConfig(**lora))
         model.add_adapter("other", peft.LoraConfig(**lora))
         eager = __import__("copy").deepcopy(model)
@@ -165,8 +189,12 @@ def _optimizer_step(mode: str, artifact: str) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    region = PrecompiledRegion("AdamW_step", {"optimizer": "AdamW"}, {},
-                               call=lambda optimizer: type(optimizer).step(optimizer))
+    region = PrecompiledRegion(
+        "AdamW_step",
+        {"optimizer": "AdamW"},
+        {},
+        call=lambda optimizer: type(optimizer).step(optimizer),
+    )
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     model(x).sum().backward()
     opt.step()  # the state

@@ -20,8 +20,11 @@ def test_report_equals_dynamos_record(model_type):
     assert row["equal"], f"compiled differs from eager by {row['max_diff']}"
     summed = {key: sum(g[key] for g in row["groups"]) for key in ("graphs", "recompiles", "breaks")}
     dynamo = row["dynamo"]
-    assert summed == {"graphs": dynamo["graphs"], "recompiles": dynamo["recompiles"],
-                      "breaks": dynamo["graph_breaks"]}
+    assert summed == {
+        "graphs": dynamo["graphs"],
+        "recompiles": dynamo["recompiles"],
+        "breaks": dynamo["graph_breaks"],
+    }
     assert row["snapshot_equals_dynamo"], (row["snapshot"], dynamo)
     assert not row["compiled_nothing_wrongly"]
     if model_type == "jetmoe":  # the sample's case of breaks inside the blocks' callees

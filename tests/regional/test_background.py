@@ -1,6 +1,6 @@
-"""compile_in_background (compile_regional or compile_model): training runs eagerly at once, a worker
-process compiles, the model switches to the worker's precompiled code at a call boundary; a worker
-that fails, hangs or compiled something else leaves training eager with one warning. Inductor
+"""compile_in_background (compile_regional or compile_model): training runs eagerly at once, a
+worker process compiles, the model switches to the worker's precompiled code at a call boundary; a
+worker that fails, hangs or compiled something else leaves training eager with one warning. Inductor
 compiles in the worker (seconds); counts and equalities are asserted, never times."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torchcompile_kit.regional import (
     get_background_compile,
 )
 
-MODEL = '''
+MODEL = """
 import time
 
 import torch
@@ -83,7 +83,7 @@ def crash():
 
 def hang():
     time.sleep(600)
-'''
+"""
 
 
 @pytest.fixture
@@ -132,10 +132,14 @@ def test_training_starts_eagerly_and_switches_to_the_workers_precompiled_blocks(
     assert switch == record.eager_steps and record.worker_s > 0 and record.stall_s > 0
     # eager before the switch, bit for bit; compiled (inductor's numerics) after it
     assert losses[:switch] == ref_losses[:switch]
-    torch.testing.assert_close(torch.tensor(losses[switch:] + more), torch.tensor(ref_losses[switch:] + more_ref))
+    torch.testing.assert_close(
+        torch.tensor(losses[switch:] + more), torch.tensor(ref_losses[switch:] + more_ref)
+    )
     (group,) = get_regional_plan(model).groups
     assert group.precompile_path == "precompiled (no trace)"
-    assert frames_at_switch == 0 and len(monitor.frames) == 0  # the worker traced; this process never did
+    assert (
+        frames_at_switch == 0 and len(monitor.frames) == 0
+    )  # the worker traced; this process never did
     assert any("background compile: compiled from call" in note for note in monitor.notes)
     # the worker compared outputs and gradients on the first batch; the switch, the outputs
     (check,) = monitor.first_call_checks
@@ -155,7 +159,9 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
     try:
         model = factory.build()
         cpus = [min(os.sched_getaffinity(0))]
-        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build", cpus=cpus))
+        compile_in_background(
+            model, worker=BackgroundCompile(factory="tck_bg_model:build", cpus=cpus)
+        )
         _train(model, until=lambda r: r.stall_s is not None or r.state is BackgroundState.EAGER)
     finally:
         torch.set_num_threads(threads)
@@ -170,22 +176,37 @@ def test_a_worker_on_fewer_cpus_compiles_for_trainings_thread_count(factory):
         (BackgroundCompile(factory="tck_bg_model:crash"), "the worker failed (exit code 1)"),
         (BackgroundCompile(factory="tck_bg_model:hang", timeout_s=1.0), "ran past timeout_s=1"),
         # these two compile in the worker (about 20 s each on a 2-core CPU): with the slow tests
-        pytest.param(BackgroundCompile(factory="tck_bg_model:build_silu"), "compiled Block for another model state",
-                     marks=pytest.mark.slow, id="other-model"),
+        pytest.param(
+            BackgroundCompile(factory="tck_bg_model:build_silu"),
+            "compiled Block for another model state",
+            marks=pytest.mark.slow,
+            id="other-model",
+        ),
         # the worker's first-call check: the same outputs, other gradients (only its check sees it)
-        pytest.param(BackgroundCompile(factory="tck_bg_model:build_grad_twice"), "CompiledMismatchError",
-                     marks=pytest.mark.slow, id="worker-check-fails"),
+        pytest.param(
+            BackgroundCompile(factory="tck_bg_model:build_grad_twice"),
+            "CompiledMismatchError",
+            marks=pytest.mark.slow,
+            id="worker-check-fails",
+        ),
     ],
     ids=["crash", "hang", "other-model", "worker-check-fails"],
 )
-def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eager(factory, background, why):
+def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eager(
+    factory, background, why
+):
     model = factory.build()
-    with pytest.warns(CompileCacheWarning, match="training goes on eagerly") as caught:
+    with pytest.warns(CompileCacheWarning, match="training goes on eagerly") as caught:  # noqa: PT031
+        # the warning comes from a training call after the compile call: both belong in the block
         compile_in_background(model, worker=background)
         _train(model, until=lambda r: r.state is BackgroundState.EAGER, limit_s=120)
     record = get_background_compile(model)
     assert record.state is BackgroundState.EAGER and why in record.eager_reason, record.summary()
-    assert [str(w.message) for w in caught if w.category is CompileCacheWarning and why in str(w.message)]
+    assert [
+        str(w.message)
+        for w in caught
+        if w.category is CompileCacheWarning and why in str(w.message)
+    ]
     assert get_regional_plan(model) is None and not _dynamo.compiled_module_names(model)
     assert record._proc.poll() is not None and not record._job.parent.exists()
     if background.factory == "tck_bg_model:crash":
@@ -195,14 +216,18 @@ def test_a_worker_that_fails_hangs_or_compiles_another_model_leaves_training_eag
 
 
 @pytest.mark.slow
-def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_whole(tmp_path, monkeypatch):
+def test_a_transformers_model_is_rebuilt_from_its_class_and_config_and_compiled_whole(
+    tmp_path, monkeypatch
+):
     transformers = pytest.importorskip("transformers")
     import tiny_models
 
     monkeypatch.chdir(tmp_path)
     model = tiny_models.llama()
     compile_in_background(model, compile_model)
-    ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0)
+    )
     started = time.perf_counter()
     while get_background_compile(model).stall_s is None and time.perf_counter() - started < 300:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -217,25 +242,38 @@ def test_what_the_worker_cannot_reproduce_is_refused_at_the_call(factory):
     with pytest.raises(ValueError, match="has no config"):
         compile_in_background(model)
     with pytest.raises(ValueError, match="backend='inductor'"):
-        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), backend="aot_eager")
+        compile_in_background(
+            model, worker=BackgroundCompile(factory="tck_bg_model:build"), backend="aot_eager"
+        )
     with pytest.raises(ValueError, match="as JSON"):
-        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), options={"f": object()})
+        compile_in_background(
+            model, worker=BackgroundCompile(factory="tck_bg_model:build"), options={"f": object()}
+        )
     for start_after_s in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="start_after_s"):
-            compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build",
-                                                                 start_after_s=start_after_s))
+            compile_in_background(
+                model,
+                worker=BackgroundCompile(factory="tck_bg_model:build", start_after_s=start_after_s),
+            )
     for implied in ("precompile", "verify"):
         with pytest.raises(ValueError, match=f"{implied} is implied"):
-            compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"),
-                                  **{implied: True})
+            compile_in_background(
+                model, worker=BackgroundCompile(factory="tck_bg_model:build"), **{implied: True}
+            )
     assert get_background_compile(model) is None  # nothing set up by a refused call
 
 
 def test_a_model_compiling_in_the_background_is_not_compiled_again(factory):
     model = factory.build()
-    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=60))
+    compile_in_background(
+        model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=60)
+    )
     again = BackgroundCompile(factory="tck_bg_model:hang")
-    for compile_again in (compile_regional, compile_model, lambda m: compile_in_background(m, worker=again)):
+    for compile_again in (
+        compile_regional,
+        compile_model,
+        lambda m: compile_in_background(m, worker=again),
+    ):
         with pytest.warns(UserWarning, match="already compiled"):
             compile_again(model)
     assert get_regional_plan(model) is None and not _dynamo.compiled_module_names(model)
@@ -246,7 +284,8 @@ def test_a_model_compiling_in_the_background_is_not_compiled_again(factory):
 
 def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
     """On 2 shared cores a compiling worker made eager steps up to 48x slower: a CPU model whose
-    threads fill every core hears it at the compile call; one that leaves the worker a core does not."""
+    threads fill every core hears it at the compile call; one that leaves the worker a core does
+    not."""
     threads, cores = torch.get_num_threads(), sorted(os.sched_getaffinity(0))
     try:
         torch.set_num_threads(len(cores))
@@ -259,7 +298,9 @@ def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
             model = factory.build()
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", cpus=cores[-1:]))
+                compile_in_background(
+                    model, worker=BackgroundCompile(factory="tck_bg_model:hang", cpus=cores[-1:])
+                )
             uncompile(model)
     finally:
         torch.set_num_threads(threads)
@@ -267,12 +308,20 @@ def test_a_worker_on_trainings_own_cores_is_warned_about(factory):
 
 def test_uncompile_before_the_switch_stops_the_worker(factory):
     model = factory.build()
-    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
-    model(torch.randn(4, 16)).backward()  # the first call hands its batch over and starts the worker
+    compile_in_background(
+        model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0)
+    )
+    model(
+        torch.randn(4, 16)
+    ).backward()  # the first call hands its batch over and starts the worker
     record = get_background_compile(model)
     assert record.state is BackgroundState.COMPILING and record._proc.poll() is None
     uncompile(model)
-    assert record.state is BackgroundState.EAGER and record.eager_reason == "cancelled (uncompile)" and record._proc.poll() is not None
+    assert (
+        record.state is BackgroundState.EAGER
+        and record.eager_reason == "cancelled (uncompile)"
+        and record._proc.poll() is not None
+    )
     assert get_background_compile(model) is None
     model(torch.randn(4, 16)).backward()  # eager, and no worker starts again
     assert record._proc is not None and os.path.exists(str(record._job)) is False
@@ -280,7 +329,9 @@ def test_uncompile_before_the_switch_stops_the_worker(factory):
 
 def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(factory):
     model = factory.build()
-    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0.5))
+    compile_in_background(
+        model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0.5)
+    )
     record = get_background_compile(model)
     assert record._proc is None  # not at the compile call: its start would slow the first step
     model(torch.randn(4, 16)).backward()
@@ -290,7 +341,6 @@ def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(fact
     assert record._proc is not None and record._proc.poll() is None
     uncompile(model)
     assert record._proc.poll() is not None
-
 
 
 @pytest.mark.slow
@@ -312,7 +362,9 @@ def test_a_bf16_autocast_run_switches_once_the_workers_check_passes(tmp_path, mo
             loss.backward()
             time.sleep(0.01)
     record = get_background_compile(model)
-    assert record.state is BackgroundState.COMPILED and record.worker_check == "passed", record.state
+    assert record.state is BackgroundState.COMPILED and record.worker_check == "passed", (
+        record.state
+    )
     (check,) = monitor.first_call_checks  # the switch's own check, under bf16 too
     assert check.status == "passed" and check.reference == "float32", check.message()
 
@@ -328,7 +380,9 @@ class _Planted:
 
 
 @pytest.mark.slow
-def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(factory, tmp_path, monkeypatch):
+def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
+    factory, tmp_path, monkeypatch
+):
     """The worker unpickles the batch the training process hands it. Without a key, whoever can
     write the folder can replace it and run code in the worker; with one, the worker refuses it
     before ``torch.load``."""
@@ -341,18 +395,30 @@ def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
             monkeypatch.setenv(ENV_KEY, "team-key")
         marker = tmp_path / f"pwned-{case.replace(' ', '-')}"
         model = factory.build()
-        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build", start_after_s=1.0,
-                                                             directory=str(tmp_path / case)))
+        compile_in_background(
+            model,
+            worker=BackgroundCompile(
+                factory="tck_bg_model:build", start_after_s=1.0, directory=str(tmp_path / case)
+            ),
+        )
         model(torch.randn(4, 16)).backward()  # hands the batch over; the worker starts 1 s later
         record = get_background_compile(model)
         batch = record._job.with_name("batch.pt")
         if case == "key":
-            assert batch.read_bytes()[-48:-40] == b"TCKSIGN1"  # signed, like the other hand-off files
+            assert (
+                batch.read_bytes()[-48:-40] == b"TCKSIGN1"
+            )  # signed, like the other hand-off files
             assert record._job.read_bytes()[-48:-40] == b"TCKSIGN1"
         batch.write_bytes(pickle.dumps({"args": (_Planted(marker),), "kwargs": {}}))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _train(model, until=lambda r: r.state not in (BackgroundState.COMPILING, BackgroundState.SWITCHING), limit_s=120)
+            _train(
+                model,
+                until=lambda r: (
+                    r.state not in (BackgroundState.COMPILING, BackgroundState.SWITCHING)
+                ),
+                limit_s=120,
+            )
         assert record.state is BackgroundState.EAGER, record.summary()  # the worker failed
         if case == "no key":
             assert marker.exists()  # today's behaviour without a key: the replaced pickle ran
@@ -361,13 +427,16 @@ def test_with_a_key_the_hand_off_is_signed_and_a_replaced_batch_never_unpickles(
         uncompile(model)
 
 
-@pytest.mark.parametrize("kwargs", [{"mode": "max-autotune"},
-                                    {"blocks": {"blocks.*": {"mode": "reduce-overhead"}}}])
+@pytest.mark.parametrize(
+    "kwargs", [{"mode": "max-autotune"}, {"blocks": {"blocks.*": {"mode": "reduce-overhead"}}}]
+)
 def test_a_mode_the_worker_cannot_precompile_is_refused_at_the_call(factory, kwargs):
     """It was refused at the switch, after the worker had compiled for minutes."""
     model = factory.build()
     with pytest.raises(ValueError, match="precompile"):
-        compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:build"), **kwargs)
+        compile_in_background(
+            model, worker=BackgroundCompile(factory="tck_bg_model:build"), **kwargs
+        )
     assert get_background_compile(model) is None
 
 
@@ -378,7 +447,9 @@ def test_on_a_gpu_without_room_the_worker_is_not_started_and_says_why(factory, m
     from torchcompile_kit.regional import background
 
     model = factory.build()
-    compile_in_background(model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0))
+    compile_in_background(
+        model, worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0)
+    )
     monkeypatch.setattr(background, "model_device", lambda model: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * 2**30, 80 * 2**30))

@@ -40,7 +40,9 @@ class IndexedBlock(Block):
 
 
 class Stack(nn.Module):
-    def __init__(self, n: int = 4, dim: int = 8, scale_by_idx: bool = False, container=nn.ModuleList):
+    def __init__(
+        self, n: int = 4, dim: int = 8, scale_by_idx: bool = False, container=nn.ModuleList
+    ):
         super().__init__()
         self.embed = nn.Linear(dim, dim)
         blocks = [(IndexedBlock if scale_by_idx else Block)(dim, i) for i in range(n)]
@@ -146,7 +148,9 @@ def _check_matches_eager(builder, backend, batch):
         torch.testing.assert_close(grads_c[name], grads_e[name], msg=name)
 
 
-@pytest.mark.parametrize("builder", [tm.gpt2, tm.llama, pytest.param(tm.t5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "builder", [tm.gpt2, tm.llama, pytest.param(tm.t5, marks=pytest.mark.slow)]
+)
 def test_outputs_and_grads_match_eager_aot_eager(builder):
     batch = tm.token_batch()
     if builder is tm.t5:
@@ -169,8 +173,9 @@ class _CheckpointedBlock(Block):
     def __call__(self, *args, **kwargs):
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(functools.partial(super().__call__, **kwargs), *args,
-                          use_reentrant=self.use_reentrant)
+        return checkpoint(
+            functools.partial(super().__call__, **kwargs), *args, use_reentrant=self.use_reentrant
+        )
 
     def forward(self, x):
         x = self.lin(x)
@@ -339,7 +344,10 @@ def test_preflight_warns_on_distinct_int_read_in_forward_and_sizes_limit():
     assert counter.frame_count == 12  # every layer compiled: none silently fell back to eager
 
 
-@pytest.mark.skipif(_dynamo.recompile_limit_kwarg() is None, reason="only a per-call limit (torch >= 2.13) can hold the blocks to 8 now")
+@pytest.mark.skipif(
+    _dynamo.recompile_limit_kwarg() is None,
+    reason="only a per-call limit (torch >= 2.13) can hold the blocks to 8 now",
+)
 def test_without_sizing_the_limit_blocks_fall_back_to_eager():
     # the failure the sizing prevents: same model, a limit of 8 given by the user is kept
     model = Stack(n=12, scale_by_idx=True)
@@ -406,8 +414,15 @@ def test_error_whole_model_wrapper():
 
 # --- other modules and the loss --------------------------------------------------------------
 
-EVERY_MODULE = ["transformer.h.*", "transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"]
-"""The blocks and every other module with parameters (what ``remainder=True`` did before it went)."""
+EVERY_MODULE = [
+    "transformer.h.*",
+    "transformer.wte",
+    "transformer.wpe",
+    "transformer.ln_f",
+    "lm_head",
+]
+"""The blocks and every other module with parameters (what ``remainder=True`` did before it went).
+"""
 
 
 def test_a_blocks_list_compiles_other_modules_as_regions_and_the_loss():
@@ -544,7 +559,9 @@ def test_declared_blocks_are_exactly_what_is_compiled_also_when_a_class_occurs_o
         model(torch.randn(2, 3, 8)).sum().backward()
     assert counter.frame_count == 2  # one graph per declared class, reused
     # a selector still wins over the declaration, and an undeclared model is discovered
-    assert [g.selector for g in find_repeated_blocks(_DeclaredModel(), "acts.*").groups] == ["acts.*"]
+    assert [g.selector for g in find_repeated_blocks(_DeclaredModel(), "acts.*").groups] == [
+        "acts.*"
+    ]
     assert {g.selector for g in find_repeated_blocks(tm.gpt2()).groups} == {"discovered"}
 
 
@@ -577,11 +594,16 @@ def _on_cuda(monkeypatch):
     monkeypatch.setattr(cuda_graphs, "model_device", lambda model: torch.device("cuda"))
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"mode": "reduce-overhead"}, {"mode": "max-autotune"}, {"backend": "cudagraphs"},
-    {"options": {"triton.cudagraphs": True}},
-    {"blocks": {"transformer.h.*": {"mode": "reduce-overhead"}}},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "reduce-overhead"},
+        {"mode": "max-autotune"},
+        {"backend": "cudagraphs"},
+        {"options": {"triton.cudagraphs": True}},
+        {"blocks": {"transformer.h.*": {"mode": "reduce-overhead"}}},
+    ],
+)
 def test_a_cuda_graph_mode_per_block_is_refused_at_the_first_call_on_cuda(monkeypatch, kwargs):
     """Compiled on CPU, moved to CUDA (``.cuda()``, accelerate's ``prepare``): block i+1 would be
     fed block i's CUDA-graph output, overwritten by its replay (pytorch#152887). Refused before
@@ -660,8 +682,9 @@ def test_discovery_does_not_take_stages_of_different_widths_as_blocks():
     model = _StageModel()
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names)) for g in plan.groups] == [("_Res", 6)]
-    assert plan.groups[0].selector == ("discovered inside the stages _Stage (3 of different "
-                                       "widths), each its own graph")
+    assert plan.groups[0].selector == (
+        "discovered inside the stages _Stage (3 of different widths), each its own graph"
+    )
     counter = CompileCounter()
     compile_regional(model, backend=counter)
     (group,) = get_regional_plan(model).groups
@@ -683,15 +706,24 @@ def test_stages_of_one_width_stay_blocks():
     model = nn.Sequential(nn.Linear(8, 8), nn.ModuleList([_Stage(8, 8), _Stage(8, 8)]))
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names), g.selector) for g in plan.groups] == [
-        ("_Stage", 2, "discovered")]
+        ("_Stage", 2, "discovered")
+    ]
 
 
 def test_swin_stages_named_in_no_split_modules_give_way_to_their_layers():
     """transformers' Swin names SwinStage (stages of different widths) in _no_split_modules."""
     from transformers import SwinConfig, SwinModel
 
-    model = SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2, 2],
-                                 num_heads=[2, 2, 4], window_size=2))
+    model = SwinModel(
+        SwinConfig(
+            image_size=32,
+            patch_size=4,
+            embed_dim=16,
+            depths=[2, 2, 2],
+            num_heads=[2, 2, 4],
+            window_size=2,
+        )
+    )
     assert "SwinStage" in model._no_split_modules
     (group,) = find_repeated_blocks(model).groups
     assert (group.class_name, len(group.names)) == ("SwinLayer", 6)

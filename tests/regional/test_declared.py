@@ -15,8 +15,14 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is in the test ex
 def _tiny_flux():
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
         axes_dims_rope=[4, 4, 8],
     )
     generator = torch.Generator().manual_seed(1)
@@ -32,15 +38,21 @@ def _tiny_flux():
 
 
 def test_flux_compiles_its_declared_blocks_one_graph_each_under_a_limit_of_one():
-    """Failed before: discovery compiled two GELUs of different lengths -> FailOnRecompileLimitHit."""
+    """Failed before: discovery compiled two GELUs of different lengths ->
+    FailOnRecompileLimitHit."""
     model, inputs = _tiny_flux()
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names)) for g in plan.groups] == [
-        ("FluxTransformerBlock", 1), ("FluxSingleTransformerBlock", 1)]
+        ("FluxTransformerBlock", 1),
+        ("FluxSingleTransformerBlock", 1),
+    ]
     with torch.no_grad():
         expected = model(**inputs).sample
-    with (torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True),
-          torch.no_grad(), CompileMonitor() as monitor):
+    with (
+        torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True),
+        torch.no_grad(),
+        CompileMonitor() as monitor,
+    ):
         compile_regional(model, backend="eager", fullgraph=True)
         first = model(**inputs).sample
         second = model(**inputs).sample
@@ -55,7 +67,8 @@ def test_full_size_unet_plan_is_its_16_transformer_blocks():
         model = diffusers.UNet2DConditionModel()
     plan = find_repeated_blocks(model)
     assert [(g.class_name, len(g.names), g.selector) for g in plan.groups] == [
-        ("BasicTransformerBlock", 16, "declared: _repeated_blocks")]
+        ("BasicTransformerBlock", 16, "declared: _repeated_blocks")
+    ]
 
 
 def test_an_undeclared_unet_is_not_planned_by_its_stages():
@@ -64,8 +77,11 @@ def test_an_undeclared_unet_is_not_planned_by_its_stages():
         model = diffusers.UNet2DConditionModel()
     model._repeated_blocks = []
     groups = {g.class_name: g for g in find_repeated_blocks(model).groups}
-    assert not {"CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UpBlock2D", "DownBlock2D"} & set(groups)
+    assert not {"CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UpBlock2D", "DownBlock2D"} & set(
+        groups
+    )
     assert len(groups["Transformer2DModel"].names) == 16
     assert groups["Transformer2DModel"].selector.startswith(
         "discovered inside the stages CrossAttnDownBlock2D (3 of different widths), "
-        "CrossAttnUpBlock2D (3 of different widths)")
+        "CrossAttnUpBlock2D (3 of different widths)"
+    )

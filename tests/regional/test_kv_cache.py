@@ -99,11 +99,16 @@ def test_gpt2_tester_checks_pass_on_a_regionally_compiled_base_model():
         assert len(outputs) == len(by_config) == len(no_past) + 1
 
         next_ids, next_types = torch.randint(0, 99, (3, 1)), torch.randint(0, 16, (3, 1))
-        full = model(torch.cat([ids, next_ids], -1), token_type_ids=torch.cat([types, next_types], -1))
-        step = model(next_ids, token_type_ids=next_types,
-                     **{cache_keyword(model): cache_of(outputs)})
+        full = model(
+            torch.cat([ids, next_ids], -1), token_type_ids=torch.cat([types, next_types], -1)
+        )
+        step = model(
+            next_ids, token_type_ids=next_types, **{cache_keyword(model): cache_of(outputs)}
+        )
         torch.testing.assert_close(step.last_hidden_state[:, 0], full.last_hidden_state[:, -1])
-        torch.testing.assert_close(result.last_hidden_state, eager(ids, token_type_ids=types).last_hidden_state)
+        torch.testing.assert_close(
+            result.last_hidden_state, eager(ids, token_type_ids=types).last_hidden_state
+        )
 
 
 @pytest.mark.parametrize("builder", [tm.gpt2, tm.llama])

@@ -47,7 +47,8 @@ class Twin(Block):
 class Model(torch.nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.blocks = torch.nn.ModuleList([Block(config), Block(config), Twin(config), Twin(config)])
+        blocks = [Block(config), Block(config), Twin(config), Twin(config)]
+        self.blocks = torch.nn.ModuleList(blocks)
         self.head = torch.nn.Linear(config.width, 1)
 
     def forward(self, x):
@@ -63,8 +64,14 @@ def _run(mode: str, model_dir: Path, artifact: Path, variant: str = "", *, ok: b
         "TORCHINDUCTOR_CACHE_DIR": str(artifact.parent / f"inductor-{mode}-{variant or 'plain'}"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    out = subprocess.run([sys.executable, str(WORKER), mode, str(model_dir), str(artifact), variant],
-                         capture_output=True, text=True, env=env, timeout=600, check=False)
+    out = subprocess.run(
+        [sys.executable, str(WORKER), mode, str(model_dir), str(artifact), variant],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     if not ok:
         assert out.returncode != 0, out.stdout
         return {"stderr": out.stderr}
@@ -110,7 +117,9 @@ def test_a_restart_runs_the_blocks_without_a_trace_and_equal_to_the_cold_run(col
     assert warm["warnings"] == []
     # its kernels came built: no precompiled C++ header made or checked (seconds where none exists)
     assert warm["header_precompiles"] == 0
-    assert warm["second_shape_frames"] >= 1  # a new shape after it is traced beside the loaded entry
+    assert (
+        warm["second_shape_frames"] >= 1
+    )  # a new shape after it is traced beside the loaded entry
 
 
 @pytest.mark.slow
@@ -125,10 +134,12 @@ def test_a_changed_block_is_traced_again_and_the_warning_names_what_changed(cold
 
 @pytest.mark.slow
 def test_a_forward_edited_without_moving_a_line_is_traced_again(cold, tmp_path):
-    model_dir, artifact, first = cold
+    _, artifact, first = cold
     edited = tmp_path / "model"
     edited.mkdir()
-    source = BLOCKS.replace("self.act(self.up(x)) * self.config.scale", "self.act(self.up(x)) / self.config.scale")
+    source = BLOCKS.replace(
+        "self.act(self.up(x)) * self.config.scale", "self.act(self.up(x)) / self.config.scale"
+    )
     assert source != BLOCKS and source.count("\n") == BLOCKS.count("\n")
     (edited / "tck_blocks.py").write_text(source)
     warm = _run("warm", edited, artifact)
@@ -249,7 +260,10 @@ def test_a_whole_peft_model_is_not_precompiled_and_says_why():
     model = peft.get_peft_model(tiny_models.gpt2(), peft.LoraConfig(r=4, target_modules=["c_attn"]))
     from torchcompile_kit.regional.precompiled import regions_created
 
-    with pytest.warns(UserWarning, match="whole PeftModel is not precompiled"), regions_created() as regions:
+    with (
+        pytest.warns(UserWarning, match="whole PeftModel is not precompiled"),
+        regions_created() as regions,
+    ):
         tck_compile_peft(model, regional=False, precompile=True, backend="eager")
     assert _dynamo.is_compiled_module(model) and regions == []
 
@@ -294,10 +308,18 @@ def test_a_llama_compiled_whole_trains_with_precompile_on_every_torch(tmp_path):
     env = {
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH")])
+        ),
     }
-    out = subprocess.run([sys.executable, "-c", LLAMA_WHOLE], capture_output=True, text=True, env=env,
-                         timeout=600, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", LLAMA_WHOLE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["diff"] < 1e-5
@@ -305,5 +327,7 @@ def test_a_llama_compiled_whole_trains_with_precompile_on_every_torch(tmp_path):
     if version_at_least("torch", "2.11"):
         assert path == "traced (saved for the next restart)", path
     else:
-        assert path.startswith("not precompiled: torch cannot save a frame it reached "
-                               "(Guarded object must be identical"), path
+        assert path.startswith(
+            "not precompiled: torch cannot save a frame it reached "
+            "(Guarded object must be identical"
+        ), path

@@ -41,7 +41,9 @@ def test_no_false_alarm_on_alternating_attention(name):
     assert counter.frame_count >= 1
     # a prediction is either right, or it said "may"
     assert counter.frame_count <= group.preflight.graphs or group.preflight.may_vary, (
-        name, counter.frame_count, group
+        name,
+        counter.frame_count,
+        group,
     )
 
 
@@ -50,8 +52,10 @@ def test_gemma2_sliding_window_is_a_may_and_compiles_one_graph(caplog):
     counter = CompileCounter()
     with caplog.at_level("INFO", logger="torchcompile_kit.regional.preflight"):
         compile_regional(model, backend=counter, compile_loss=False)  # the blocks' graphs
-    assert any("sliding_window" in r.getMessage() and "may compile one graph per value"
-               in r.getMessage() for r in caplog.records)  # said before step 1, as "may"
+    assert any(
+        "sliding_window" in r.getMessage() and "may compile one graph per value" in r.getMessage()
+        for r in caplog.records
+    )  # said before step 1, as "may"
     model(**tm.token_batch(length=16)).loss.backward()
     (group,) = get_regional_plan(model).groups
     assert group.preflight.may_vary == ("self_attn.sliding_window",)
@@ -191,13 +195,23 @@ def _train_with_eval(model, steps=12):
                 model(**tm.token_batch(seed=100), use_cache=False)
 
 
-@pytest.mark.parametrize(("layers", "frozen", "frozen_embeddings", "train", "evaluation"), [
-    (2, [0], False, 2, 2),     # the issue's case: block 0 frozen
-    (4, [0, 1], False, 2, 2),  # lower half frozen
-    (3, [0], True, 3, 2),      # frozen embeddings too: block 1's input needs no grad, block 2's does
-])
-def test_frozen_blocks_are_predicted_and_budgeted(layers, frozen, frozen_embeddings, train,
-                                                  evaluation):
+@pytest.mark.parametrize(
+    ("layers", "frozen", "frozen_embeddings", "train", "evaluation"),
+    [
+        (2, [0], False, 2, 2),  # the issue's case: block 0 frozen
+        (4, [0, 1], False, 2, 2),  # lower half frozen
+        (
+            3,
+            [0],
+            True,
+            3,
+            2,
+        ),  # frozen embeddings too: block 1's input needs no grad, block 2's does
+    ],
+)
+def test_frozen_blocks_are_predicted_and_budgeted(
+    layers, frozen, frozen_embeddings, train, evaluation
+):
     """compile_regional used to predict 1 graph here; dynamo compiled one per requires_grad
     pattern and grad mode, and one more variant would have run eagerly, silently."""
     from torchcompile_kit import CompileMonitor
@@ -215,7 +229,9 @@ def test_frozen_blocks_are_predicted_and_budgeted(layers, frozen, frozen_embeddi
     assert group.budget.needed == train + evaluation <= group.budget.limit
     with CompileMonitor() as monitor:
         _train_with_eval(model)
-    report, loss = get_regional_plan(model).report(monitor).groups  # the block group, the loss's row
+    report, loss = (
+        get_regional_plan(model).report(monitor).groups
+    )  # the block group, the loss's row
     assert report.graphs == train + evaluation == report.predicted_graphs, report
     assert not report.flags and not loss.flags and not monitor.limit_hits, (report, loss)
 
@@ -238,6 +254,8 @@ def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
     assert group.budget.limit == group.budget.needed == 10  # on every torch of the window
     with CompileMonitor() as monitor:
         _train_with_eval(model)
-    report, loss = get_regional_plan(model).report(monitor).groups  # the block group, the loss's row
+    report, loss = (
+        get_regional_plan(model).report(monitor).groups
+    )  # the block group, the loss's row
     assert report.graphs == report.predicted_graphs == 10 and not monitor.limit_hits, report
     assert not loss.flags, loss

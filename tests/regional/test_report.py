@@ -45,7 +45,9 @@ def _assert_agrees(report, monitor, dynamo):
     assert summed == {k: dynamo[k] for k in summed}
     snapshot = monitor.snapshot()
     assert (snapshot["graphs"], snapshot["recompiles"], snapshot["graph_breaks_met"]) == (
-        dynamo["graphs"], dynamo["recompiles"], dynamo["graph_breaks"]
+        dynamo["graphs"],
+        dynamo["recompiles"],
+        dynamo["graph_breaks"],
     )
     for group in report.groups:  # a group that compiled is never said to have run eagerly
         assert group.graphs > 0
@@ -211,8 +213,10 @@ def test_the_recompile_limit_is_sized_for_all_classes_sharing_a_code_object():
         assert [g.budget.limit for g in plan.groups] == [needed, needed]
         assert f"share one recompile limit: {needed} for up to {needed} graphs" in plan.summary()
         with CompileMonitor() as monitor:  # training and evaluation: every graph, no hit
-            batch = {"pixel_values": torch.randn(2, 3, 32, 32),
-                     "labels": tm.token_batch()["input_ids"]}
+            batch = {
+                "pixel_values": torch.randn(2, 3, 32, 32),
+                "labels": tm.token_batch()["input_ids"],
+            }
             model(**batch).loss.backward()
             with torch.no_grad():
                 model(**batch)
@@ -305,11 +309,14 @@ def test_a_compile_that_raises_names_the_module_it_was_raised_in_never_compiled_
 @pytest.mark.parametrize("builder", [tm.gpt2, tm.llama], ids=["gpt2", "llama"])
 def test_the_compiled_loss_is_a_row_and_the_rows_add_up_to_dynamos_count(builder):
     """The report said 1 graph per model where dynamo made 2: the loss compile_regional compiles
-    by default had no row. A base model's loss that is never called (GPT-2's transformer) has none."""
+    by default had no row. A base model's loss that is never called (GPT-2's transformer) has
+    none."""
     torch._dynamo.reset()  # the loss's code object is shared with earlier tests' models
 
     def steps(model):
-        ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            0, model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0)
+        )
         model(input_ids=ids, labels=ids).loss.backward()
         with torch.no_grad():  # evaluation: a graph of its own for the blocks and the loss
             model(input_ids=ids, labels=ids)

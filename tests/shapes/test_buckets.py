@@ -526,8 +526,11 @@ def test_many_candidate_lengths_are_thinned_but_never_worse_than_per_sample():
 def test_a_bucket_longer_than_max_tokens_is_refused():
     """It used to yield batches of 1 sample padded to 256 under a budget of 128 tokens."""
     lengths = [5, 6, 7, 200, 9, 250]
-    with pytest.raises(ValueError, match=r"max_tokens=128 is smaller than bucket\(s\) \[256\]"
-                                         r".*at least 256.*max_length=128"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_tokens=128 is smaller than bucket\(s\) \[256\]"
+        r".*at least 256.*max_length=128",
+    ):
         BucketBatchSampler(lengths, [16, 256], 8, max_tokens=128)
     with pytest.raises(ValueError, match="plan_buckets: max_tokens=128 is smaller"):
         plan_buckets(lengths, batch_size=8, max_tokens=128)
@@ -622,13 +625,17 @@ def test_sampler_deals_once_inside_accelerates_batch_sampler_shard():
     buckets = plan_buckets(lengths, max_buckets=3, max_length=256)
     sampler = BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1)
     sampler.deal_with_accelerate(2)  # what prepare_bucket_dataloader says after accelerator.prepare
-    shards = [data_loader.BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in (0, 1)]
+    shards = [
+        data_loader.BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in (0, 1)
+    ]
     got = []
     for shard in shards:
         sampler.set_epoch(0)
         got.append(list(shard))
-    own = [BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1, num_replicas=2, rank=r)
-           for r in (0, 1)]
+    own = [
+        BucketBatchSampler(lengths, buckets, 16, max_tokens=512, seed=1, num_replicas=2, rank=r)
+        for r in (0, 1)
+    ]
     assert got == [list(s) for s in own]  # the same batches as the sampler dealing itself
     assert [len(s) for s in shards] == [len(s) for s in own]
     assert sorted({i for part in got for b in part for i in b}) == list(range(205))

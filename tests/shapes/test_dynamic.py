@@ -56,7 +56,9 @@ def test_tiny_gpt2_trains_over_lengths_with_one_graph_set():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bounds", [{"max": 256}, {"min": 4}, {}], ids=["max only", "min only", "none"])
+@pytest.mark.parametrize(
+    "bounds", [{"max": 256}, {"min": 4}, {}], ids=["max only", "min only", "none"]
+)
 def test_one_bound_alone_works_on_a_transformers_model(bounds):
     """docs/shapes.md's `mark_dynamic_batch(first, 1, max=256)`: torch asserts ("not simple sympy
     type None") when only one of min/max reaches it; the helper fills the other in."""
@@ -226,8 +228,10 @@ def test_warmup_warns_beyond_the_recompile_limit():
     step = torch.compile(_summed, backend=CompileCounter(), dynamic=False)
     with (
         torch._dynamo.config.patch(recompile_limit=2),
-        pytest.warns(UserWarning, match="hit a recompile limit 1 time.*3 distinct shapes.*"
-                                        "recompile_limit is 2"),
+        pytest.warns(
+            UserWarning,
+            match="hit a recompile limit 1 time.*3 distinct shapes.*recompile_limit is 2",
+        ),
     ):
         warmup_shapes(step, [_batch(2, n) for n in (4, 8, 12)])
 

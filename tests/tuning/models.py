@@ -91,4 +91,9 @@ def build_with_optimizer():
     """The factory returns its own optimizer (the fourth item), which tune and the snippet keep."""
     torch.manual_seed(0)
     model = TinyLM()
-    return model, _make_batch, None, torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    return (
+        model,
+        _make_batch,
+        None,
+        torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1),
+    )

@@ -61,10 +61,14 @@ def test_cost_model_from_the_runners_metrics():
 
 def test_slow_batches_are_steps_not_recompiles_when_dynamo_did_not_recompile():
     times = [0.1, 0.1, 0.5, 0.1]  # a batch of long captions, in a run that compiled nothing new
-    cost = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=times, recompiles=0)
+    cost = cost_from_metrics(
+        warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=times, recompiles=0
+    )
     assert cost.recompile_s == 0.0
     assert cost.step_s == pytest.approx(0.2)  # the long batch comes back every so often
-    one = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=[0.1, 2.1, 0.5, 0.1], recompiles=1)
+    one = cost_from_metrics(
+        warmup_s=1.0, warmup_steps=5, step_s=0.1, step_times_s=[0.1, 2.1, 0.5, 0.1], recompiles=1
+    )
     assert one.recompile_s == pytest.approx(2.1 - one.step_s)  # the largest spike is the recompile
     assert one.step_s == pytest.approx(0.7 / 3)
 
@@ -102,7 +106,9 @@ def test_a_tune_result_round_trips_through_tune_json(tmp_path):
     slower = measured("slower", compile_s=10.0, step_s=0.2)  # never breaks even with eager
     ranked, best = rank_candidates([*field(), slower], 100)
     assert result_of(ranked, "slower").break_even_steps == math.inf
-    result = TuneResult(recommendation=best.name, reason="r", snippet="s", steps_planned=100, candidates=ranked)
+    result = TuneResult(
+        recommendation=best.name, reason="r", snippet="s", steps_planned=100, candidates=ranked
+    )
     assert TuneResult.read_json(result.write_json(tmp_path / "tune.json")) == result
 
 
@@ -121,7 +127,9 @@ def test_warm_restarts_count_only_with_warm_start():
 def test_the_reason_names_the_break_even_steps():
     ranked, best = rank_candidates(field(), 2_000)
     reason = recommendation_reason(best, ranked, 2_000)
-    assert reason.startswith("regional: 2.00x eager per step, pays back its 30 s compile after ~600")
+    assert reason.startswith(
+        "regional: 2.00x eager per step, pays back its 30 s compile after ~600"
+    )
     assert "full (2.5x per step) needs 2,000 steps" not in reason  # 2,000 is not > 2,000
     ranked, best = rank_candidates(field(), 1_500)
     reason = recommendation_reason(best, ranked, 1_500)
@@ -154,10 +162,17 @@ def test_step_time_follows_the_planned_runs_tokens_not_the_timed_mix():
     # 30 timed steps of a heavy-tailed mix that happened to be short batches: 1 long one
     times = [0.010] * 20 + [0.014] * 9 + [0.030]
     tokens = [1000] * 20 + [1400] * 9 + [3000]
-    plain = cost_from_metrics(warmup_s=1.0, warmup_steps=5, step_s=0.01, step_times_s=times, recompiles=0)
+    plain = cost_from_metrics(
+        warmup_s=1.0, warmup_steps=5, step_s=0.01, step_times_s=times, recompiles=0
+    )
     scaled = cost_from_metrics(
-        warmup_s=1.0, warmup_steps=5, step_s=0.01, step_times_s=times,
-        step_tokens=tokens, plan_tokens=2000, recompiles=0,
+        warmup_s=1.0,
+        warmup_steps=5,
+        step_s=0.01,
+        step_times_s=times,
+        step_tokens=tokens,
+        plan_tokens=2000,
+        recompiles=0,
     )
     assert plain.step_s == pytest.approx(sum(times) / len(times))
     assert scaled.step_s == pytest.approx(0.020, rel=1e-6)  # 10 µs per token, 0 s fixed
@@ -195,8 +210,12 @@ def test_a_run_that_changed_speed_is_flagged_not_taken_as_the_predictions_test()
 def paired(name, *, compile_s, step_s, ratios, restart=False):
     """A candidate whose run stepped beside eager: one block per ratio (eager's step 0.1 s)."""
     result = measured(name, compile_s=compile_s, step_s=step_s, restart=restart)
-    result.metrics.paired = {"baseline": "eager", "same_batches": True,
-                                "base_s": [[0.1] for _ in ratios], "recipe_s": [[0.1 / r] for r in ratios]}
+    result.metrics.paired = {
+        "baseline": "eager",
+        "same_batches": True,
+        "base_s": [[0.1] for _ in ratios],
+        "recipe_s": [[0.1 / r] for r in ratios],
+    }
     return result
 
 
@@ -205,7 +224,9 @@ def test_paired_candidates_are_ranked_on_their_ratio_to_eager_with_a_margin():
     # steps it was 1.17x: its step for the plan is eager's 0.1 s / 1.17
     results = [
         measured("eager", compile_s=0.0, step_s=0.1),
-        paired("regional", compile_s=30.0, step_s=0.3, ratios=[1.12, 1.15, 1.17, 1.17, 1.19, 1.22] * 3),
+        paired(
+            "regional", compile_s=30.0, step_s=0.3, ratios=[1.12, 1.15, 1.17, 1.17, 1.19, 1.22] * 3
+        ),
         paired("full", compile_s=200.0, step_s=0.05, ratios=[1.02, 1.04, 1.05, 1.06, 1.08] * 3),
     ]
     ranked, best = rank_candidates(results, 100_000)
@@ -216,7 +237,8 @@ def test_paired_candidates_are_ranked_on_their_ratio_to_eager_with_a_margin():
     assert best.indistinguishable_from == []  # 1.12-1.22 vs full's 1.02-1.08 and eager's 1.0
     reason = recommendation_reason(best, ranked, 100_000)
     assert reason.startswith(
-        f"regional: 1.17x eager per step (95% interval {best.speedup_low:.2f}–{best.speedup_high:.2f})"
+        "regional: 1.17x eager per step (95% interval "
+        f"{best.speedup_low:.2f}–{best.speedup_high:.2f})"
     )
     assert "not distinguishable" not in reason
 
@@ -226,7 +248,9 @@ def test_overlapping_intervals_are_called_indistinguishable():
     results = [
         measured("eager", compile_s=0.0, step_s=0.1),
         paired("full", compile_s=0.0, step_s=0.1, ratios=noisy),
-        paired("full-warm", compile_s=0.0, step_s=0.1, ratios=[r * 1.02 for r in noisy], restart=True),
+        paired(
+            "full-warm", compile_s=0.0, step_s=0.1, ratios=[r * 1.02 for r in noisy], restart=True
+        ),
     ]
     ranked, best = rank_candidates(results, 10_000, warm_start=True)
     by_name = {c.name: c for c in ranked}
@@ -239,11 +263,23 @@ def test_overlapping_intervals_are_called_indistinguishable():
 def background(worker_s, stall_s, start_after_s=1.0):
     """A background candidate's run: eager steps, then the switch, then compiled steps."""
     return CandidateResult(
-        name="regional-background", description="", status="ok", verdict="pass",
+        name="regional-background",
+        description="",
+        status="ok",
+        verdict="pass",
         metrics=Metrics(
-            warmup_s=0.5, warmup_steps=WARMUP, steps_per_s=1 / 0.06, step_times_s=[0.1] * 300 + [0.05] * 20,
-            background={"state": "compiled", "eager_steps": 300, "switched_at_call": 301,
-                        "start_after_s": start_after_s, "worker_s": worker_s, "stall_s": stall_s},
+            warmup_s=0.5,
+            warmup_steps=WARMUP,
+            steps_per_s=1 / 0.06,
+            step_times_s=[0.1] * 300 + [0.05] * 20,
+            background={
+                "state": "compiled",
+                "eager_steps": 300,
+                "switched_at_call": 301,
+                "start_after_s": start_after_s,
+                "worker_s": worker_s,
+                "stall_s": stall_s,
+            },
         ),
     )
 
@@ -251,11 +287,21 @@ def background(worker_s, stall_s, start_after_s=1.0):
 @pytest.mark.parametrize(
     ("steps_planned", "expected"),
     # eager 0.1 s/step, regional 30 s + 0.05 s/step; background: eager for 30 s (1 s before its
-    # worker started, 29 s while it compiled), a 0.55 s stall (0.5 s beyond a compiled step), then regional's steps
-    [(100, "eager"), (299, "eager"), (400, "regional-background"), (100_000, "regional-background")],
+    # worker started, 29 s while it compiled), a 0.55 s stall (0.5 s beyond a compiled step), then
+    # regional's steps
+    [
+        (100, "eager"),
+        (299, "eager"),
+        (400, "regional-background"),
+        (100_000, "regional-background"),
+    ],
 )
-def test_a_background_compile_is_eager_until_its_worker_is_done_then_the_compiled_recipe(steps_planned, expected):
-    ranked, best = rank_candidates([*field()[:2], background(worker_s=29.0, stall_s=0.55)], steps_planned)
+def test_a_background_compile_is_eager_until_its_worker_is_done_then_the_compiled_recipe(
+    steps_planned, expected
+):
+    ranked, best = rank_candidates(
+        [*field()[:2], background(worker_s=29.0, stall_s=0.55)], steps_planned
+    )
     assert best.name == expected
     bg = result_of(ranked, "regional-background")
     eager_total = steps_planned * 0.1

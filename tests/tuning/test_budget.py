@@ -43,7 +43,9 @@ def runner(monkeypatch):
                 now[0] += timeout_s - compiled_at
             else:
                 now[0] += timeout_s
-            return RecipeResult(name=recipe, status="failed", error=f"timed out after {timeout_s:g} s")
+            return RecipeResult(
+                name=recipe, status="failed", error=f"timed out after {timeout_s:g} s"
+            )
         now[0] += total
         # compiled candidates run twice as fast per step as eager
         step = STEP_S if recipe == "eager" else STEP_S / 2
@@ -63,7 +65,13 @@ def runner(monkeypatch):
 
 
 def run_tune(budget_s):
-    return tune(SPEC, steps_planned=10**6, budget_s=budget_s, candidates=["mark-dynamic", "full", "regional", "eager"], measure=MeasureConfig(backend="eager"))
+    return tune(
+        SPEC,
+        steps_planned=10**6,
+        budget_s=budget_s,
+        candidates=["mark-dynamic", "full", "regional", "eager"],
+        measure=MeasureConfig(backend="eager"),
+    )
 
 
 def test_a_small_budget_goes_to_the_cheapest_compile_first_and_it_is_checked(runner):
@@ -85,7 +93,9 @@ def test_when_the_budget_stops_the_first_compile_tune_says_what_budget_would_do(
     assert result.recommendation == "eager"
     assert result.candidate("regional").verdict == "unchecked"
     # 35 s before it + more than its 45 s + eager's 30 s of steady steps: more than 110 s
-    assert "regional was still compiling when the budget stopped it 45 s into its run" in result.reason
+    assert (
+        "regional was still compiling when the budget stopped it 45 s into its run" in result.reason
+    )
     assert "needs more than 1.8 min" in result.reason
     assert "--budget 2 or more (budget_s=110)" in result.reason
     assert result.reason.startswith("eager: the only recipe measured")
@@ -119,8 +129,12 @@ def test_without_a_budget_every_candidate_runs_in_tunes_order(runner):
 
 
 def test_a_candidate_that_cannot_run_starts_no_process(runner):
-    result = tune(SPEC, steps_planned=10**6, candidates=["regional-warm", "eager"],
-                  measure=MeasureConfig(backend="eager"))
+    result = tune(
+        SPEC,
+        steps_planned=10**6,
+        candidates=["regional-warm", "eager"],
+        measure=MeasureConfig(backend="eager"),
+    )
     assert runner == ["eager"]
     warm = result.candidate("regional-warm")
     assert warm.status == "skipped" and "needs the compile cache of 'regional'" in warm.reason

@@ -51,7 +51,10 @@ def test_a_perturbing_backend_fails_with_the_offending_tensor():
     verdict = check("full", ctx, reference, batch, models.PERTURB_BACKEND)
     assert not verdict.ok
     assert verdict.offending.startswith(("0:train", "1:train"))
-    assert "against the float64 reference" in verdict.offending and "of the allowance" in verdict.offending
+    assert (
+        "against the float64 reference" in verdict.offending
+        and "of the allowance" in verdict.offending
+    )
 
 
 def test_the_runs_own_compiled_model_and_optimizer_pass_without_compiling_again():

@@ -23,16 +23,27 @@ def test_the_bucket_note_says_what_the_timed_buckets_row_padded_to():
 
 def test_the_prediction_line_carries_steadiness_and_steal():
     line = prediction_line(
-        {"status": "ok", "recipe": "buckets", "steps": 20000, "predicted_s": 474.3, "measured_s": 507.0,
-         "ratio": 474.3 / 507.0, "steady_note": "the run kept its speed", "cpu_steal": 0.002}
+        {
+            "status": "ok",
+            "recipe": "buckets",
+            "steps": 20000,
+            "predicted_s": 474.3,
+            "measured_s": 507.0,
+            "ratio": 474.3 / 507.0,
+            "steady_note": "the run kept its speed",
+            "cpu_steal": 0.002,
+        }
     )
     assert "predicted 474.3 s, measured 507.0 s (predicted ÷ measured 0.94)" in line
     assert "the run kept its speed" in line and "took 0% of the CPU time" in line
-    assert prediction_line({"status": "failed", "error": "boom"}) == "prediction check: failed: boom"
+    assert (
+        prediction_line({"status": "failed", "error": "boom"}) == "prediction check: failed: boom"
+    )
 
 
 def test_the_chart_is_drawn_on_a_private_figure_without_touching_pyplot(tmp_path):
-    """tune() runs inside the user's process: its chart must not pick matplotlib's backend for them."""
+    """tune() runs inside the user's process: its chart must not pick matplotlib's
+    backend for them."""
     import subprocess
     import sys
 
@@ -50,5 +61,7 @@ print(path, "matplotlib.pyplot" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     path, pyplot_imported = out.stdout.rsplit(maxsplit=1)  # the path may hold spaces
-    assert (tmp_path / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.endswith("tune.png")
+    assert (tmp_path / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.endswith(
+        "tune.png"
+    )
     assert pyplot_imported == "False"

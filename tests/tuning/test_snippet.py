@@ -56,9 +56,7 @@ def test_fullgraph_only_without_measured_breaks():
     )
     assert "compile_model(model, fullgraph=False, precompile=True)" in source
     assert "from pkg.models import build" in source and "steps_planned = 9" in source
-    source = make_snippet(
-        BY_NAME["regional"], spec="pkg.models:build", steps_planned=9
-    )
+    source = make_snippet(BY_NAME["regional"], spec="pkg.models:build", steps_planned=9)
     # compile_regional pins and compiles the loss itself (compile_loss=True), as the bench ran it
     assert "fix_loss_function" not in source
     assert "compile_regional(model, fullgraph=True, precompile=True)" in source
@@ -97,4 +95,6 @@ def test_a_module_spec_is_imported_from_the_directory_tune_found_it_in():
         BY_NAME["eager"], spec="mymodels:build", sys_path="/home/me/proj", steps_planned=3
     )
     assert "_MODEL_DIR = '/home/me/proj'" in source
-    assert source.index("sys.path.insert(0, _MODEL_DIR)") < source.index("from mymodels import build")
+    assert source.index("sys.path.insert(0, _MODEL_DIR)") < source.index(
+        "from mymodels import build"
+    )

@@ -21,7 +21,14 @@ MODELS = Path(__file__).with_name("models.py")
 
 
 def test_the_budget_is_respected_and_skips_say_why(tmp_path):
-    result = tune(f"{MODELS}:build", steps_planned=1000, budget_s=0.5, candidates=["eager", "regional", "full"], out_dir=tmp_path, measure=MeasureConfig(backend="eager"))
+    result = tune(
+        f"{MODELS}:build",
+        steps_planned=1000,
+        budget_s=0.5,
+        candidates=["eager", "regional", "full"],
+        out_dir=tmp_path,
+        measure=MeasureConfig(backend="eager"),
+    )
     assert result.recommendation is None
     assert {c.status for c in result.candidates} == {"skipped"}
     assert all(c.reason.startswith("budget:") for c in result.candidates), format_table(result)
@@ -49,10 +56,22 @@ def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_plann
     from torchcompile_kit.bench.runner import INPROCESS_ENV
 
     monkeypatch.setenv(INPROCESS_ENV, "1")  # no process per candidate: this is about the counts
-    short = tune(f"{MODELS}:build", steps_planned=40, candidates=["eager"], out_dir=tmp_path / "short", measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=60.0))
+    short = tune(
+        f"{MODELS}:build",
+        steps_planned=40,
+        candidates=["eager"],
+        out_dir=tmp_path / "short",
+        measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=60.0),
+    )
     eager = short.candidate("eager")
     assert eager.status == "ok" and eager.metrics.steps == 40  # capped at the planned run
-    window = tune(f"{MODELS}:build", steps_planned=10**6, candidates=["eager"], out_dir=tmp_path / "window", measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=0.5))
+    window = tune(
+        f"{MODELS}:build",
+        steps_planned=10**6,
+        candidates=["eager"],
+        out_dir=tmp_path / "window",
+        measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=0.5),
+    )
     metrics = window.candidate("eager").metrics
     assert metrics.steady_s >= 0.5 and metrics.steps >= 3
     # more than the 3 steps asked for exactly when those took less than the window
@@ -64,11 +83,21 @@ def test_the_bucket_note_describes_the_timed_buckets_row_only_when_it_ran(tmp_pa
     from torchcompile_kit.bench.runner import INPROCESS_ENV
 
     monkeypatch.setenv(INPROCESS_ENV, "1")
-    kwargs = {"steps_planned": 100, "measure": MeasureConfig(backend="eager", steps=2, warmup_steps=1)}
-    without = tune(f"{MODELS}:build_with_lengths", candidates=["eager"], out_dir=tmp_path / "a", **kwargs)
+    kwargs = {
+        "steps_planned": 100,
+        "measure": MeasureConfig(backend="eager", steps=2, warmup_steps=1),
+    }
+    without = tune(
+        f"{MODELS}:build_with_lengths", candidates=["eager"], out_dir=tmp_path / "a", **kwargs
+    )
     (note,) = without.notes
     assert "plan_buckets(batch_size=" in note and "timed 'buckets' row" not in note
-    both = tune(f"{MODELS}:build_with_lengths", candidates=["eager", "buckets"], out_dir=tmp_path / "b", **kwargs)
+    both = tune(
+        f"{MODELS}:build_with_lengths",
+        candidates=["eager", "buckets"],
+        out_dir=tmp_path / "b",
+        **kwargs,
+    )
     assert both.candidate("buckets").status == "ok", format_table(both)
     (note,) = both.notes
     assert "timed 'buckets' row is your make_batch batches" in note
@@ -77,7 +106,13 @@ def test_the_bucket_note_describes_the_timed_buckets_row_only_when_it_ran(tmp_pa
 @pytest.mark.slow
 def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
     # steps_planned so large that any faster compiled recipe would win on the arithmetic
-    result = tune(f"{MODELS}:build", steps_planned=10**9, candidates=["eager", "full", "regional"], out_dir=tmp_path, measure=MeasureConfig(backend=models.PERTURB_BACKEND, steady_s=0))
+    result = tune(
+        f"{MODELS}:build",
+        steps_planned=10**9,
+        candidates=["eager", "full", "regional"],
+        out_dir=tmp_path,
+        measure=MeasureConfig(backend=models.PERTURB_BACKEND, steady_s=0),
+    )
     assert result.recommendation == "eager", format_table(result)
     for name in ("full", "regional"):
         candidate = result.candidate(name)
@@ -97,7 +132,13 @@ def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
 @pytest.mark.slow
 def test_graph_breaks_are_shown_and_the_printed_snippet_reproduces_the_setup(tmp_path, monkeypatch):
     # steps_planned large enough that nothing is pruned as unable to win
-    result = tune(f"{MODELS}:build_with_break", steps_planned=10**6, candidates=["eager", "full"], out_dir=tmp_path, measure=MeasureConfig(backend="eager", steady_s=0))
+    result = tune(
+        f"{MODELS}:build_with_break",
+        steps_planned=10**6,
+        candidates=["eager", "full"],
+        out_dir=tmp_path,
+        measure=MeasureConfig(backend="eager", steady_s=0),
+    )
     full = result.candidate("full")
     assert full.status == "ok" and full.verdict == "pass"
     assert full.graph_breaks >= 1  # ranked, with its breaks
@@ -152,13 +193,23 @@ def test_the_command_line(tmp_path, capsys):
     assert "budget:" in capsys.readouterr().err  # progress lines say why each was skipped
 
 
-def test_a_small_budget_ends_with_a_compiled_candidate_checked_in_its_own_run(tmp_path, monkeypatch):
+def test_a_small_budget_ends_with_a_compiled_candidate_checked_in_its_own_run(
+    tmp_path, monkeypatch
+):
     from torchcompile_kit.bench.runner import INPROCESS_ENV
 
     monkeypatch.setenv(INPROCESS_ENV, "1")
-    result = tune(f"{MODELS}:build", steps_planned=10**6, budget_s=300, candidates=["full", "regional", "eager"], out_dir=tmp_path, measure=MeasureConfig(backend="aot_eager", steps=3, warmup_steps=1, steady_s=0))
-    started = sorted((c for c in result.candidates if c.started_s is not None),
-                     key=lambda c: c.started_s)
+    result = tune(
+        f"{MODELS}:build",
+        steps_planned=10**6,
+        budget_s=300,
+        candidates=["full", "regional", "eager"],
+        out_dir=tmp_path,
+        measure=MeasureConfig(backend="aot_eager", steps=3, warmup_steps=1, steady_s=0),
+    )
+    started = sorted(
+        (c for c in result.candidates if c.started_s is not None), key=lambda c: c.started_s
+    )
     assert [c.name for c in started] == ["eager", "regional", "full"]  # tune's order, not ours
     for name in ("regional", "full"):
         checked = result.candidate(name)
@@ -216,7 +267,13 @@ def test_recommended_py_runs_as_a_script_from_anywhere_with_the_factorys_optimiz
     monkeypatch.chdir(project)  # where the user runs tune: the module imports from here
     monkeypatch.setattr(sys, "path", list(sys.path))  # tune puts the cwd on it
     try:
-        result = tune("tck_user_models:build", steps_planned=3, candidates=["eager", "full"], out_dir=out, measure=MeasureConfig(backend="eager", steps=2, warmup_steps=1, steady_s=0))
+        result = tune(
+            "tck_user_models:build",
+            steps_planned=3,
+            candidates=["eager", "full"],
+            out_dir=out,
+            measure=MeasureConfig(backend="eager", steps=2, warmup_steps=1, steady_s=0),
+        )
     finally:
         sys.modules.pop("tck_user_models", None)
     assert result.recommendation in ("eager", "full"), format_table(result)
@@ -225,8 +282,15 @@ def test_recommended_py_runs_as_a_script_from_anywhere_with_the_factorys_optimiz
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # the two failures: from the out dir, and from the project dir with a path to it
     for cwd in (out, project):
-        run = subprocess.run([sys.executable, str(out / "recommended.py")], cwd=cwd, env=env,
-                             capture_output=True, text=True, timeout=300, check=False)
+        run = subprocess.run(
+            [sys.executable, str(out / "recommended.py")],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.count("user optimizer step") == 3  # the factory's optimizer trained
 
@@ -237,7 +301,14 @@ def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_
     from torchcompile_kit.bench.runner import INPROCESS_ENV
 
     monkeypatch.setenv(INPROCESS_ENV, "1")
-    result = tune("tests.bench.user_models:medium_lm", steps_planned=10**6, candidates=["eager", "full", "full-warm"], warm_start=True, out_dir=tmp_path, measure=MeasureConfig(backend="eager", steps=60, warmup_steps=2, steady_s=0))
+    result = tune(
+        "tests.bench.user_models:medium_lm",
+        steps_planned=10**6,
+        candidates=["eager", "full", "full-warm"],
+        warm_start=True,
+        out_dir=tmp_path,
+        measure=MeasureConfig(backend="eager", steps=60, warmup_steps=2, steady_s=0),
+    )
     full, warm = result.candidate("full"), result.candidate("full-warm")
     assert full.status == warm.status == "ok", format_table(result)
     assert full.paired and warm.paired and full.speedup_low is not None
@@ -245,4 +316,8 @@ def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_
     table = format_table(result)
     assert "≈" in next(line for line in table.splitlines() if " full " in line)
     saved = json.loads((tmp_path / "tune.json").read_text())
-    assert {c["name"]: c["paired"] for c in saved["candidates"]} == {"eager": False, "full": True, "full-warm": True}
+    assert {c["name"]: c["paired"] for c in saved["candidates"]} == {
+        "eager": False,
+        "full": True,
+        "full-warm": True,
+    }

@@ -10,8 +10,13 @@ import torch
 
 from .precompile import dynamo_cache_counters
 
-__all__ = ["compile_cache_counters", "cpu_capability", "inductor_cache_dir", "load_mega_cache",
-           "save_mega_cache"]
+__all__ = [
+    "compile_cache_counters",
+    "cpu_capability",
+    "inductor_cache_dir",
+    "load_mega_cache",
+    "save_mega_cache",
+]
 
 
 # --- compile cache ---------------------------------------------------------------------------
@@ -54,7 +59,8 @@ def save_mega_cache() -> tuple[bytes, dict[str, int]] | None:
 
 
 def load_mega_cache(data: bytes) -> dict[str, int] | None:
-    """Hot-load mega-cache bytes into the inductor caches; entry counts, or ``None`` if unreadable."""
+    """Hot-load mega-cache bytes into the inductor caches; entry counts, or ``None``
+    if unreadable."""
     info = torch.compiler.load_cache_artifacts(data)
     if info is None:
         return None
@@ -72,11 +78,13 @@ def compile_cache_counters() -> dict[str, int]:
     """
     from torch._dynamo.utils import counters
 
-    return {"fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
-            "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-            "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
-            "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
-            **dynamo_cache_counters()}
+    return {
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+        **dynamo_cache_counters(),
+    }
 
 
 def cpu_capability() -> str:

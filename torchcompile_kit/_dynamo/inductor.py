@@ -10,8 +10,13 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["fresh_inductor_cache", "header_precompiles", "import_compiler",
-           "inductor_freezing_enabled", "loading_built_kernels"]
+__all__ = [
+    "fresh_inductor_cache",
+    "header_precompiles",
+    "import_compiler",
+    "inductor_freezing_enabled",
+    "loading_built_kernels",
+]
 
 
 # --- inductor -------------------------------------------------------------------------------

@@ -11,7 +11,12 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_isa_probe_stats", "probed_cpu_isas", "start_cpu_isa_probe", "wait_for_cpu_isa_probe"]
+__all__ = [
+    "cpu_isa_probe_stats",
+    "probed_cpu_isas",
+    "start_cpu_isa_probe",
+    "wait_for_cpu_isa_probe",
+]
 
 
 # --- inductor's CPU vector-ISA probe ----------------------------------------------------------
@@ -90,8 +95,9 @@ def start_cpu_isa_probe(known: list[list[str]] | None = None) -> threading.Threa
                 if known is None or not _probe_as_known(probe, known):
                     probe()
             except Exception:
-                logger.debug("background CPU ISA probe failed; inductor will probe itself",
-                             exc_info=True)
+                logger.debug(
+                    "background CPU ISA probe failed; inductor will probe itself", exc_info=True
+                )
 
         # registered once; again if something cleared dynamo's callbacks since
         if _wait_before_compiling not in callback_handler.start_callbacks:
@@ -122,7 +128,9 @@ def _probe_as_known(probe: Callable[[], Any], known: list[list[str]]) -> bool:
                 if hasattr(member, "cache_clear"):
                     member.cache_clear()
     for isa in cpu_vec_isa.supported_vec_isa_list:
-        for name in [name for name in vars(isa) if name.startswith("_is_") and name.endswith("_supported")]:
+        for name in [
+            name for name in vars(isa) if name.startswith("_is_") and name.endswith("_supported")
+        ]:
             delattr(isa, name)
     return False
 
@@ -133,7 +141,8 @@ def _wait_before_compiling(_args: Any) -> None:
 
 
 def wait_for_cpu_isa_probe(timeout: float | None = None) -> bool:
-    """Wait for a background probe started by :func:`start_cpu_isa_probe`; whether none is running."""
+    """Wait for a background probe started by :func:`start_cpu_isa_probe`; whether
+    none is running."""
     thread = _isa_probe
     if thread is not None:
         thread.join(timeout)
@@ -142,6 +151,7 @@ def wait_for_cpu_isa_probe(timeout: float | None = None) -> bool:
 
 
 def cpu_isa_probe_stats() -> dict[str, int]:
-    """How often inductor's ISA probe ran (``misses``) and was answered from its cache (``hits``)."""
+    """How often inductor's ISA probe ran (``misses``) and was answered from its cache
+    (``hits``)."""
     info = _isa_probe_fn().cache_info()
     return {"hits": int(info.hits), "misses": int(info.misses)}

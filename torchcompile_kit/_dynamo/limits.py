@@ -13,8 +13,14 @@ import torch
 
 from ..errors import UnsupportedTorchError
 
-__all__ = ["PER_CALL_KWARGS", "check_per_call_kwargs", "isolated_cache_kwarg", "recompile_limit",
-           "recompile_limit_at_least", "recompile_limit_kwarg"]
+__all__ = [
+    "PER_CALL_KWARGS",
+    "check_per_call_kwargs",
+    "isolated_cache_kwarg",
+    "recompile_limit",
+    "recompile_limit_at_least",
+    "recompile_limit_kwarg",
+]
 
 
 # --- the recompile limit --------------------------------------------------------------------
@@ -91,8 +97,9 @@ PER_CALL_KWARGS = ("recompile_limit", "isolate_recompiles")
 """``torch.compile`` keywords that only some torches in the tested window take (see above)."""
 
 
-def check_per_call_kwargs(compile_kwargs: dict[str, Any], *, caller: str,
-                          compile_fn: Callable[..., Any] | None = None) -> None:
+def check_per_call_kwargs(
+    compile_kwargs: dict[str, Any], *, caller: str, compile_fn: Callable[..., Any] | None = None
+) -> None:
     """Raise ``UnsupportedTorchError`` for a per-call keyword (``recompile_limit=``,
     ``isolate_recompiles=``) this torch's ``torch.compile`` does not take, before anything is
     compiled (torch would raise ``TypeError`` after part of the model was). ``compile_fn`` stands in

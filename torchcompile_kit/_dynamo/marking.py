@@ -16,8 +16,9 @@ __all__ = ["mark_dynamic", "mark_static_address", "reset"]
 # Can go when `torch.compiler` has both.
 
 
-def mark_dynamic(tensor: torch.Tensor, dim: int, *, min: int | None = None,
-                 max: int | None = None) -> None:
+def mark_dynamic(
+    tensor: torch.Tensor, dim: int, *, min: int | None = None, max: int | None = None
+) -> None:
     """``torch._dynamo.mark_dynamic`` with its ``min``/``max`` bounds."""
     torch._dynamo.mark_dynamic(tensor, dim, min=min, max=max)
 

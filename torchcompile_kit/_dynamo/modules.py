@@ -10,8 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["clear_compiled_call", "compiled_module_names", "eager_call", "get_compiled_call",
-           "is_compiled_module", "is_torch_compile_wrapper", "set_compiled_call"]
+__all__ = [
+    "clear_compiled_call",
+    "compiled_module_names",
+    "eager_call",
+    "get_compiled_call",
+    "is_compiled_module",
+    "is_torch_compile_wrapper",
+    "set_compiled_call",
+]
 
 
 # --- compiled-module detection --------------------------------------------------------------
@@ -22,7 +29,8 @@ __all__ = ["clear_compiled_call", "compiled_module_names", "eager_call", "get_co
 
 
 def is_torch_compile_wrapper(obj: object) -> bool:
-    """Whether ``obj`` is a ``torch.compile(module)`` wrapper (``OptimizedModule``, ``_orig_mod``)."""
+    """Whether ``obj`` is a ``torch.compile(module)`` wrapper (``OptimizedModule``,
+    ``_orig_mod``)."""
     return isinstance(obj, torch._dynamo.eval_frame.OptimizedModule)
 
 

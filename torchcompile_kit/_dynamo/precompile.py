@@ -74,8 +74,9 @@ def precompiling() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=_GRAD_WARNING, module="torch._dynamo.guards")
         logging.getLogger("torch._dynamo.guards").addFilter(_quiet_dropped_guards)
         _QUIET_GRAD_WARNING.append(True)
-    with dynamo_config.patch(caching_precompile=True), functorch_config.patch(
-        force_non_lazy_backward_lowering=True
+    with (
+        dynamo_config.patch(caching_precompile=True),
+        functorch_config.patch(force_non_lazy_backward_lowering=True),
     ):
         yield
 
@@ -133,7 +134,9 @@ def is_package_error(error: BaseException) -> bool:
     while traceback is not None and traceback.tb_next is not None:
         traceback = traceback.tb_next
     innermost = traceback.tb_frame.f_code.co_filename if traceback is not None else ""
-    return isinstance(error, AssertionError) and innermost.endswith(os.path.join("torch", "_guards.py"))
+    return isinstance(error, AssertionError) and innermost.endswith(
+        os.path.join("torch", "_guards.py")
+    )
 
 
 def drop_class_guards(entries: Sequence[Any]) -> list[bool]:
@@ -147,7 +150,6 @@ def dynamo_cache_counters() -> dict[str, int]:
 
     found = counters["dynamo_cache"]
     return {name: int(found.get(name, 0)) for name in ("dynamo_cache_hit", "dynamo_cache_miss")}
-
 
 
 def remember_region(record: dict[str, Any]) -> None:
@@ -217,7 +219,11 @@ def step_past_installed_names(scope: dict[str, Any]) -> None:
 
     if hasattr(bytecode_transformation, "unique_id_unbound_in"):
         return
-    used = [int(m.group(1)) for name in list(scope) if name.startswith("__") and (m := re.search(r"_(\d+)$", name))]
+    used = [
+        int(m.group(1))
+        for name in list(scope)
+        if name.startswith("__") and (m := re.search(r"_(\d+)$", name))
+    ]
     if used:
         start = max(max(used) + 1, next(bytecode_transformation._unique_id_counter))
         bytecode_transformation._unique_id_counter = itertools.count(start)
@@ -227,8 +233,8 @@ def module_aliases(scope: dict[str, Any]) -> dict[str, str]:
     """The modules a trace installed in ``scope`` under names of its own: ``{name: module name}``.
 
     Why: when a graph's output rebuilds an object whose class lives in a module the root's globals
-    do not name (``collections.OrderedDict`` under transformers' ``ModelOutput``), the saved bytecode
-    loads the module through a global ``___module_<name>_<id>_c<n>``
+    do not name (``collections.OrderedDict`` under transformers' ``ModelOutput``), the saved
+    bytecode loads the module through a global ``___module_<name>_<id>_c<n>``
     (``PyCodegen.create_load_python_module``, ``install_global_by_id``), which the precompile entry
     does not record, so a restart fails with ``NameError: name '___module_collections_…'`` (measured
     on a GPT-2 compiled whole, 2.13 and 2.15). The region's record carries these names, and

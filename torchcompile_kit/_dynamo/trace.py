@@ -8,8 +8,15 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LIMIT_WARNING_LOGGER_NAME", "TRACE_LOGGER_NAME", "close_trace_logger",
-           "compile_failure_stack", "interned_string", "limit_warning_logger", "open_trace_logger"]
+__all__ = [
+    "LIMIT_WARNING_LOGGER_NAME",
+    "TRACE_LOGGER_NAME",
+    "close_trace_logger",
+    "compile_failure_stack",
+    "interned_string",
+    "limit_warning_logger",
+    "open_trace_logger",
+]
 
 
 # --- structured trace / compile events -------------------------------------------------------

@@ -12,11 +12,20 @@ from .schema import AdapterFacts, AdapterRule, SafetyFinding
 
 __all__ = [
     # top level UX
-    "check_peft_compile_safety", "compile_peft", "get_peft_compile_record",
+    "check_peft_compile_safety",
+    "compile_peft",
+    "get_peft_compile_record",
     # what was decided, as data
-    "Decision", "PeftCompileRecord",
+    "Decision",
+    "PeftCompileRecord",
     # what the hook guards cost (counts; seconds on an idle machine)
     # the rule table, for tools and tests
-    "RULES", "AdapterFacts", "AdapterRule", "SafetyFinding", "describe_peft_model",
-    "evaluate_rules", "rule_by_id", "rule_in_force",
+    "RULES",
+    "AdapterFacts",
+    "AdapterRule",
+    "SafetyFinding",
+    "describe_peft_model",
+    "evaluate_rules",
+    "rule_by_id",
+    "rule_in_force",
 ]

@@ -19,8 +19,14 @@ from .record import Decision, Stage
 from .rule_table import RULES
 from .schema import ON_VIOLATION, AdapterFacts, AdapterRule, OnViolation, SafetyFinding
 
-__all__ = ["check_on_violation", "enforce", "evaluate_rules", "finding", "rule_by_id",
-           "rule_in_force"]
+__all__ = [
+    "check_on_violation",
+    "enforce",
+    "evaluate_rules",
+    "finding",
+    "rule_by_id",
+    "rule_in_force",
+]
 
 
 def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = None) -> bool:
@@ -31,14 +37,14 @@ def rule_in_force(rule: AdapterRule, *, torch_version: str | Version | None = No
         >>> rule_in_force(rule, torch_version="2.12.0"), rule_in_force(rule, torch_version="2.13.0")
         (False, True)
     """
-    if rule.torch_since and not version_at_least("torch", rule.torch_since,
-                                                 installed=torch_version):
-        return False
-    return True
+    return not rule.torch_since or version_at_least(
+        "torch", rule.torch_since, installed=torch_version
+    )
 
 
-def evaluate_rules(facts: AdapterFacts, *,
-                   torch_version: str | Version | None = None) -> list[SafetyFinding]:
+def evaluate_rules(
+    facts: AdapterFacts, *, torch_version: str | Version | None = None
+) -> list[SafetyFinding]:
     """One :class:`SafetyFinding` per rule in force (for ``torch_version``, default installed) that
     fires on ``facts``, in table order; nothing is emitted here.
 
@@ -60,8 +66,12 @@ def evaluate_rules(facts: AdapterFacts, *,
 
 def finding(rule: AdapterRule, detail: str) -> SafetyFinding:
     """The :class:`SafetyFinding` of ``rule`` fired by ``detail``."""
-    return SafetyFinding(rule_id=rule.id, severity=rule.severity,
-                         message=rule.message.format(detail=detail), evidence=rule.evidence)
+    return SafetyFinding(
+        rule_id=rule.id,
+        severity=rule.severity,
+        message=rule.message.format(detail=detail),
+        evidence=rule.evidence,
+    )
 
 
 def rule_by_id(rule_id: str) -> AdapterRule:
@@ -74,13 +84,24 @@ def rule_by_id(rule_id: str) -> AdapterRule:
 
 def check_on_violation(on_violation: str) -> None:
     """Refuse an unknown ``on_violation`` with the three choices and what each does."""
-    check_choice("on_violation", on_violation, ON_VIOLATION,
-                 hint="use 'error' to refuse, 'warn' to compile anyway with warnings, or 'ignore'")
+    check_choice(
+        "on_violation",
+        on_violation,
+        ON_VIOLATION,
+        hint="use 'error' to refuse, 'warn' to compile anyway with warnings, or 'ignore'",
+    )
 
 
-def enforce(findings: Iterable[SafetyFinding], on_violation: OnViolation, *, subject: str,
-            stacklevel: int = 3, decisions: list[Decision] | None = None, stage: Stage = "compile",
-            operation: str = "compile_peft") -> None:
+def enforce(
+    findings: Iterable[SafetyFinding],
+    on_violation: OnViolation,
+    *,
+    subject: str,
+    stacklevel: int = 3,
+    decisions: list[Decision] | None = None,
+    stage: Stage = "compile",
+    operation: str = "compile_peft",
+) -> None:
     """Raise, warn or stay quiet about ``findings`` as ``on_violation`` says.
 
     With ``decisions``, what was done about each finding is appended to it first (a
@@ -109,8 +130,9 @@ def enforce(findings: Iterable[SafetyFinding], on_violation: OnViolation, *, sub
         raise error
 
 
-def _refusal_message(refusals: list[SafetyFinding], subject: str, stage: Stage,
-                     operation: str) -> str:
+def _refusal_message(
+    refusals: list[SafetyFinding], subject: str, stage: Stage, operation: str
+) -> str:
     """What was refused and what to do, worded for what was called (check, compile, a method)."""
     not_peft = next((f for f in refusals if f.rule_id == "not-peft-model"), None)
     if not_peft is not None:
@@ -118,8 +140,12 @@ def _refusal_message(refusals: list[SafetyFinding], subject: str, stage: Stage,
         return f"{operation}: {not_peft.message}"
     lines = "\n".join(f"  - {f}" for f in refusals)
     if stage == "runtime":
-        return (f"refusing {operation}() on the compiled {subject}: {len(refusals)} rule(s) "
-                f"violated:\n{lines}\nFix each one, or compile with compile_peft(..., "
-                "on_violation='warn') to go ahead anyway.")
-    return (f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
-            "Fix each one, or pass on_violation='warn' to go ahead anyway.")
+        return (
+            f"refusing {operation}() on the compiled {subject}: {len(refusals)} rule(s) "
+            f"violated:\n{lines}\nFix each one, or compile with compile_peft(..., "
+            "on_violation='warn') to go ahead anyway."
+        )
+    return (
+        f"refusing to compile {subject}: {len(refusals)} rule(s) violated:\n{lines}\n"
+        "Fix each one, or pass on_violation='warn' to go ahead anyway."
+    )

@@ -14,14 +14,20 @@ from .schema import AdapterFacts
 __all__ = ["describe_peft_model"]
 
 
-def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: bool | None = None,
-                        backend: Any = "inductor",
-                        options: dict[str, Any] | None = None) -> AdapterFacts:
+def describe_peft_model(
+    model: nn.Module,
+    *,
+    fullgraph: bool = False,
+    training: bool | None = None,
+    backend: Any = "inductor",
+    options: dict[str, Any] | None = None,
+) -> AdapterFacts:
     """Describe ``model`` and the planned compile (``fullgraph``, ``training``, ``backend``,
     inductor ``options``) for the rule table, without changing anything.
 
     Example:
-        >>> describe_peft_model(get_peft_model(base, LoraConfig())).peft_types  # doctest: +SKIP
+        >>> describe_peft_model(get_peft_model(base,  # doctest: +NORMALIZE_WHITESPACE, +SKIP
+        ...     LoraConfig())).peft_types
         {'default': 'LORA'}
     """
     inner = model._orig_mod if _dynamo.is_torch_compile_wrapper(model) else model
@@ -29,12 +35,20 @@ def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: 
         model_class=type(model).__name__,
         compiled_modules=(["<model>"] if inner is not model else [])
         + [name or "<model>" for name in _dynamo.compiled_module_names(inner)],
-        wrapped_before_peft=[name for name, m in inner.named_modules()
-                             if name and _dynamo.is_torch_compile_wrapper(m)],
-        training=inner.training if training is None else training, fullgraph=fullgraph,
-        backend=backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend)),
-        freezing=_is_freezing(backend, options), recompile_limit=_dynamo.recompile_limit(),
-        device_type=next(inner.parameters(), torch.empty(0)).device.type)
+        wrapped_before_peft=[
+            name
+            for name, m in inner.named_modules()
+            if name and _dynamo.is_torch_compile_wrapper(m)
+        ],
+        training=inner.training if training is None else training,
+        fullgraph=fullgraph,
+        backend=backend
+        if isinstance(backend, str)
+        else getattr(backend, "__name__", repr(backend)),
+        freezing=_is_freezing(backend, options),
+        recompile_limit=_dynamo.recompile_limit(),
+        device_type=next(inner.parameters(), torch.empty(0)).device.type,
+    )
     configs = getattr(inner, "peft_config", None)
     if not is_package_available("peft") or not isinstance(configs, dict) or not configs:
         facts.is_peft_model = False
@@ -63,8 +77,6 @@ def describe_peft_model(model: nn.Module, *, fullgraph: bool = False, training: 
         checkpointing = "is_gradient_checkpointing"
     facts.gradient_checkpointing = bool(getattr(base, checkpointing, False))
     return facts
-
-
 
 
 def _is_freezing(backend: Any, options: dict[str, Any] | None) -> bool:

@@ -1,4 +1,5 @@
-"""Runtime checks on a compiled PEFT model: no stale graph, and the operations only safe in some contexts.
+"""Runtime checks on a compiled PEFT model: no stale graph, and the operations only safe in some
+contexts.
 
 Per-call hooks (``adapter_names=``) are guarded by compiling every region with hook guards on;
 adapter attributes, ``requires_grad`` flips and in-place weight changes are guarded by dynamo
@@ -38,9 +39,17 @@ class AdapterGuard:
     model rebinds them to the copy.
     """
 
-    def __init__(self, model: nn.Module, *, fullgraph: bool, regional: bool,
-                 on_violation: OnViolation, record: PeftCompileRecord,
-                 compile_kwargs: dict[str, Any], verify: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        fullgraph: bool,
+        regional: bool,
+        on_violation: OnViolation,
+        record: PeftCompileRecord,
+        compile_kwargs: dict[str, Any],
+        verify: bool = False,
+    ) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         self.model = model
@@ -58,9 +67,16 @@ class AdapterGuard:
         self.adapters = self._adapter_key()
         self.known = {(d.rule_id, d.message) for d in record.decisions}
         # the first call in each adapter state (a new graph) is compared with eager
-        self.verifier = FirstCallVerifier(model, recipe="compile_peft",
-                                          backend=compile_kwargs.get("backend", "inductor"),
-                                          state=self.verify_state) if verify else None
+        self.verifier = (
+            FirstCallVerifier(
+                model,
+                recipe="compile_peft",
+                backend=compile_kwargs.get("backend", "inductor"),
+                state=self.verify_state,
+            )
+            if verify
+            else None
+        )
 
     def install(self) -> None:
         model = self.model
@@ -129,20 +145,34 @@ class AdapterGuard:
 
     def _recheck(self) -> list[SafetyFinding]:
         """The static rules again, for adapters added or deleted after compiling."""
-        facts = describe_peft_model(self.model, fullgraph=self.fullgraph,
-                                    backend=self.compile_kwargs.get("backend", "inductor"),
-                                    options=self.compile_kwargs.get("options"))
+        facts = describe_peft_model(
+            self.model,
+            fullgraph=self.fullgraph,
+            backend=self.compile_kwargs.get("backend", "inductor"),
+            options=self.compile_kwargs.get("options"),
+        )
         self.record.adapters = list(facts.peft_types)
         found = [f for f in evaluate_rules(facts) if f.rule_id not in _NOT_RECHECKED]
-        return [f for f in found if (f.rule_id, f.message) not in self.known or f.severity == "refuse"]
+        return [
+            f for f in found if (f.rule_id, f.message) not in self.known or f.severity == "refuse"
+        ]
 
     def _enforce(self, found: list[SafetyFinding], operation: str, stacklevel: int = 4) -> None:
         self.known |= {(f.rule_id, f.message) for f in found}
-        enforce(found, self.on_violation, subject=type(self.model).__name__, stacklevel=stacklevel,
-                decisions=self.record.decisions, stage="runtime", operation=operation)
+        enforce(
+            found,
+            self.on_violation,
+            subject=type(self.model).__name__,
+            stacklevel=stacklevel,
+            decisions=self.record.decisions,
+            stage="runtime",
+            operation=operation,
+        )
 
     def _adapter_key(self) -> tuple[tuple[str, int], ...]:
-        return tuple((name, id(config)) for name, config in getattr(self.model, "peft_config", {}).items())
+        return tuple(
+            (name, id(config)) for name, config in getattr(self.model, "peft_config", {}).items()
+        )
 
     def verify_state(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The state a first-call check is made once for (a bound method: deepcopy rebinds it)."""
@@ -167,9 +197,17 @@ class AdapterGuard:
         eager = self.regional and self.record.generate == "eager"
         if eager and "generate-eager" not in self.warned:
             self.warned.add("generate-eager")
-            found.append(finding(rule_by_id("generate-eager"), f"recompile_limit={self.record.recompile_limit}"))
+            found.append(
+                finding(
+                    rule_by_id("generate-eager"), f"recompile_limit={self.record.recompile_limit}"
+                )
+            )
         if kwargs.get("adapter_names") is not None and self.fullgraph:
-            found.append(finding(rule_by_id("mixed-batch-fullgraph"), repr(list(kwargs["adapter_names"])[:6])))
+            found.append(
+                finding(
+                    rule_by_id("mixed-batch-fullgraph"), repr(list(kwargs["adapter_names"])[:6])
+                )
+            )
         adapters = self._adapter_key()  # generate() calls the base model: no forward pre-hook
         if adapters != self.adapters:
             found += self._recheck()
@@ -177,7 +215,10 @@ class AdapterGuard:
         self.adapters = adapters
         # the blocks' compiled calls are skipped, not dropped: forwards stay compiled after it
         stance = torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()
-        compiled = (cache_calls_compiled() if self.record.generate == "compiled"
-                    else contextlib.nullcontext())
+        compiled = (
+            cache_calls_compiled()
+            if self.record.generate == "compiled"
+            else contextlib.nullcontext()
+        )
         with stance, compiled:
             return self.originals["generate"](*args, **kwargs)

@@ -29,7 +29,8 @@ class Decision:
     """One rule that fired and what was done about it."""
 
     rule_id: str
-    """The rule's id (``"mixed-batch-fullgraph"``); the table is ``torchcompile_kit.adapters.RULES``."""
+    """The rule's id (``"mixed-batch-fullgraph"``); the table is
+    ``torchcompile_kit.adapters.RULES``."""
     severity: Literal["refuse", "warn"]
     """What the rule asks for."""
     verdict: Verdict
@@ -37,17 +38,27 @@ class Decision:
     stage: Stage
     """``"compile"`` (``compile_peft``) or ``"runtime"`` (a call of the compiled model)."""
     operation: str
-    """What triggered it: ``"compile_peft"``, ``"forward"``, ``"generate"``, ``"disable_adapter"``..."""
+    """What triggered it: ``"compile_peft"``, ``"forward"``, ``"generate"``,
+    ``"disable_adapter"``..."""
     message: str
     """The rule's message with the triggering detail."""
     evidence: str
     """The test or upstream issue behind the rule."""
 
     @classmethod
-    def of(cls, finding: SafetyFinding, *, verdict: Verdict, stage: Stage, operation: str) -> Decision:
+    def of(
+        cls, finding: SafetyFinding, *, verdict: Verdict, stage: Stage, operation: str
+    ) -> Decision:
         """The decision taken on ``finding``."""
-        return cls(rule_id=finding.rule_id, severity=finding.severity, verdict=verdict, stage=stage,
-                   operation=operation, message=finding.message, evidence=finding.evidence)
+        return cls(
+            rule_id=finding.rule_id,
+            severity=finding.severity,
+            verdict=verdict,
+            stage=stage,
+            operation=operation,
+            message=finding.message,
+            evidence=finding.evidence,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,7 +89,8 @@ class PeftCompileRecord:
 
     @property
     def verdict(self) -> Literal["refused", "warned", "ok"]:
-        """``"refused"`` if anything was refused, else ``"warned"`` if anything warned, else ``"ok"``."""
+        """``"refused"`` if anything was refused, else ``"warned"`` if anything warned, else
+        ``"ok"``."""
         verdicts = {d.verdict for d in self.decisions}
         return "refused" if "refused" in verdicts else "warned" if "warned" in verdicts else "ok"
 

@@ -10,17 +10,38 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["TESTED_PEFT_TYPES", "AdapterFacts", "AdapterRule", "OnViolation", "SafetyFinding",
-           "Severity"]
+__all__ = [
+    "TESTED_PEFT_TYPES",
+    "AdapterFacts",
+    "AdapterRule",
+    "OnViolation",
+    "SafetyFinding",
+    "Severity",
+]
 
 OnViolation = Literal["error", "warn", "ignore"]
 ON_VIOLATION: tuple[str, ...] = ("error", "warn", "ignore")
 Severity = Literal["refuse", "warn"]
 
-# Methods whose outputs and gradients matched eager here (tests/adapters/test_compile.py matrix), plus
+# Methods whose outputs and gradients matched eager here (tests/adapters/test_compile.py matrix),
+# plus
 # VB-LoRA and MiSS, which peft's own tests/test_torch_compile.py covers.
-TESTED_PEFT_TYPES = frozenset({"LORA", "ADALORA", "BOFT", "IA3", "LN_TUNING", "LOHA", "LOKR", "OFT",
-                               "VERA", "HRA", "VBLORA", "MISS"})
+TESTED_PEFT_TYPES = frozenset(
+    {
+        "LORA",
+        "ADALORA",
+        "BOFT",
+        "IA3",
+        "LN_TUNING",
+        "LOHA",
+        "LOKR",
+        "OFT",
+        "VERA",
+        "HRA",
+        "VBLORA",
+        "MISS",
+    }
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -30,7 +51,8 @@ class AdapterFacts:
     model_class: str
     """Class name of the model that was checked (``"PeftModelForCausalLM"``)."""
     is_peft_model: bool = True
-    """A ``peft.PeftModel`` (or a module carrying a ``peft_config`` dict, as transformers' adapters do)."""
+    """A ``peft.PeftModel`` (or a module carrying a ``peft_config`` dict, as transformers' adapters
+    do)."""
     is_mixed_model: bool = False
     """A ``peft.PeftMixedModel`` (several adapter methods at once)."""
     compiled_modules: list[str] = field(default_factory=list)
@@ -71,7 +93,8 @@ class AdapterRule:
     id: str
     """Stable identifier, shown in every message (``"dora-fullgraph"``)."""
     severity: Severity
-    """``"refuse"`` raises :class:`~torchcompile_kit.errors.UnsafeAdapterConfigError`; ``"warn"`` warns."""
+    """``"refuse"`` raises :class:`~torchcompile_kit.errors.UnsafeAdapterConfigError`; ``"warn"``
+    warns."""
     condition: str
     """The trigger, in words."""
     evidence: str
@@ -100,5 +123,3 @@ class SafetyFinding:
 
     def __str__(self) -> str:
         return f"[{self.rule_id}] {self.message} (evidence: {self.evidence})"
-
-

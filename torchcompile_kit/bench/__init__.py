@@ -1,4 +1,5 @@
-"""The benchmark command's machinery: ``torchcompile-kit bench`` runs the reference post's experiment.
+"""The benchmark command's machinery: ``torchcompile-kit bench`` runs the reference post's
+experiment.
 
 One concept per module (the captioner, the recipe table, ``MeasureConfig``, the ``--model`` spec,
 batches, the isolated runner and what its process runs and measures, the typed rows, paired
@@ -23,13 +24,32 @@ from .report import render_table
 from .runner import RecipeResult, run_recipe_isolated
 
 __all__ = [
-    "PRESETS", "RECIPES", "MeasureConfig", "Metrics", "ModelSpec", "ModelSpecError", "Recipe",
-    "RecipeContext", "RecipeResult", "apply_recipe", "setup_source",
+    "PRESETS",
+    "RECIPES",
+    "MeasureConfig",
+    "Metrics",
+    "ModelSpec",
+    "ModelSpecError",
+    "Recipe",
+    "RecipeContext",
+    "RecipeResult",
+    "apply_recipe",
+    "setup_source",
     # also used by tune: the captioner and its batches for the correctness check, the loss
-    "batch_stream", "build_captioner", "load_model_spec", "loss_of", "missing_requirement",
+    "batch_stream",
+    "build_captioner",
+    "load_model_spec",
+    "loss_of",
+    "missing_requirement",
     # also used by tune and the doctor: a ratio to eager from paired blocks, with its interval
-    "paired_ratio", "ratio_interval", "parse_model_spec", "portable_model_spec", "render_table",
-    "run_recipe_isolated", "caption_length_mix", "spec_buckets",
+    "paired_ratio",
+    "ratio_interval",
+    "parse_model_spec",
+    "portable_model_spec",
+    "render_table",
+    "run_recipe_isolated",
+    "caption_length_mix",
+    "spec_buckets",
 ]
 
 

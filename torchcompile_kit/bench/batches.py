@@ -15,10 +15,24 @@ from .captioner import CaptionerPreset, caption_samples
 from .model_spec import ModelSpec
 from .recipes import Recipe
 
-__all__ = ["SEQUENCE_KEYS", "batch_stream", "planned_tokens_per_step", "repad", "seq_keys", "spec_buckets"]
+__all__ = [
+    "SEQUENCE_KEYS",
+    "batch_stream",
+    "planned_tokens_per_step",
+    "repad",
+    "seq_keys",
+    "spec_buckets",
+]
 
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids",
-                 "decoder_input_ids", "decoder_attention_mask")
+SEQUENCE_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "labels",
+    "token_type_ids",
+    "position_ids",
+    "decoder_input_ids",
+    "decoder_attention_mask",
+)
 """Keys whose dim 1 is the sequence (marked dynamic by ``mark-dynamic``)."""
 
 Prepare = Callable[[Callable[[dict[str, Any]], Any]], None]
@@ -29,8 +43,9 @@ def seq_keys(batch: dict[str, Any]) -> list[str]:
     return [k for k in SEQUENCE_KEYS if k in batch and getattr(batch[k], "ndim", 0) >= 2]
 
 
-def batch_stream(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset,
-                 device: Any) -> tuple[Iterator[dict[str, Any]], Prepare | None]:
+def batch_stream(
+    recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any
+) -> tuple[Iterator[dict[str, Any]], Prepare | None]:
     """``(batches, prepare)`` for ``recipe``: an endless batch iterator, and what compiles every
     shape up front before the first step (buckets), or ``None``."""
     from torchcompile_kit import (
@@ -52,7 +67,9 @@ def batch_stream(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset,
     pool = caption_samples(preset, size * 64, seed=0)
     if recipe.data == "buckets":
         lengths = [len(s["labels"]) for s in pool]
-        buckets = plan_buckets(lengths, max_buckets=preset.max_buckets, max_length=preset.max_length)
+        buckets = plan_buckets(
+            lengths, max_buckets=preset.max_buckets, max_length=preset.max_length
+        )
         sampler = BucketBatchSampler(lengths, buckets, size, drop_last=True, seed=0)
         collate = PadToBucketCollator(buckets=buckets)
 
@@ -110,8 +127,15 @@ def spec_buckets(lengths: list[int], preset: CaptionerPreset) -> list[int]:
     return plan_buckets(lengths, max_buckets=preset.max_buckets)
 
 
-def planned_tokens_per_step(recipe: Recipe, spec: ModelSpec, preset: CaptionerPreset, device: Any,
-                            steps: int, *, samples: int = 2048) -> float | None:
+def planned_tokens_per_step(
+    recipe: Recipe,
+    spec: ModelSpec,
+    preset: CaptionerPreset,
+    device: Any,
+    steps: int,
+    *,
+    samples: int = 2048,
+) -> float | None:
     """Mean padded tokens per step over a run of ``steps`` steps of ``recipe``'s batches (``None``
     without a token tensor): what a long run computes per step, to which ``tune`` scales its timed
     steps. A spec's ``make_batch(step)`` is called at ``samples`` steps spread over the run; the
@@ -134,7 +158,9 @@ def planned_tokens_per_step(recipe: Recipe, spec: ModelSpec, preset: CaptionerPr
     return sum(tokens) / len(tokens) if tokens else None
 
 
-def repad(batch: dict[str, Any], collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+def repad(
+    batch: dict[str, Any], collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
+) -> dict[str, Any]:
     """Re-pad a ``--model`` batch as ``collate`` (a :class:`PadToBucketCollator`) pads: each row cut
     to its attention mask's length (right padding assumed) and the rows collated again."""
     keys = seq_keys(batch)
@@ -144,6 +170,12 @@ def repad(batch: dict[str, Any], collate: Callable[[list[dict[str, Any]]], dict[
     features = []
     for i in range(batch[keys[0]].shape[0]):
         length = int(mask[i].sum()) if mask is not None else batch[keys[0]].shape[1]
-        features.append({k: v[i, :length] if k in keys else v[i] for k, v in batch.items() if hasattr(v, "shape")})
+        features.append(
+            {
+                k: v[i, :length] if k in keys else v[i]
+                for k, v in batch.items()
+                if hasattr(v, "shape")
+            }
+        )
     padded = collate(features)
     return {k: padded[k] for k in batch}  # the collator may add a mask the model does not take

@@ -5,7 +5,8 @@ The post (Chaim Rand, "Maximizing AI/ML Model Performance with PyTorch Compilati
 Science, 2025, https://towardsdatascience.com/maximizing-ai-ml-model-performance-with-pytorch-compilation/)
 trains default ``ViTConfig`` + ``GPT2Config`` (vocab 1024) on captions whose lengths are 90% in
 [5,31], 9% in [33,63], 1% in [65,255], batch 64, Adam. ``full-size`` keeps those sizes; ``tiny``
-fits a bench run in minutes on a 2-core CPU. Dropout is 0 in both, so eager and compiled losses compare.
+fits a bench run in minutes on a 2-core CPU. Dropout is 0 in both, so eager and compiled losses
+compare.
 """
 
 from __future__ import annotations
@@ -56,12 +57,32 @@ PRESETS: dict[str, CaptionerPreset] = {
     # and steady steps take milliseconds; the length mix and max length stay the post's, so the
     # shape and padding behaviour of every recipe is the post's.
     "tiny": CaptionerPreset(
-        name="tiny", image_size=32, patch_size=8, hidden=64, layers=2, heads=2, vocab=1024,
-        max_length=256, batch_size=8, warmup_steps=5, steps=20, max_buckets=4,
+        name="tiny",
+        image_size=32,
+        patch_size=8,
+        hidden=64,
+        layers=2,
+        heads=2,
+        vocab=1024,
+        max_length=256,
+        batch_size=8,
+        warmup_steps=5,
+        steps=20,
+        max_buckets=4,
     ),
     "full-size": CaptionerPreset(
-        name="full-size", image_size=224, patch_size=16, hidden=768, layers=12, heads=12, vocab=1024,
-        max_length=256, batch_size=64, warmup_steps=20, steps=100, max_buckets=8,
+        name="full-size",
+        image_size=224,
+        patch_size=16,
+        hidden=768,
+        layers=12,
+        heads=12,
+        vocab=1024,
+        max_length=256,
+        batch_size=64,
+        warmup_steps=20,
+        steps=100,
+        max_buckets=8,
     ),
 }
 
@@ -84,7 +105,8 @@ def caption_length_mix(n: int, *, seed: int = 0, max_length: int = 256) -> list[
 
 def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
     """The post's ``VisionEncoderDecoderModel`` at ``preset``'s sizes, in train mode, with weights
-    drawn from ``seed`` (every recipe starts from the same weights), ``use_cache=False``, dropout 0."""
+    drawn from ``seed`` (every recipe starts from the same weights), ``use_cache=False``, dropout
+    0."""
     import torch
     from transformers import (
         GPT2Config,
@@ -93,14 +115,29 @@ def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
         ViTConfig,
     )
 
-    encoder = ViTConfig(hidden_size=preset.hidden, num_hidden_layers=preset.layers,
-                        num_attention_heads=preset.heads, intermediate_size=4 * preset.hidden,
-                        image_size=preset.image_size, patch_size=preset.patch_size,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    decoder = GPT2Config(vocab_size=preset.vocab, n_positions=preset.max_length,
-                         n_embd=preset.hidden, n_layer=preset.layers, n_head=preset.heads,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=START_ID,
-                         eos_token_id=END_ID, use_cache=False)
+    encoder = ViTConfig(
+        hidden_size=preset.hidden,
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        intermediate_size=4 * preset.hidden,
+        image_size=preset.image_size,
+        patch_size=preset.patch_size,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    decoder = GPT2Config(
+        vocab_size=preset.vocab,
+        n_positions=preset.max_length,
+        n_embd=preset.hidden,
+        n_layer=preset.layers,
+        n_head=preset.heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=START_ID,
+        eos_token_id=END_ID,
+        use_cache=False,
+    )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder.use_cache = False
     config.decoder_start_token_id = START_ID
@@ -113,8 +150,8 @@ def build_captioner(preset: CaptionerPreset, *, seed: int = 0) -> Any:
 
 
 def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` samples like the post's ``FakeDataset``: ``pixel_values``, ``decoder_input_ids`` (START +
-    caption), ``decoder_attention_mask`` and ``labels`` (caption + END), of one length drawn from
+    """``n`` samples like the post's ``FakeDataset``: ``pixel_values``, ``decoder_input_ids`` (START
+    + caption), ``decoder_attention_mask`` and ``labels`` (caption + END), of one length drawn from
     :func:`caption_length_mix`, so any collator gives the post's batches."""
     import torch
 
@@ -127,7 +164,11 @@ def caption_samples(preset: CaptionerPreset, n: int, *, seed: int = 0) -> list[d
         inputs = torch.cat([torch.tensor([START_ID]), caption])
         image = torch.randn(3, preset.image_size, preset.image_size, generator=gen)
         samples.append(
-            {"pixel_values": image, "decoder_input_ids": inputs,
-             "decoder_attention_mask": torch.ones(length, dtype=torch.long), "labels": labels}
+            {
+                "pixel_values": image,
+                "decoder_input_ids": inputs,
+                "decoder_attention_mask": torch.ones(length, dtype=torch.long),
+                "labels": labels,
+            }
         )
     return samples

@@ -14,10 +14,22 @@ from .outcome import RecipeResult
 from .recipes import RECIPES
 from .results import BenchResults
 
-__all__ = ["bar_figure", "charts_available", "ratio_figure", "throughput_figure", "timeline_figure",
-           "write_charts", "write_comparison_chart"]
+__all__ = [
+    "bar_figure",
+    "charts_available",
+    "ratio_figure",
+    "throughput_figure",
+    "timeline_figure",
+    "write_charts",
+    "write_comparison_chart",
+]
 
-_GROUP_COLORS = {"static": "#4C72B0", "dynamic": "#55A868", "warm-up": "#C44E52", "distributed": "#8172B2"}
+_GROUP_COLORS = {
+    "static": "#4C72B0",
+    "dynamic": "#55A868",
+    "warm-up": "#C44E52",
+    "distributed": "#8172B2",
+}
 _OTHER_COLOR = "#937860"  # a row of no known group (a custom recipe)
 
 
@@ -52,10 +64,21 @@ def _bars(axes: Any, rows: Sequence[RecipeResult], key: str) -> None:
     """One horizontal bar per row (first row on top): hatched and labelled when not quotable."""
     rows = list(rows)[::-1]
     values = [getattr(r.metrics, key) for r in rows]
-    bars = axes.barh([r.name for r in rows], values, color=[_color(r.group) for r in rows],
-                     hatch=[_NOT_QUOTABLE if r.metrics.not_quotable else "" for r in rows])
-    axes.bar_label(bars, labels=[f"{v:.3g}" + (" not quotable" if r.metrics.not_quotable else "")
-                                 for v, r in zip(values, rows)], padding=3, fontsize=8)
+    bars = axes.barh(
+        [r.name for r in rows],
+        values,
+        color=[_color(r.group) for r in rows],
+        hatch=[_NOT_QUOTABLE if r.metrics.not_quotable else "" for r in rows],
+    )
+    axes.bar_label(
+        bars,
+        labels=[
+            f"{v:.3g}" + (" not quotable" if r.metrics.not_quotable else "")
+            for v, r in zip(values, rows)
+        ],
+        padding=3,
+        fontsize=8,
+    )
     axes.margins(x=0.3)
 
 
@@ -88,10 +111,12 @@ def throughput_figure(rows: Sequence[RecipeResult], title: str) -> Any:
         axes = figure.add_subplot(len(panels), 1, index + 1)
         _bars(axes, members, "steps_per_s")
         _group_legend(axes, members)
-        axes.set_title(f"rows compared with {baseline}" + (f": {title}" if index == 0 else ""),
-                       fontsize=9)
-    figure.axes[-1].set_xlabel("steps/s (higher is better; each panel its own batches and axis; "
-                               "hatched: not to be quoted)")
+        axes.set_title(
+            f"rows compared with {baseline}" + (f": {title}" if index == 0 else ""), fontsize=9
+        )
+    figure.axes[-1].set_xlabel(
+        "steps/s (higher is better; each panel its own batches and axis; hatched: not to be quoted)"
+    )
     return figure
 
 
@@ -99,8 +124,13 @@ def _baseline_of(row: RecipeResult, rows: Sequence[RecipeResult]) -> str:
     """The baseline a row is compared with (a baseline: itself)."""
     recipe = RECIPES.get(row.name)
     baseline = row.metrics.speedup_baseline or (recipe.baseline if recipe is not None else "eager")
-    if any(RECIPES.get(other.name) is not None and RECIPES[other.name].baseline == row.name
-           for other in rows) or row.name == "eager":
+    if (
+        any(
+            RECIPES.get(other.name) is not None and RECIPES[other.name].baseline == row.name
+            for other in rows
+        )
+        or row.name == "eager"
+    ):
         return row.name
     return baseline
 
@@ -125,11 +155,17 @@ def ratio_figure(rows: Sequence[RecipeResult], title: str) -> Any:
     high = [(m.speedup_high or m.speedup) - m.speedup for m in metrics]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
-    bars = axes.barh([r.name for r in ok], values, xerr=[low, high], capsize=3,
-                     color=[_color(r.group) for r in ok],
-                     hatch=[_NOT_QUOTABLE if m.not_quotable else "" for m in metrics])
+    bars = axes.barh(
+        [r.name for r in ok],
+        values,
+        xerr=[low, high],
+        capsize=3,
+        color=[_color(r.group) for r in ok],
+        hatch=[_NOT_QUOTABLE if m.not_quotable else "" for m in metrics],
+    )
     labels = [
-        f"{m.speedup:.2f}" + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
+        f"{m.speedup:.2f}"
+        + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
         + (" not quotable" if m.not_quotable else "")
         for m in metrics
     ]
@@ -137,7 +173,9 @@ def ratio_figure(rows: Sequence[RecipeResult], title: str) -> Any:
     _group_legend(axes, ok[::-1])
     axes.axvline(1.0, color="grey", lw=0.8, ls="--")
     axes.set_title(title, fontsize=10)
-    axes.set_xlabel("× the group's baseline, 95% interval (higher is better; hatched: not to be quoted)")
+    axes.set_xlabel(
+        "× the group's baseline, 95% interval (higher is better; hatched: not to be quoted)"
+    )
     axes.margins(x=0.35)
     return figure
 
@@ -174,19 +212,30 @@ def write_charts(document: BenchResults, out_dir: str | os.PathLike[str]) -> lis
     where = f"{settings.get('model')}, {env.get('device')}, torch {env.get('torch')}"
     warmup = f"warm-up: first {settings.get('warmup_steps')} steps from a cold start ({where})"
     written = [
-        _save(bar_figure(rows, "warmup_s", warmup, "seconds (lower is better)"), out / "warmup.png"),
-        _save(throughput_figure(rows, f"median of {settings.get('steps')} steps ({where})"),
-              out / "throughput.png"),
+        _save(
+            bar_figure(rows, "warmup_s", warmup, "seconds (lower is better)"), out / "warmup.png"
+        ),
+        _save(
+            throughput_figure(rows, f"median of {settings.get('steps')} steps ({where})"),
+            out / "throughput.png",
+        ),
         _save(ratio_figure(rows, f"paired ratio to the baseline ({where})"), out / "speedup.png"),
-        _save(timeline_figure(rows, f"steps done against wall time ({where})"), out / "timeline.png"),
+        _save(
+            timeline_figure(rows, f"steps done against wall time ({where})"), out / "timeline.png"
+        ),
     ]
     return [path for path in written if path is not None]
 
 
-def write_comparison_chart(first: BenchResults, second: BenchResults, path: str | os.PathLike[str],
-                           *, labels: Sequence[str] = ("A", "B")) -> Path | None:
-    """Two runs side by side as grouped bars (warm-up seconds, steps/s) in a PNG at ``path``; ``None``
-    without matplotlib or a recipe both ran."""
+def write_comparison_chart(
+    first: BenchResults,
+    second: BenchResults,
+    path: str | os.PathLike[str],
+    *,
+    labels: Sequence[str] = ("A", "B"),
+) -> Path | None:
+    """Two runs side by side as grouped bars (warm-up seconds, steps/s) in a PNG at ``path``;
+    ``None`` without matplotlib or a recipe both ran."""
     if not charts_available():
         return None
     a_rows = {r.name: r.metrics for r in first.rows if r.status == "ok"}

@@ -19,9 +19,10 @@ class MeasureConfig:
     Example:
         >>> MeasureConfig(preset="tiny", steps=50).steps_or_preset()
         50
-        >>> MeasureConfig(steps=0)
+        >>> MeasureConfig(steps=0)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
-        ValueError: MeasureConfig(steps=0): must be a positive number of steps, or None for the preset's
+        ValueError: MeasureConfig(steps=0): must be a positive number of steps, or None for the
+        preset's
     """
 
     preset: str = "tiny"
@@ -50,15 +51,23 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"MeasureConfig(preset={self.preset!r}): choose from {list(PRESETS)!r}")
+            raise ValueError(
+                f"MeasureConfig(preset={self.preset!r}): choose from {list(PRESETS)!r}"
+            )
         for name in ("steps", "warmup_steps"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"MeasureConfig({name}={value!r}): must be a positive number of "
-                                 "steps, or None for the preset's")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"MeasureConfig({name}={value!r}): must be a positive number of "
+                    "steps, or None for the preset's"
+                )
         if self.device not in (None, "cpu", "cuda"):
-            raise ValueError(f"MeasureConfig(device={self.device!r}): choose 'cpu' or 'cuda', or "
-                             "None for CUDA when a GPU is visible")
+            raise ValueError(
+                f"MeasureConfig(device={self.device!r}): choose 'cpu' or 'cuda', or "
+                "None for CUDA when a GPU is visible"
+            )
         if not self.steady_s >= 0:
             raise ValueError(f"MeasureConfig(steady_s={self.steady_s!r}): must be >= 0 seconds")
         if self.pin is not None:
@@ -68,18 +77,22 @@ class MeasureConfig:
         """``pin`` as ``(train CPUs, compile CPUs)``, or ``ValueError`` for a malformed one.
 
         Example:
-            >>> MeasureConfig(pin="0:1").pinned_cpus()
+            >>> MeasureConfig(pin="0:1").pinned_cpus()  # doctest: +NORMALIZE_WHITESPACE
             ([0], [1])
         """
         if self.pin is None:
             return None
         try:
-            train, compile_ = (sorted({int(c) for c in side.split(",")}) for side in self.pin.split(":"))
+            train, compile_ = (
+                sorted({int(c) for c in side.split(",")}) for side in self.pin.split(":")
+            )
         except ValueError:
             train = compile_ = []
         if not train or not compile_ or set(train) & set(compile_):
-            raise ValueError(f"MeasureConfig(pin={self.pin!r}): pass TRAIN:COMPILE CPU lists that "
-                             "do not overlap, e.g. '0:1' (train on CPU 0, compile on CPU 1)")
+            raise ValueError(
+                f"MeasureConfig(pin={self.pin!r}): pass TRAIN:COMPILE CPU lists that "
+                "do not overlap, e.g. '0:1' (train on CPU 0, compile on CPU 1)"
+            )
         return train, compile_
 
     def backend_or_default(self) -> str:
@@ -91,14 +104,19 @@ class MeasureConfig:
         visible, else ``"cpu"``; ``ValueError`` for CUDA asked on a machine without it."""
         import torch
 
-        device = self.device or os.environ.get("TORCHCOMPILE_KIT_BENCH_DEVICE") or (
-            "cuda" if torch.cuda.is_available() else "cpu")
+        device = (
+            self.device
+            or os.environ.get("TORCHCOMPILE_KIT_BENCH_DEVICE")
+            or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
         if device not in ("cpu", "cuda"):
             raise ValueError(f"$TORCHCOMPILE_KIT_BENCH_DEVICE={device!r}: choose 'cpu' or 'cuda'")
         if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' asked for, and torch sees no CUDA device here "
-                             f"(torch {torch.__version__}, CUDA {torch.version.cuda}); drop it to "
-                             "run on the CPU")
+            raise ValueError(
+                "device 'cuda' asked for, and torch sees no CUDA device here "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda}); drop it to "
+                "run on the CPU"
+            )
         return device
 
     def steps_or_preset(self) -> int:

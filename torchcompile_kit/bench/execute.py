@@ -29,8 +29,9 @@ from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 __all__ = ["execute_request", "missing_requirement"]
 
 
-def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
-                        backend: str = "inductor") -> str | None:
+def missing_requirement(
+    recipe: Recipe, *, device_type: str, spec: str | None, backend: str = "inductor"
+) -> str | None:
     """Why ``recipe`` cannot run here (a sentence for the skipped row), or ``None`` when it can."""
     if "cuda" in recipe.requires and device_type != "cuda":
         return "needs CUDA graphs (mode='reduce-overhead'); this machine has no CUDA device"
@@ -50,8 +51,10 @@ def missing_requirement(recipe: Recipe, *, device_type: str, spec: str | None,
 
 def _missing_lengths(recipe: Recipe, spec: ModelSpec) -> str | None:
     if recipe.data == "buckets" and spec.make_batch is not None and not spec.lengths:
-        return ("plans buckets from the dataset's lengths; return them from the --model function "
-                "as a third item: (model, make_batch, lengths)")
+        return (
+            "plans buckets from the dataset's lengths; return them from the --model function "
+            "as a third item: (model, make_batch, lengths)"
+        )
     return None
 
 
@@ -61,7 +64,8 @@ class _Skip(Exception):
 
 def _device(kind: str) -> Any:
     """This process's device (``kind``: ``"cpu"`` or ``"cuda"``): its local rank's GPU, made the
-    current device (NCCL, the compile cache's barrier and any bare ``.cuda()`` use it), or the CPU."""
+    current device (NCCL, the compile cache's barrier and any bare ``.cuda()`` use it), or the
+    CPU."""
     import torch
 
     if kind == "cuda":
@@ -75,7 +79,9 @@ def _spec(request: dict[str, Any]) -> ModelSpec:
     if request["spec"]:
         return load_model_spec(request["spec"])
     preset = PRESETS[request["preset"]]
-    return ModelSpec(source=f"captioner:{preset.name}", model=build_captioner(preset), make_batch=None)
+    return ModelSpec(
+        source=f"captioner:{preset.name}", model=build_captioner(preset), make_batch=None
+    )
 
 
 @contextlib.contextmanager
@@ -107,13 +113,19 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
     recipe = RECIPES[request["recipe"]]
     preset = PRESETS[request["preset"]]
     device = _device(request["device"])
-    settings = {"preset": preset.name, "backend": request["backend"],
-                "compile_overrides": request["compile_overrides"], "device": str(device),
-                "model": request["spec"] or f"captioner:{preset.name}", "data": recipe.data,
-                "world_size": recipe.world_size}
+    settings = {
+        "preset": preset.name,
+        "backend": request["backend"],
+        "compile_overrides": request["compile_overrides"],
+        "device": str(device),
+        "model": request["spec"] or f"captioner:{preset.name}",
+        "data": recipe.data,
+        "world_size": recipe.world_size,
+    }
     result = RecipeResult(name=recipe.name, status="skipped", group=recipe.group, settings=settings)
-    reason = missing_requirement(recipe, device_type=device.type, spec=request["spec"],
-                                 backend=request["backend"])
+    reason = missing_requirement(
+        recipe, device_type=device.type, spec=request["spec"], backend=request["backend"]
+    )
     if reason is not None:
         result.reason = reason
         return result
@@ -123,7 +135,7 @@ def execute_request(request: dict[str, Any]) -> RecipeResult:
         result.status = "ok"
     except _Skip as skip:
         result.reason = str(skip)
-    except Exception as err:  # a failing recipe is a row with its error, not a crashed bench
+    except Exception as err:  # noqa: BLE001 - a failing recipe is a row with its error, not a crashed bench
         result.status = "failed"
         tail = "".join(traceback.format_exception(err)[-6:])
         result.error = f"{type(err).__name__}: {err}"[:2000] + "\n" + tail[-3000:]
@@ -137,13 +149,18 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     notes: list[str] = []
     cache_path = Path(request["cache_dir"]) / f"{recipe.cache_from or recipe.name}.tckcache"
     pinned = request.get("pin")
-    if pinned:  # the row trains on these CPUs; a background worker gets the others (MeasureConfig.pin)
+    if (
+        pinned
+    ):  # the row trains on these CPUs; a background worker gets the others (MeasureConfig.pin)
         import torch
 
         os.sched_setaffinity(0, pinned[0])
         torch.set_num_threads(len(pinned[0]))
         if "background" in recipe.compile_kwargs and request["backend"] == "inductor":
-            request["compile_overrides"] = {**request["compile_overrides"], "background": {"cpus": pinned[1]}}
+            request["compile_overrides"] = {
+                **request["compile_overrides"],
+                "background": {"cpus": pinned[1]},
+            }
     started = time.perf_counter()
     _dynamo.import_compiler()  # in every row, so no timed phase below carries the import
     import_s = time.perf_counter() - started
@@ -163,10 +180,16 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     first = next(stream)
     step = _train_step(recipe, ctx, device, spec)
     if _compiles(recipe):  # dynamo and inductor compile inside the first steps: say so first
-        emit_event(event="phase", phase="first steps: compiling (minutes on a CPU for a large model)")
+        emit_event(
+            event="phase", phase="first steps: compiling (minutes on a CPU for a large model)"
+        )
     with CompileMonitor() as monitor:
         metrics = measure_training(
-            step, itertools.chain([first], stream), warmup_steps=warmup_steps, steps=steps, device=device,
+            step,
+            itertools.chain([first], stream),
+            warmup_steps=warmup_steps,
+            steps=steps,
+            device=device,
             before_first_step=(lambda: prepare(_forward_backward(step))) if prepare else None,
             on_step=lambda i, n, phase: emit_event(event="step", step=i, total=n, phase=phase),
             min_steady_s=float(request.get("steady_s") or 0.0),
@@ -175,23 +198,38 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
             keep_going=_until_switched(ctx.model),
         )
     if metrics.paired is not None:  # whether each block's two sides stepped on the same samples
-        metrics.paired.update(baseline=request["pair_with"],
-                              same_batches=recipe.data != "buckets" or spec.make_batch is not None)
+        metrics.paired.update(
+            baseline=request["pair_with"],
+            same_batches=recipe.data != "buckets" or spec.make_batch is not None,
+        )
     if request.get("plan_steps"):
-        metrics.plan_tokens_per_step = planned_tokens_per_step(recipe, spec, preset, device,
-                                                               int(request["plan_steps"]))
+        metrics.plan_tokens_per_step = planned_tokens_per_step(
+            recipe, spec, preset, device, int(request["plan_steps"])
+        )
     snapshot = monitor.snapshot()
     metrics.graphs, metrics.recompiles = snapshot.get("graphs"), snapshot.get("recompiles")
-    metrics.graph_breaks, metrics.compile_seconds = snapshot.get("graph_breaks"), snapshot.get("compile_seconds")
+    metrics.graph_breaks, metrics.compile_seconds = (
+        snapshot.get("graph_breaks"),
+        snapshot.get("compile_seconds"),
+    )
     metrics.monitor, metrics.import_compiler_s, metrics.build_s = snapshot, import_s, build_s
     if monitor.first_call_checks:
         metrics.first_call_checks = [check.as_dict() for check in monitor.first_call_checks]
         notes += [check.message() for check in monitor.first_call_checks]
     background = get_background_compile(ctx.model)
     if background is not None:
-        metrics.background = {name: getattr(background, name) for name in (
-            "eager_reason", "eager_steps", "switched_at_call", "start_after_s", "worker_s",
-            "stall_s", "handoff_s")}
+        metrics.background = {
+            name: getattr(background, name)
+            for name in (
+                "eager_reason",
+                "eager_steps",
+                "switched_at_call",
+                "start_after_s",
+                "worker_s",
+                "stall_s",
+                "handoff_s",
+            )
+        }
         metrics.background["state"] = background.state.value
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
@@ -223,8 +261,9 @@ def _until_switched(model: Any) -> Any:
     return lambda: record.stall_s is None and record.state is not BackgroundState.EAGER
 
 
-def _set_up(recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any,
-            notes: list[str]) -> tuple[RecipeContext, Path]:
+def _set_up(
+    recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: Any, notes: list[str]
+) -> tuple[RecipeContext, Path]:
     """The model on the device, its optimizer, the recipe applied (its warnings become notes),
     and where the weights it started from are saved for the check."""
     import torch
@@ -234,20 +273,29 @@ def _set_up(recipe: Recipe, spec: ModelSpec, request: dict[str, Any], device: An
     if "encoder_decoder" in recipe.requires and not (
         hasattr(spec.model, "encoder") and hasattr(spec.model, "decoder")
     ):
-        raise ValueError(f"recipe {recipe.name!r} needs a model with .encoder and .decoder submodules")
+        raise ValueError(
+            f"recipe {recipe.name!r} needs a model with .encoder and .decoder submodules"
+        )
     model = spec.model.to(device)
     # the user's optimizer when the spec returns one (module.to() keeps its parameters)
     optimizer = spec.optimizer or torch.optim.Adam(model.parameters(), lr=1e-4)
     initial = Path(request["result_path"]).with_name("initial_state.pt")
     if request.get("check"):  # the weights the check's eager reference starts from
         torch.save(model.state_dict(), initial)
-    ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"],
-                        overrides=dict(request["compile_overrides"]), device=device)
+    ctx = RecipeContext(
+        model=model,
+        optimizer=optimizer,
+        backend=request["backend"],
+        overrides=dict(request["compile_overrides"]),
+        device=device,
+    )
     emit_event(event="phase", phase="compile" if _compiles(recipe) else "set up")
     with warnings.catch_warnings(record=True) as caught:  # the library's warnings become notes
         warnings.simplefilter("always")
         apply_recipe(recipe, ctx)
-    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)):
+    for message in dict.fromkeys(
+        str(w.message) for w in caught if issubclass(w.category, UserWarning)
+    ):
         notes.append(f"warning: {message[:300]}")
     return ctx, initial
 
@@ -270,7 +318,13 @@ def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, devic
         spec = _spec(request)
         model = spec.model.to(device)
         optimizer = spec.optimizer or torch.optim.Adam(model.parameters(), lr=1e-4)
-        ctx = RecipeContext(model=model, optimizer=optimizer, backend=request["backend"], overrides={}, device=device)
+        ctx = RecipeContext(
+            model=model,
+            optimizer=optimizer,
+            backend=request["backend"],
+            overrides={},
+            device=device,
+        )
         # an eager recipe: nothing to set up
         stream, _ = batch_stream(base, spec, preset, device)
         return _train_step(base, ctx, device, spec), stream
@@ -278,8 +332,9 @@ def _paired_baseline(recipe: Recipe, request: dict[str, Any], preset: Any, devic
     return build
 
 
-def _check(request: dict[str, Any], ctx: RecipeContext, initial: Path, batch: dict[str, Any],
-           device: Any) -> dict[str, Any]:
+def _check(
+    request: dict[str, Any], ctx: RecipeContext, initial: Path, batch: dict[str, Any], device: Any
+) -> dict[str, Any]:
     """``request["check"]`` on the run's compiled model and an eager one from the same weights."""
     import torch
 
@@ -309,7 +364,9 @@ def _train_step(recipe: Recipe, ctx: RecipeContext, device: Any, spec: ModelSpec
     )
 
     def step(batch: dict[str, Any], *, update: bool = True) -> Any:
-        batch = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+        batch = {
+            k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()
+        }
         if recipe.mark_dynamic:
             mark_dynamic_batch(batch, 1, keys=seq_keys(batch))
         if recipe.zero_grads_in_place:

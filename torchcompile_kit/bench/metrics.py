@@ -14,15 +14,30 @@ from typing import Any
 
 from .outcome import Metrics
 
-__all__ = ["METRIC_LABELS", "compare", "cpu_times", "measure_training", "peak_memory_mb", "peak_reserved_mb",
-           "real_and_computed", "steal_share"]
+__all__ = [
+    "METRIC_LABELS",
+    "compare",
+    "cpu_times",
+    "measure_training",
+    "peak_memory_mb",
+    "peak_reserved_mb",
+    "real_and_computed",
+    "steal_share",
+]
 
 # metric key -> column label in tables and charts
-METRIC_LABELS: dict[str, str] = {"warmup_s": "warm-up s", "steps_per_s": "steps/s",
-                                 "tokens_per_s": "tokens/s", "speedup": "× eager",
-                                 "graphs": "graphs", "recompiles": "recompiles",
-                                 "graph_breaks": "breaks", "padding": "padding",
-                                 "peak_memory_mb": "peak MB", "loss_max_abs_diff": "|Δloss|"}
+METRIC_LABELS: dict[str, str] = {
+    "warmup_s": "warm-up s",
+    "steps_per_s": "steps/s",
+    "tokens_per_s": "tokens/s",
+    "speedup": "× eager",
+    "graphs": "graphs",
+    "recompiles": "recompiles",
+    "graph_breaks": "breaks",
+    "padding": "padding",
+    "peak_memory_mb": "peak MB",
+    "loss_max_abs_diff": "|Δloss|",
+}
 
 _MASK_KEYS = ("decoder_attention_mask", "attention_mask")
 
@@ -42,7 +57,8 @@ def real_and_computed(batch: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def cpu_times() -> tuple[int, int] | None:
-    """(steal, total) CPU ticks of the whole machine since boot, from ``/proc/stat``; ``None`` off Linux.
+    """(steal, total) CPU ticks of the whole machine since boot, from ``/proc/stat``; ``None`` off
+    Linux.
 
     *Steal* is time the hypervisor gave this VM's CPUs to someone else: on a shared cloud VM it is
     what makes a quiet-looking machine slow.
@@ -90,12 +106,15 @@ def peak_memory_mb(device: Any) -> float:
     import sys
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+    return (
+        peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    )  # bytes on macOS, KiB on Linux
 
 
 @contextlib.contextmanager
 def _collector_seconds() -> Iterator[list[float]]:
-    """Seconds Python's cyclic garbage collector ran in the block (``[seconds]``, filled at exit)."""
+    """Seconds Python's cyclic garbage collector ran in the block (``[seconds]``,
+    filled at exit)."""
     spent, started = [0.0], []
 
     def note(phase: str, info: dict[str, Any]) -> None:
@@ -122,7 +141,8 @@ def measure_training(
     on_step: Callable[[int, int, str], None] | None = None,
     min_steady_s: float = 0.0,
     max_steps: int | None = None,
-    baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]] | None = None,
+    baseline: Callable[[], tuple[Callable[[dict[str, Any]], Any], Iterator[dict[str, Any]]]]
+    | None = None,
     block_steps: int | None = None,
     keep_going: Callable[[], bool] | None = None,
 ) -> Metrics:
@@ -195,7 +215,11 @@ def measure_training(
         for _ in range(warmup_steps or 1):  # its first steps allocate; the streams then align
             base_step(next(base_batches))
         sync()
-        paired = {"block_steps": block_steps or block_steps_for(steps), "base_s": [], "recipe_s": []}
+        paired = {
+            "block_steps": block_steps or block_steps_for(steps),
+            "base_s": [],
+            "recipe_s": [],
+        }
     cpu_warm, machine_warm = cpu_times(), cpu_snapshot()
     total = warmup_steps + steps
     while len(times) < total - warmup_steps:
@@ -208,14 +232,20 @@ def measure_training(
             for side in sides:
                 for _ in range(n):
                     block[side].append(
-                        timed_step(total) if side == "recipe" else _base_step(base_step, base_batches, sync)
+                        timed_step(total)
+                        if side == "recipe"
+                        else _base_step(base_step, base_batches, sync)
                     )
             paired["base_s"].append(block["base"])
             paired["recipe_s"].append(block["recipe"])
         if len(times) == total - warmup_steps and times:
             other = sum(map(sum, paired["base_s"])) if paired else 0.0
             total += _extra_steps(times, min_steady_s, max_steps, other_s=other)
-            if keep_going is not None and keep_going() and (max_steps is None or len(times) < max_steps):
+            if (
+                keep_going is not None
+                and keep_going()
+                and (max_steps is None or len(times) < max_steps)
+            ):
                 total += 1
     median = statistics.median(times) if times else None
     cpu_end, machine_end = cpu_times(), cpu_snapshot()
@@ -224,7 +254,9 @@ def measure_training(
         first_step_s=first_step_s,
         first_step_gc_s=first_step_gc_s,
         steps_per_s=1 / median if median else None,
-        tokens_per_s=statistics.median(r / t for r, t in zip(real_tokens, times)) if times else None,
+        tokens_per_s=statistics.median(r / t for r, t in zip(real_tokens, times))
+        if times
+        else None,
         padding=1 - sums[0] / sums[1] if sums[1] else None,
         peak_memory_mb=peak if paired is not None else peak_memory_mb(device),
         peak_reserved_mb=reserved if paired is not None else peak_reserved_mb(device),
@@ -243,7 +275,11 @@ def measure_training(
     )
 
 
-def _base_step(step: Callable[[dict[str, Any]], Any], batches: Iterator[dict[str, Any]], sync: Callable[[], None]) -> float:
+def _base_step(
+    step: Callable[[dict[str, Any]], Any],
+    batches: Iterator[dict[str, Any]],
+    sync: Callable[[], None],
+) -> float:
     """One timed step of the paired baseline (its loss is not kept)."""
     batch = next(batches)
     began = time.perf_counter()
@@ -252,7 +288,9 @@ def _base_step(step: Callable[[dict[str, Any]], Any], batches: Iterator[dict[str
     return time.perf_counter() - began
 
 
-def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None, *, other_s: float = 0.0) -> int:
+def _extra_steps(
+    times: list[float], min_steady_s: float, max_steps: int | None, *, other_s: float = 0.0
+) -> int:
     """Steady steps still to time so that they (and ``other_s`` seconds of the paired baseline's
     steps) take ``min_steady_s`` in all (at most ``max_steps`` in all), estimated from the mean
     step so far (a compile spike in it makes the estimate short, and the steps are extended
@@ -269,9 +307,9 @@ def _extra_steps(times: list[float], min_steady_s: float, max_steps: int | None,
 
 def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
     """Fill ``speedup`` (with its interval), ``warmup_ratio``, ``loss_max_abs_diff`` and
-    ``not_quotable`` of each ok row's :class:`~.outcome.Metrics`, in place: a paired row's speedup is
-    the median of its block ratios; an unpaired row divides its steps/s by its baseline row's. Rows
-    of an unknown recipe (a custom ``tune`` row) compare with ``"eager"``.
+    ``not_quotable`` of each ok row's :class:`~.outcome.Metrics`, in place: a paired row's speedup
+    is the median of its block ratios; an unpaired row divides its steps/s by its baseline row's.
+    Rows of an unknown recipe (a custom ``tune`` row) compare with ``"eager"``.
     """
     from .paired import not_quotable, paired_ratio, rerun_spread, widen_for_rerun
 
@@ -280,7 +318,11 @@ def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
         ratio = paired_ratio(row.metrics)
         if ratio is not None:
             metrics = row.metrics
-            metrics.speedup, metrics.speedup_low, metrics.speedup_high = ratio["ratio"], ratio["low"], ratio["high"]
+            metrics.speedup, metrics.speedup_low, metrics.speedup_high = (
+                ratio["ratio"],
+                ratio["low"],
+                ratio["high"],
+            )
             metrics.speedup_blocks, metrics.speedup_method = ratio["blocks"], ratio["method"]
             metrics.speedup_baseline, metrics.speedup_paired = ratio["baseline"], True
     # the same compiled code in two processes: what a rerun gives, so every interval covers it

@@ -1,8 +1,8 @@
 """``--model module:function``: the user's own model for ``bench`` and ``tune``.
 
 ``function()`` returns ``(model, make_batch[, lengths[, optimizer]])``; the contract is in
-docs/benchmarks.md ("Your own model: --model"). The spec is a string on purpose: each recipe runs in its own
-process, which loads it again from the string.
+docs/benchmarks.md ("Your own model: --model"). The spec is a string on purpose: each recipe runs in
+its own process, which loads it again from the string.
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ from typing import Any
 from .._factory import import_factory, parse_factory
 from ..errors import TorchCompileKitError
 
-__all__ = ["ModelSpec", "ModelSpecError", "load_model_spec", "loss_of", "parse_model_spec",
-           "portable_model_spec"]
+__all__ = [
+    "ModelSpec",
+    "ModelSpecError",
+    "load_model_spec",
+    "loss_of",
+    "parse_model_spec",
+    "portable_model_spec",
+]
 
 
 class ModelSpecError(TorchCompileKitError, ValueError):
@@ -32,7 +38,8 @@ class ModelSpec:
     """A model and its batches, as the bench's recipes consume them."""
 
     source: str
-    """The spec string it was loaded from (``"mypkg.models:build"``), or ``"captioner:<preset>"``."""
+    """The spec string it was loaded from (``"mypkg.models:build"``), or ``"captioner:<preset>"``.
+    """
     model: Any
     """The ``nn.Module`` to train."""
     make_batch: Callable[[int], dict[str, Any]]
@@ -64,36 +71,48 @@ def load_model_spec(text: str) -> ModelSpec:
     try:
         returned = function()
     except Exception as err:
-        raise ModelSpecError(f"--model {text!r}: {function_name}() raised {type(err).__name__}: "
-                             f"{err}") from err
+        raise ModelSpecError(
+            f"--model {text!r}: {function_name}() raised {type(err).__name__}: {err}"
+        ) from err
     return _check_returned(text, returned)
 
 
 def _check_returned(text: str, returned: Any) -> ModelSpec:
     from torch import nn
 
-    shape = ("(model, make_batch), (model, make_batch, lengths) or "
-             "(model, make_batch, lengths, optimizer)")
+    shape = (
+        "(model, make_batch), (model, make_batch, lengths) or "
+        "(model, make_batch, lengths, optimizer)"
+    )
     if not isinstance(returned, tuple) or len(returned) not in (2, 3, 4):
-        raise ModelSpecError(f"--model {text!r} returned {type(returned).__name__} "
-                             f"({' '.join(repr(returned).split())[:60]}); it must return {shape}")
+        raise ModelSpecError(
+            f"--model {text!r} returned {type(returned).__name__} "
+            f"({' '.join(repr(returned).split())[:60]}); it must return {shape}"
+        )
     model, make_batch, *rest = returned
     if not isinstance(model, nn.Module):
-        raise ModelSpecError(f"--model {text!r}: the first item must be a torch.nn.Module, got "
-                             f"{type(model).__name__}; it must return {shape}")
+        raise ModelSpecError(
+            f"--model {text!r}: the first item must be a torch.nn.Module, got "
+            f"{type(model).__name__}; it must return {shape}"
+        )
     if not callable(make_batch):
-        raise ModelSpecError(f"--model {text!r}: the second item must be make_batch(step) -> "
-                             f"dict, got {type(make_batch).__name__}")
+        raise ModelSpecError(
+            f"--model {text!r}: the second item must be make_batch(step) -> "
+            f"dict, got {type(make_batch).__name__}"
+        )
     lengths = None
     if rest and rest[0] is not None:
         lengths = _check_lengths(text, rest[0])
     optimizer = _check_optimizer(text, model, rest[1]) if len(rest) == 2 else None
     batch = make_batch(0)
     if not isinstance(batch, dict):
-        raise ModelSpecError(f"--model {text!r}: make_batch(0) returned {type(batch).__name__}; "
-                             "it must return a dict that model(**batch) accepts")
-    return ModelSpec(source=text, model=model, make_batch=make_batch, lengths=lengths,
-                     optimizer=optimizer)
+        raise ModelSpecError(
+            f"--model {text!r}: make_batch(0) returned {type(batch).__name__}; "
+            "it must return a dict that model(**batch) accepts"
+        )
+    return ModelSpec(
+        source=text, model=model, make_batch=make_batch, lengths=lengths, optimizer=optimizer
+    )
 
 
 def _check_optimizer(text: str, model: Any, optimizer: Any) -> Any:
@@ -102,27 +121,35 @@ def _check_optimizer(text: str, model: Any, optimizer: Any) -> Any:
     if optimizer is None:
         return None
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ModelSpecError(f"--model {text!r}: the fourth item must be the "
-                             "torch.optim.Optimizer to train with, got "
-                             f"{type(optimizer).__name__}; return (model, make_batch, "
-                             "lengths_or_None, optimizer)")
+        raise ModelSpecError(
+            f"--model {text!r}: the fourth item must be the "
+            "torch.optim.Optimizer to train with, got "
+            f"{type(optimizer).__name__}; return (model, make_batch, "
+            "lengths_or_None, optimizer)"
+        )
     owned = {id(p) for p in model.parameters()}
     foreign = sum(id(p) not in owned for group in optimizer.param_groups for p in group["params"])
     if foreign:
-        raise ModelSpecError(f"--model {text!r}: {foreign} of the optimizer's parameters are not "
-                             "the model's; build it on model.parameters() of the model you "
-                             "return (e.g. torch.optim.AdamW(model.parameters(), lr=3e-4))")
+        raise ModelSpecError(
+            f"--model {text!r}: {foreign} of the optimizer's parameters are not "
+            "the model's; build it on model.parameters() of the model you "
+            "return (e.g. torch.optim.AdamW(model.parameters(), lr=3e-4))"
+        )
     return optimizer
 
 
 def _check_lengths(text: str, lengths: Any) -> list[int]:
     if not isinstance(lengths, Sequence) and not hasattr(lengths, "tolist"):
-        raise ModelSpecError(f"--model {text!r}: the third item must be the dataset's lengths (a "
-                             f"list of ints), got {type(lengths).__name__}")
+        raise ModelSpecError(
+            f"--model {text!r}: the third item must be the dataset's lengths (a "
+            f"list of ints), got {type(lengths).__name__}"
+        )
     values = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
     if not values or not all(isinstance(v, int) and v > 0 for v in values):
-        raise ModelSpecError(f"--model {text!r}: lengths must be a non-empty list of positive "
-                             f"ints, got {values[:5]!r}...")
+        raise ModelSpecError(
+            f"--model {text!r}: lengths must be a non-empty list of positive "
+            f"ints, got {values[:5]!r}..."
+        )
     return values
 
 
@@ -148,15 +175,20 @@ def portable_model_spec(text: str) -> tuple[str, str | None]:
         raise ModelSpecError(f"--model {text!r}: cannot find module {module!r} ({err})") from err
     if found is None or not found.origin or not Path(found.origin).is_file():
         if found is None:
-            raise ModelSpecError(f"--model {text!r}: cannot find module {module!r}; run from the "
-                                 "directory that contains it, or pass a path: --model "
-                                 "path/file.py:fn")
+            raise ModelSpecError(
+                f"--model {text!r}: cannot find module {module!r}; run from the "
+                "directory that contains it, or pass a path: --model "
+                "path/file.py:fn"
+            )
         return text, None
     origin = Path(found.origin).resolve()
     depth = module.count(".") + (1 if found.submodule_search_locations is not None else 0)
     root = origin.parents[depth]
-    installed = {str(Path(p).resolve()) for key in ("purelib", "platlib", "stdlib", "platstdlib")
-                 if (p := sysconfig.get_paths().get(key))}
+    installed = {
+        str(Path(p).resolve())
+        for key in ("purelib", "platlib", "stdlib", "platstdlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
     return text, None if str(root) in installed else str(root)
 
 
@@ -174,7 +206,9 @@ def loss_of(output: Any) -> Any:
     if loss is None and hasattr(output, "backward") and getattr(output, "ndim", 1) == 0:
         loss = output
     if loss is None:
-        raise ModelSpecError(f"model(**batch) returned {type(output).__name__} without a loss; "
-                             "return an output with .loss (pass labels in the batch), a dict "
-                             "with 'loss', or the scalar loss")
+        raise ModelSpecError(
+            f"model(**batch) returned {type(output).__name__} without a loss; "
+            "return an output with .loss (pass labels in the batch), a dict "
+            "with 'loss', or the scalar loss"
+        )
     return loss

@@ -68,7 +68,8 @@ class Metrics:
     cpu_steal_steady: float | None = None
     """The same, during the steady steps."""
     cpu_neighbours: float | None = None
-    """Share of the machine's CPU time other processes used during the run (``None`` without psutil)."""
+    """Share of the machine's CPU time other processes used during the run (``None`` without
+    psutil)."""
     cpu_neighbours_steady: float | None = None
     """The same, during the steady steps."""
     paired: dict[str, Any] | None = None
@@ -100,8 +101,9 @@ class Metrics:
     cache_saved: bool | None = None
     """Cold rows that save: the cache was written."""
     background: dict[str, Any] | None = None
-    """Background-compile rows (``compile_in_background``): the :class:`~torchcompile_kit.regional.BackgroundCompile` record
-    (``state``, ``eager_steps``, ``switched_at_call``, ``worker_s``, ``stall_s``)."""
+    """Background-compile rows (``compile_in_background``): the
+    :class:`~torchcompile_kit.regional.BackgroundCompile` record (``state``, ``eager_steps``,
+    ``switched_at_call``, ``worker_s``, ``stall_s``)."""
     regions: dict[str, str] | None = None
     """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's
     ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""

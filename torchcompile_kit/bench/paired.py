@@ -18,10 +18,24 @@ from typing import Any
 
 from .outcome import Metrics
 
-__all__ = ["CONFIDENCE", "MIN_BLOCKS", "NEIGHBOUR_LIMIT", "STEAL_LIMIT", "WIDTH_LIMIT",
-           "CpuSnapshot", "RerunSpread", "block_steps_for", "cpu_snapshot", "merge_repeats",
-           "neighbour_share", "not_quotable", "paired_ratio", "ratio_interval", "rerun_spread",
-           "widen_for_rerun"]
+__all__ = [
+    "CONFIDENCE",
+    "MIN_BLOCKS",
+    "NEIGHBOUR_LIMIT",
+    "STEAL_LIMIT",
+    "WIDTH_LIMIT",
+    "CpuSnapshot",
+    "RerunSpread",
+    "block_steps_for",
+    "cpu_snapshot",
+    "merge_repeats",
+    "neighbour_share",
+    "not_quotable",
+    "paired_ratio",
+    "ratio_interval",
+    "rerun_spread",
+    "widen_for_rerun",
+]
 
 CONFIDENCE = 0.95
 """Confidence level of the interval."""
@@ -50,8 +64,13 @@ def block_steps_for(steps: int) -> int:
     return max(1, steps // 60)
 
 
-def ratio_interval(base_s: Sequence[float], recipe_s: Sequence[float], *, same_batches: bool = True,
-                   confidence: float = CONFIDENCE) -> dict[str, Any]:
+def ratio_interval(
+    base_s: Sequence[float],
+    recipe_s: Sequence[float],
+    *,
+    same_batches: bool = True,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
     """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
 
     The median of the per-block ratios when both sides stepped on the same samples
@@ -66,8 +85,10 @@ def ratio_interval(base_s: Sequence[float], recipe_s: Sequence[float], *, same_b
     """
     base, recipe = [float(v) for v in base_s], [float(v) for v in recipe_s]
     if len(base) != len(recipe) or not base:
-        raise ValueError(f"paired blocks need as many baseline as recipe times, at least one; got "
-                         f"{len(base)!r} and {len(recipe)!r}")
+        raise ValueError(
+            f"paired blocks need as many baseline as recipe times, at least one; got "
+            f"{len(base)!r} and {len(recipe)!r}"
+        )
     if min(base + recipe) <= 0:
         raise ValueError(f"block times must be positive seconds, got {min(base + recipe)!r}")
     ratios = [b / r for b, r in zip(base, recipe)]
@@ -81,12 +102,23 @@ def ratio_interval(base_s: Sequence[float], recipe_s: Sequence[float], *, same_b
         # the percentile bootstrap of a median can sit just beside it on few distinct values
         low, high = min(low, ratio), max(high, ratio)
         method += f", {how}"
-    return {"ratio": ratio, "low": low, "high": high, "blocks": len(ratios), "method": method,
-            "confidence": confidence}
+    return {
+        "ratio": ratio,
+        "low": low,
+        "high": high,
+        "blocks": len(ratios),
+        "method": method,
+        "confidence": confidence,
+    }
 
 
-def _interval(base: list[float], recipe: list[float], ratios: list[float], same_batches: bool,
-              confidence: float) -> tuple[float, float, str]:
+def _interval(
+    base: list[float],
+    recipe: list[float],
+    ratios: list[float],
+    same_batches: bool,
+    confidence: float,
+) -> tuple[float, float, str]:
     try:
         import numpy as np
         from scipy import stats
@@ -98,15 +130,26 @@ def _interval(base: list[float], recipe: list[float], ratios: list[float], same_
         warnings.simplefilter("ignore")  # degenerate data (every block alike) is fine here
         if same_batches:
             result = stats.bootstrap(
-                (np.asarray(ratios),), np.median, confidence_level=confidence,
-                n_resamples=_RESAMPLES, method="percentile", random_state=rng, batch=100,
+                (np.asarray(ratios),),
+                np.median,
+                confidence_level=confidence,
+                n_resamples=_RESAMPLES,
+                method="percentile",
+                random_state=rng,
+                batch=100,
             )
         else:
-            result = stats.bootstrap((np.asarray(base), np.asarray(recipe)), lambda b, r,
-                                     axis=-1: b.sum(axis=axis) / r.sum(axis=axis), paired=True,
-                                     vectorized=True, confidence_level=confidence,
-                                     n_resamples=_RESAMPLES, method="percentile", random_state=rng,
-                                     batch=100)
+            result = stats.bootstrap(
+                (np.asarray(base), np.asarray(recipe)),
+                lambda b, r, axis=-1: b.sum(axis=axis) / r.sum(axis=axis),
+                paired=True,
+                vectorized=True,
+                confidence_level=confidence,
+                n_resamples=_RESAMPLES,
+                method="percentile",
+                random_state=rng,
+                batch=100,
+            )
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):
         low = high = float(np.median(ratios)) if same_batches else sum(base) / sum(recipe)
@@ -118,7 +161,8 @@ def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
 
     Example:
         >>> paired_ratio(Metrics(paired={"baseline": "eager", "base_s": [[2.0, 2.2]] * 5,
-        ...                              "recipe_s": [[1.0, 1.1]] * 5, "same_batches": True}))["ratio"]
+        ...                              "recipe_s": [[1.0,
+        ...     1.1]] * 5, "same_batches": True}))["ratio"]
         2.0
     """
     paired = metrics.paired
@@ -128,8 +172,11 @@ def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
     # a block's side: the median of its steps on the same batches (a step that waited for a
     # descheduled thread does not make its block slow), else their total (other batch mixes)
     block = statistics.median if same else sum
-    result = ratio_interval([block(_steps(b)) for b in paired["base_s"]],
-                            [block(_steps(r)) for r in paired["recipe_s"]], same_batches=same)
+    result = ratio_interval(
+        [block(_steps(b)) for b in paired["base_s"]],
+        [block(_steps(r)) for r in paired["recipe_s"]],
+        same_batches=same,
+    )
     result["baseline"] = paired.get("baseline")
     return result
 
@@ -157,7 +204,9 @@ class RerunSpread:
         return math.exp(self.log_spread) - 1
 
 
-def rerun_spread(rows: Mapping[str, Any], same_code: Mapping[str, str | None]) -> RerunSpread | None:
+def rerun_spread(
+    rows: Mapping[str, Any], same_code: Mapping[str, str | None]
+) -> RerunSpread | None:
     """The largest move of a paired ratio between processes that ran the same compiled code: a
     warm row against the cold row whose cache it loaded (``same_code``: row -> that row), and the
     rounds of one row under ``--repeat``. ``None`` when the run has neither.
@@ -175,12 +224,14 @@ def rerun_spread(rows: Mapping[str, Any], same_code: Mapping[str, str | None]) -
     for name, metrics in rows.items():
         other = rows.get(same_code.get(name) or "")
         if other is not None and metrics.speedup_paired and other.speedup_paired:
-            found.append((abs(math.log(metrics.speedup / other.speedup)),
-                          f"{same_code[name]} and {name}"))
+            found.append(
+                (abs(math.log(metrics.speedup / other.speedup)), f"{same_code[name]} and {name}")
+            )
         rounds = [r["speedup"] for r in metrics.repeats if r.get("speedup")]
         if len(rounds) > 1:
-            found.append((math.log(max(rounds) / min(rounds)),
-                          f"the {len(rounds)} rounds of {name}"))
+            found.append(
+                (math.log(max(rounds) / min(rounds)), f"the {len(rounds)} rounds of {name}")
+            )
     if not found:
         return None
     log_spread, between = max(found)
@@ -194,14 +245,20 @@ def widen_for_rerun(metrics: Metrics, spread: RerunSpread | None) -> None:
     if metrics.speedup_low is None or metrics.speedup_high is None:
         return
     if spread is None:
-        metrics.speedup_method = (f"{metrics.speedup_method}; this process only (a rerun may "
-                                  "land outside it: run a warm row or --repeat 2 to measure)")
+        metrics.speedup_method = (
+            f"{metrics.speedup_method}; this process only (a rerun may "
+            "land outside it: run a warm row or --repeat 2 to measure)"
+        )
         return
     factor = math.exp(spread.log_spread)
-    metrics.speedup_low, metrics.speedup_high = (metrics.speedup_low / factor,
-                                                 metrics.speedup_high * factor)
-    metrics.speedup_method = (f"{metrics.speedup_method}, widened by ±{spread.percent:.1%}: the "
-                              f"ratio's spread between processes ({spread.between}, same code)")
+    metrics.speedup_low, metrics.speedup_high = (
+        metrics.speedup_low / factor,
+        metrics.speedup_high * factor,
+    )
+    metrics.speedup_method = (
+        f"{metrics.speedup_method}, widened by ±{spread.percent:.1%}: the "
+        f"ratio's spread between processes ({spread.between}, same code)"
+    )
 
 
 # --- the machine: who else used the CPU ----------------------------------------------------------
@@ -229,7 +286,12 @@ def _own_cpu_seconds(psutil: Any) -> float:
             t = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        total += (
+            t.user
+            + t.system
+            + getattr(t, "children_user", 0.0)
+            + getattr(t, "children_system", 0.0)
+        )
     return total
 
 
@@ -267,34 +329,53 @@ def neighbour_share(before: CpuSnapshot | None, after: CpuSnapshot | None) -> fl
 
 
 def not_quotable(metrics: Metrics) -> list[str]:
-    """Why a row's timings should not be quoted (wide interval, neighbours, steal); empty when they can be.
+    """Why a row's timings should not be quoted (wide interval, neighbours, steal); empty when they
+    can be.
 
     Example:
-        >>> not_quotable(Metrics(cpu_neighbours=0.31, cpu_steal=0.0))
+        >>> not_quotable(Metrics(cpu_neighbours=0.31,  # doctest: +NORMALIZE_WHITESPACE
+        ...     cpu_steal=0.0))
         ["other processes used 31% of the machine's CPU during it (limit 10%)"]
     """
     reasons = []
     shares = [s for s in (metrics.cpu_neighbours, metrics.cpu_neighbours_steady) if s is not None]
     if shares and max(shares) > NEIGHBOUR_LIMIT:
-        reasons.append(f"other processes used {max(shares):.0%} of the machine's CPU during it "
-                       f"(limit {NEIGHBOUR_LIMIT:.0%})")
+        reasons.append(
+            f"other processes used {max(shares):.0%} of the machine's CPU during it "
+            f"(limit {NEIGHBOUR_LIMIT:.0%})"
+        )
     steal = metrics.cpu_steal
     if steal is not None and steal > STEAL_LIMIT:
-        reasons.append(f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})")
+        reasons.append(
+            f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})"
+        )
     ratio, low, high = metrics.speedup, metrics.speedup_low, metrics.speedup_high
     blocks = metrics.speedup_blocks
     if blocks is not None and (low is None or high is None):
-        reasons.append(f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more --steps)")
+        reasons.append(
+            f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more "
+            "--steps)"
+        )
     elif ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
-        reasons.append(f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans "
-                       f"{(high - low) / ratio:.0%} of the ratio (limit {WIDTH_LIMIT:.0%})")
+        reasons.append(
+            f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans "
+            f"{(high - low) / ratio:.0%} of the ratio (limit {WIDTH_LIMIT:.0%})"
+        )
     return reasons
 
 
 # --- --repeat ------------------------------------------------------------------------------------
 
-_MEDIAN_KEYS = ("warmup_s", "first_step_s", "tokens_per_s", "cpu_neighbours", "cpu_neighbours_steady",
-                "cpu_steal", "cpu_steal_steady", "peak_memory_mb")
+_MEDIAN_KEYS = (
+    "warmup_s",
+    "first_step_s",
+    "tokens_per_s",
+    "cpu_neighbours",
+    "cpu_neighbours_steady",
+    "cpu_steal",
+    "cpu_steal_steady",
+    "peak_memory_mb",
+)
 
 
 def merge_repeats(results: Sequence[Any]) -> Any:
@@ -316,8 +397,11 @@ def merge_repeats(results: Sequence[Any]) -> Any:
     metrics.steps_per_s = 1 / statistics.median(times) if times else None
     pairs = [r.metrics.paired for r in ok if r.metrics.paired]
     if pairs:
-        metrics.paired = {**pairs[0], "base_s": [s for p in pairs for s in p["base_s"]],
-                          "recipe_s": [s for p in pairs for s in p["recipe_s"]]}
+        metrics.paired = {
+            **pairs[0],
+            "base_s": [s for p in pairs for s in p["base_s"]],
+            "recipe_s": [s for p in pairs for s in p["recipe_s"]],
+        }
     metrics.repeats = [_repeat_summary(r) for r in results]
     merged.wall_s = sum(r.wall_s or 0.0 for r in results)
     return merged

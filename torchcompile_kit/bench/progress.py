@@ -4,6 +4,8 @@ per phase and a step line at most every ``interval_s`` seconds, and an estimate 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import time
 from collections.abc import Callable
@@ -11,6 +13,9 @@ from types import TracebackType
 from typing import Any
 
 from .._compat import is_package_available
+
+if TYPE_CHECKING:  # Python 3.11's typing.Self, for the annotation only
+    from typing import Self
 
 __all__ = ["BenchProgress"]
 
@@ -25,7 +30,9 @@ class BenchProgress:
         ...     progress.finish("eager", "ok 12.3 steps/s")
     """
 
-    def __init__(self, *, total_recipes: int, enabled: bool = True, interval_s: float = 30.0) -> None:
+    def __init__(
+        self, *, total_recipes: int, enabled: bool = True, interval_s: float = 30.0
+    ) -> None:
         self.total = total_recipes
         self.done = 0
         self.interval_s = interval_s
@@ -37,7 +44,7 @@ class BenchProgress:
         self._progress: Any = None
         self._task: Any = None
 
-    def __enter__(self) -> BenchProgress:
+    def __enter__(self) -> Self:
         if self.use_rich:
             from rich.progress import (
                 BarColumn,
@@ -47,13 +54,23 @@ class BenchProgress:
                 TimeElapsedColumn,
             )
 
-            self._progress = Progress(TextColumn("[bold]{task.fields[label]}"), BarColumn(),
-                                      MofNCompleteColumn(), TextColumn("{task.fields[phase]}"),
-                                      TimeElapsedColumn(), transient=False)
+            self._progress = Progress(
+                TextColumn("[bold]{task.fields[label]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[phase]}"),
+                TimeElapsedColumn(),
+                transient=False,
+            )
             self._progress.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._progress is not None:
             self._progress.__exit__(exc_type, exc, tb)
 
@@ -71,8 +88,11 @@ class BenchProgress:
                 self._update(phase=str(event.get("phase")))
                 self._line(label, str(event.get("phase")), force=True)
             elif event.get("event") == "step":
-                self._update(completed=event.get("step"), total=event.get("total"),
-                             phase=str(event.get("phase")))
+                self._update(
+                    completed=event.get("step"),
+                    total=event.get("total"),
+                    phase=str(event.get("phase")),
+                )
                 step, total = event.get("step"), event.get("total")
                 self._line(label, f"{event.get('phase')} step {step}/{total}", force=step == total)
 

@@ -20,8 +20,15 @@ from .metrics import compare
 from .recipes import RECIPES
 from .runner import RecipeResult
 
-__all__ = ["RESULTS_FILE", "SCHEMA", "BenchResults", "ResultsFileError", "build_results",
-           "load_results", "write_results"]
+__all__ = [
+    "RESULTS_FILE",
+    "SCHEMA",
+    "BenchResults",
+    "ResultsFileError",
+    "build_results",
+    "load_results",
+    "write_results",
+]
 
 SCHEMA = "torchcompile-kit/bench-results/1"
 RESULTS_FILE = "results.json"
@@ -40,30 +47,42 @@ class BenchResults:
     environment: dict[str, Any] = field(default_factory=dict)
     """Date, git commit, Python, platform, CPU count, torch threads, device, package versions."""
     settings: dict[str, Any] = field(default_factory=dict)
-    """What the run was asked for: preset, steps, warm-up steps, backend, model, recipes, command."""
+    """What the run was asked for: preset, steps, warm-up steps, backend, model, recipes, command.
+    """
     started: str = ""
     """When it started (ISO 8601, UTC)."""
     finished: str = ""
     """When this document was written."""
     complete: bool = True
-    """Every recipe of ``settings["recipes"]`` has run (``bench`` rewrites the file after each row)."""
+    """Every recipe of ``settings["recipes"]`` has run (``bench`` rewrites the file after each row).
+    """
     schema: str = SCHEMA
     """The file format."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (the file's content)."""
-        return {"schema": self.schema, "environment": self.environment, "settings": self.settings,
-                "started": self.started, "finished": self.finished, "complete": self.complete,
-                "rows": [row.to_dict() for row in self.rows]}
+        return {
+            "schema": self.schema,
+            "environment": self.environment,
+            "settings": self.settings,
+            "started": self.started,
+            "finished": self.finished,
+            "complete": self.complete,
+            "rows": [row.to_dict() for row in self.rows],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchResults:
         """Rebuild from :meth:`to_dict` data."""
-        return cls(rows=[RecipeResult.from_dict(row) for row in data["rows"]],
-                   environment=dict(data.get("environment") or {}),
-                   settings=dict(data.get("settings") or {}), started=data.get("started", ""),
-                   finished=data.get("finished", ""), complete=data.get("complete", True),
-                   schema=data.get("schema", SCHEMA))
+        return cls(
+            rows=[RecipeResult.from_dict(row) for row in data["rows"]],
+            environment=dict(data.get("environment") or {}),
+            settings=dict(data.get("settings") or {}),
+            started=data.get("started", ""),
+            finished=data.get("finished", ""),
+            complete=data.get("complete", True),
+            schema=data.get("schema", SCHEMA),
+        )
 
 
 def now() -> str:
@@ -77,34 +96,54 @@ def environment() -> dict[str, Any]:
     import torch
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
     except OSError:
         commit = ""
     from ..cache import current_environment
 
     cache = current_environment()  # the GPU's identity as the compile cache records it
     device = cache["gpu"]["name"] if cache["gpu"] else "cpu"
-    return {"date": now(), "git_commit": commit or None, "python": platform.python_version(),
-            "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "device": device, "torch": torch.__version__,
-            "gpu": cache["gpu"], "gpu_count": torch.cuda.device_count() if cache["gpu"] else 0,
-            **{name: cache[name] for name in ("cuda", "hip", "driver", "triton", "cpu_isa")},
-            **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")}}
+    return {
+        "date": now(),
+        "git_commit": commit or None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        "gpu": cache["gpu"],
+        "gpu_count": torch.cuda.device_count() if cache["gpu"] else 0,
+        **{name: cache[name] for name in ("cuda", "hip", "driver", "triton", "cpu_isa")},
+        **{name: str(package_version(name)) for name in ("transformers", "peft", "accelerate")},
+    }
 
 
-def build_results(results: list[RecipeResult], *, settings: Mapping[str, Any], started: str,
-                  complete: bool = True) -> BenchResults:
+def build_results(
+    results: list[RecipeResult], *, settings: Mapping[str, Any], started: str, complete: bool = True
+) -> BenchResults:
     """The results document of a run, the cross-recipe comparisons filled in (on copies of
-    ``results``); ``complete=False`` while rows are still to come (``report`` says what is missing)."""
+    ``results``); ``complete=False`` while rows are still to come (``report`` says what is
+    missing)."""
     rows = [RecipeResult.from_dict(result.to_dict()) for result in results]
     for row in rows:
         recipe = RECIPES.get(row.name)
         row.description = recipe.description if recipe else ""
     compare(rows, RECIPES)
-    return BenchResults(rows=rows, environment=environment(), settings=dict(settings),
-                        started=started, finished=now(), complete=complete)
+    return BenchResults(
+        rows=rows,
+        environment=environment(),
+        settings=dict(settings),
+        started=started,
+        finished=now(),
+        complete=complete,
+    )
 
 
 def write_results(out_dir: str | os.PathLike[str], document: BenchResults) -> Path:
@@ -128,16 +167,23 @@ def load_results(path: str | os.PathLike[str]) -> BenchResults:
     if file.is_dir():
         file = file / RESULTS_FILE
     if not file.is_file():
-        raise ResultsFileError(f"no results at {str(file)!r}; pass the --out directory of a bench "
-                               f"run or its {RESULTS_FILE}")
+        raise ResultsFileError(
+            f"no results at {str(file)!r}; pass the --out directory of a bench "
+            f"run or its {RESULTS_FILE}"
+        )
     try:
         data = json.loads(file.read_text())
     except ValueError as err:
         raise ResultsFileError(f"{str(file)!r} is not JSON: {err}") from err
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("rows"), list):
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or not isinstance(data.get("rows"), list)
+    ):
         raise ResultsFileError(
             f"{str(file)!r} is not a torchcompile-kit bench results file (expected schema "
-            f"{SCHEMA!r}, got {data.get('schema') if isinstance(data, dict) else type(data).__name__!r})"
+            f"{SCHEMA!r}, got "
+            f"{data.get('schema') if isinstance(data, dict) else type(data).__name__!r})"
         )
     for index, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not {"name", "status", "metrics"} <= set(row):

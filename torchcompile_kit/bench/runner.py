@@ -31,13 +31,19 @@ INPROCESS_ENV = "TORCHCOMPILE_KIT_BENCH_INPROCESS"
 inductor cache only), which saves the 5-10 s start-up of a process per recipe in tests."""
 
 
-def run_recipe_isolated(recipe: str, *, spec: str | None = None,
-                        config: MeasureConfig = MeasureConfig(), out_dir: str | os.PathLike[str],
-                        timeout_s: float | None = None,
-                        compile_overrides: Mapping[str, Any] | None = None,
-                        on_event: Callable[[dict[str, Any]], None] | None = None,
-                        plan_steps: int | None = None, check: str | None = None,
-                        pair_with: str | None = None) -> RecipeResult:
+def run_recipe_isolated(
+    recipe: str,
+    *,
+    spec: str | None = None,
+    config: MeasureConfig = MeasureConfig(),
+    out_dir: str | os.PathLike[str],
+    timeout_s: float | None = None,
+    compile_overrides: Mapping[str, Any] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    plan_steps: int | None = None,
+    check: str | None = None,
+    pair_with: str | None = None,
+) -> RecipeResult:
     """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
 
     Args:
@@ -52,9 +58,11 @@ def run_recipe_isolated(recipe: str, *, spec: str | None = None,
         plan_steps: also report ``plan_tokens_per_step`` for a run of this many steps; it also caps
             the steady steps.
         check: ``"module:function"`` called in the child on the recipe's compiled model after the
-            measurement (``tune``'s gate; see :func:`~torchcompile_kit.bench.execute.execute_request`).
-        pair_with: an eager baseline recipe whose eager copy steps beside the recipe's in alternating
-            blocks (:mod:`torchcompile_kit.bench.paired`); ``None`` or the recipe itself: not paired.
+            measurement (``tune``'s gate; see
+            :func:`~torchcompile_kit.bench.execute.execute_request`).
+        pair_with: an eager baseline recipe whose eager copy steps beside the recipe's in
+            alternating blocks (:mod:`torchcompile_kit.bench.paired`); ``None`` or the recipe
+            itself: not paired.
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
@@ -63,15 +71,18 @@ def run_recipe_isolated(recipe: str, *, spec: str | None = None,
         ValueError: ``recipe`` is unknown (checked before starting anything).
 
     Example:
-        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b", config=MeasureConfig(steps=2))  # doctest: +SKIP
+        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b",  # doctest: +SKIP
+        ...     config=MeasureConfig(steps=2))
         >>> r.status, r.metrics.steps_per_s  # doctest: +SKIP
     """
     from .recipes import RECIPES, check_recipe_names
 
     check_recipe_names([recipe] + ([pair_with] if pair_with else []))
     if pair_with and RECIPES[pair_with].baseline != pair_with:
-        raise ValueError(f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); "
-                         f"pass one of {sorted({r.baseline for r in RECIPES.values()})!r}, or None")
+        raise ValueError(
+            f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); "
+            f"pass one of {sorted({r.baseline for r in RECIPES.values()})!r}, or None"
+        )
     out = Path(out_dir)
     work = out / "_work" / recipe
     shutil.rmtree(work, ignore_errors=True)
@@ -79,20 +90,32 @@ def run_recipe_isolated(recipe: str, *, spec: str | None = None,
     (work / "tmp").mkdir()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "caches").mkdir(parents=True, exist_ok=True)
-    request = {"recipe": recipe, "spec": spec, "preset": config.preset,
-               "steps": config.steps_or_preset(), "warmup_steps": config.warmup_steps_or_preset(),
-               "backend": config.backend_or_default(), "device": config.device_or_default(),
-               "compile_overrides": dict(compile_overrides or {}), "plan_steps": plan_steps,
-               "steady_s": config.steady_s, "pin": config.pinned_cpus(), "check": check,
-               "pair_with": pair_with, "cache_dir": str((out / "caches").resolve()),
-               "result_path": str((work / "result.json").resolve())}
+    request = {
+        "recipe": recipe,
+        "spec": spec,
+        "preset": config.preset,
+        "steps": config.steps_or_preset(),
+        "warmup_steps": config.warmup_steps_or_preset(),
+        "backend": config.backend_or_default(),
+        "device": config.device_or_default(),
+        "compile_overrides": dict(compile_overrides or {}),
+        "plan_steps": plan_steps,
+        "steady_s": config.steady_s,
+        "pin": config.pinned_cpus(),
+        "check": check,
+        "pair_with": pair_with,
+        "cache_dir": str((out / "caches").resolve()),
+        "result_path": str((work / "result.json").resolve()),
+    }
     (work / "request.json").write_text(json.dumps(request, indent=2))
     ranks = RECIPES[recipe].world_size
     started = time.perf_counter()
     if os.environ.get(INPROCESS_ENV) == "1":
         result = _run_in_process(request, ranks, on_event)
     else:
-        result = _run_children(request, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event)
+        result = _run_children(
+            request, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event
+        )
     result.wall_s = time.perf_counter() - started
     shutil.rmtree(work / "tmp", ignore_errors=True)
     if result.status != "skipped":
@@ -110,8 +133,14 @@ def _child_env(work: Path, rank: int, world_size: int, port: int) -> dict[str, s
     env["PYTHONUNBUFFERED"] = "1"
     if world_size > 1:
         threads = max(1, (os.cpu_count() or 2) // world_size)
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS=str(threads),
+        )
     return env
 
 
@@ -123,15 +152,28 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_children(request: dict[str, Any], work: Path, log_path: Path, world_size: int,
-                  timeout_s: float | None,
-                  on_event: Callable[[dict[str, Any]], None] | None) -> RecipeResult:
+def _run_children(
+    request: dict[str, Any],
+    work: Path,
+    log_path: Path,
+    world_size: int,
+    timeout_s: float | None,
+    on_event: Callable[[dict[str, Any]], None] | None,
+) -> RecipeResult:
     port = _free_port() if world_size > 1 else 0
     command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
-    logs = [open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w") for r in range(world_size)]
+    logs = [
+        open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w")
+        for r in range(world_size)
+    ]
     procs = [
-        subprocess.Popen(command, stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                         stderr=logs[r], text=True, env=_child_env(work, r, world_size, port))
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+            stderr=logs[r],
+            text=True,
+            env=_child_env(work, r, world_size, port),
+        )
         for r in range(world_size)
     ]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -148,22 +190,31 @@ def _run_children(request: dict[str, Any], work: Path, log_path: Path, world_siz
         log.close()
     name = request["recipe"]
     if timed_out:
-        return RecipeResult(name=name, status="failed", error=f"timed out after {timeout_s:g} s; log: {log_path}")
+        return RecipeResult(
+            name=name, status="failed", error=f"timed out after {timeout_s:g} s; log: {log_path}"
+        )
     path = Path(request["result_path"])
     if path.is_file():
         return RecipeResult.from_dict(json.loads(path.read_text()))
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-    return RecipeResult(name=name, status="failed",
-                        error=f"the recipe's process exited with code {procs[0].returncode} and "
-                        f"wrote no result (log: {log_path}):\n{tail}")
+    return RecipeResult(
+        name=name,
+        status="failed",
+        error=f"the recipe's process exited with code {procs[0].returncode} and "
+        f"wrote no result (log: {log_path}):\n{tail}",
+    )
 
 
-def _run_in_process(request: dict[str, Any], world_size: int,
-                    on_event: Callable[[dict[str, Any]], None] | None) -> RecipeResult:
+def _run_in_process(
+    request: dict[str, Any], world_size: int, on_event: Callable[[dict[str, Any]], None] | None
+) -> RecipeResult:
     if world_size > 1:
-        return RecipeResult(name=request["recipe"], status="skipped",
-                            reason=f"{INPROCESS_ENV}=1 runs recipes in this process; {world_size} "
-                            "ranks need processes")
+        return RecipeResult(
+            name=request["recipe"],
+            status="skipped",
+            reason=f"{INPROCESS_ENV}=1 runs recipes in this process; {world_size} "
+            "ranks need processes",
+        )
     from .. import _dynamo
     from .execute import execute_request
 
@@ -175,8 +226,11 @@ def _run_in_process(request: dict[str, Any], world_size: int,
         set_event_sink(None)
 
 
-def _pump_events(proc: subprocess.Popen, deadline: float | None,
-                 on_event: Callable[[dict[str, Any]], None] | None) -> bool:
+def _pump_events(
+    proc: subprocess.Popen,
+    deadline: float | None,
+    on_event: Callable[[dict[str, Any]], None] | None,
+) -> bool:
     """Forward the child's progress events until it closes stdout; True when the deadline passed."""
     import selectors
 
@@ -194,7 +248,7 @@ def _pump_events(proc: subprocess.Popen, deadline: float | None,
                 return False
             if line.startswith(EVENT_PREFIX) and on_event is not None:
                 try:
-                    on_event(json.loads(line[len(EVENT_PREFIX):]))
+                    on_event(json.loads(line[len(EVENT_PREFIX) :]))
                 except ValueError:
                     pass
     finally:

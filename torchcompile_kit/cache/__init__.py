@@ -25,14 +25,27 @@ __all__ = [
     # the environment variable a key is read from (docs/cache.md, "Security")
     "ENV_KEY",
     # results; a refused signature; the keys of a save or load
-    "CacheLoadResult", "CacheSaveResult", "CompileCacheSession", "CompileCacheWarning",
-    "HeaderMismatch", "Keys", "SignatureRefused",
+    "CacheLoadResult",
+    "CacheSaveResult",
+    "CompileCacheSession",
+    "CompileCacheWarning",
+    "HeaderMismatch",
+    "Keys",
+    "SignatureRefused",
     # top level UX, and for other topics the files the library writes and reads back (a
     # background compile's hand-off: read_signed, resolve_keys, write_signed), signed alike, and
     # the check of a path argument (resolve_path: the Trainer's compile_cache=); the artifact a
     # rank reads and writes (rank_path), and a load of one artifact on every rank (load_with_keys:
     # the background worker's); what an artifact's header records of this process
     # (current_environment: the bench records it with its results)
-    "compile_cache", "current_environment", "load_compile_cache", "load_with_keys", "rank_path", "read_signed",
-    "resolve_keys", "resolve_path", "save_compile_cache", "write_signed",
+    "compile_cache",
+    "current_environment",
+    "load_compile_cache",
+    "load_with_keys",
+    "rank_path",
+    "read_signed",
+    "resolve_keys",
+    "resolve_path",
+    "save_compile_cache",
+    "write_signed",
 ]

@@ -27,8 +27,14 @@ from .artifact import (
 from .header import HeaderMismatch, current_environment
 from .signature import KeyArg, Keys, SignatureRefused, resolve_keys
 
-__all__ = ["CacheLoadResult", "CacheSaveResult", "CompileCacheWarning", "load_compile_cache",
-           "rank_path", "save_compile_cache"]
+__all__ = [
+    "CacheLoadResult",
+    "CacheSaveResult",
+    "CompileCacheWarning",
+    "load_compile_cache",
+    "rank_path",
+    "save_compile_cache",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +81,8 @@ class CacheLoadResult:
         return self.loaded
 
     def cache_stats(self) -> dict[str, int]:
-        """FX-graph and AOTAutograd cache hits/misses since this load; call it after the first step (a
-        load only places files). ``torch._dynamo.reset()`` restarts the counters.
+        """FX-graph and AOTAutograd cache hits/misses since this load; call it after the first step
+        (a load only places files). ``torch._dynamo.reset()`` restarts the counters.
 
         Example:
             >>> train_step(batch); result.cache_stats()["fxgraph_cache_hit"]  # doctest: +SKIP
@@ -93,8 +99,9 @@ class CacheLoadResult:
         Call it after the first step; ``cache_stats()`` has torch's counters.
 
         Example:
-            >>> train_step(batch); result.region_paths()  # doctest: +SKIP
-            {'GPT2Block': 'precompiled (no trace)', 'loss_ForCausalLMLoss': 'precompiled (no trace)'}
+            >>> train_step(batch); result.region_paths()  # doctest: +NORMALIZE_WHITESPACE, +SKIP
+            {'GPT2Block': 'precompiled (no trace)', 'loss_ForCausalLMLoss': 'precompiled (no
+            trace)'}
         """
         paths = {record["label"]: "not run yet" for record in _dynamo.loaded_regions()}
         paths.update({record["label"]: record["path"] for record in _dynamo.precompiled_regions()})
@@ -105,8 +112,10 @@ class CacheLoadResult:
         if not self.loaded:
             return f"compile cache {self.path!r} not loaded: {self.reason}"
         entries = ", ".join(f"{n} {kind}" for kind, n in sorted(self.mega_cache_entries.items()))
-        return (f"compile cache {self.path!r} loaded: {entries or 'no'} mega-cache entries, "
-                f"{self.kernel_files} kernel files into {self.inductor_cache_dir}")
+        return (
+            f"compile cache {self.path!r} loaded: {entries or 'no'} mega-cache entries, "
+            f"{self.kernel_files} kernel files into {self.inductor_cache_dir}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The result as JSON-able data (for a benchmark record or a training log)."""
@@ -186,12 +195,13 @@ def _artifact_rank() -> int:
     return 0
 
 
-def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
-                       key: KeyArg = None) -> CacheSaveResult:
+def save_compile_cache(
+    path: str | os.PathLike[str], *, barrier: bool = True, key: KeyArg = None
+) -> CacheSaveResult:
     """Save everything inductor compiled (or loaded) in this process to ``path``, atomically.
 
-    The mega-cache and every kernel of the inductor cache dir (point ``TORCHINDUCTOR_CACHE_DIR`` at a
-    per-job folder to keep it small), under an environment header and a content hash; with a key,
+    The mega-cache and every kernel of the inductor cache dir (point ``TORCHINDUCTOR_CACHE_DIR`` at
+    a per-job folder to keep it small), under an environment header and a content hash; with a key,
     signed (HMAC-SHA256), so a load with the key refuses an artifact anyone else wrote. In a
     distributed job every rank calls it and writes an artifact of its own (:func:`rank_path`:
     inductor's keys hold the device index), and a barrier follows.
@@ -221,8 +231,9 @@ def save_compile_cache(path: str | os.PathLike[str], *, barrier: bool = True,
     return save_if_changed(path, barrier=barrier, unchanged_digest="", keys=keys)
 
 
-def save_if_changed(path: str | os.PathLike[str], *, barrier: bool, unchanged_digest: str,
-                    keys: Keys) -> CacheSaveResult:
+def save_if_changed(
+    path: str | os.PathLike[str], *, barrier: bool, unchanged_digest: str, keys: Keys
+) -> CacheSaveResult:
     """:func:`save_compile_cache`, skipping the write when the artifact's sha256 would be
     ``unchanged_digest`` (nothing new compiled since the last save of ``compile_cache``)."""
     target = rank_path(storage.resolve_path(path))
@@ -243,18 +254,23 @@ def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSave
     with _dynamo.precompiling() if regions else contextlib.nullcontext():
         mega = _dynamo.save_mega_cache()
     if mega is None:
-        reason = ("nothing was compiled with inductor in this process "
-                  "(torch.compiler.save_cache_artifacts returned None)")
+        reason = (
+            "nothing was compiled with inductor in this process "
+            "(torch.compiler.save_cache_artifacts returned None)"
+        )
         return CacheSaveResult(path=target, saved=False, reason=reason)
     mega_bytes, entries = mega
     cache_dir = _dynamo.inductor_cache_dir()
     kernels = collect_kernel_files(cache_dir)
     kernel_bytes = sum(len(f.data) for f in kernels)
     if kernel_bytes > LARGE_KERNEL_BYTES:
-        warnings.warn(f"the compile cache bundles every compiled kernel in {cache_dir!r}: "
-                      f"{kernel_bytes / 2**20:.0f} MiB, other runs' kernels included; point "
-                      "TORCHINDUCTOR_CACHE_DIR at a folder of this job's own to keep it small.",
-                      CompileCacheWarning, stacklevel=4)
+        warnings.warn(
+            f"the compile cache bundles every compiled kernel in {cache_dir!r}: "
+            f"{kernel_bytes / 2**20:.0f} MiB, other runs' kernels included; point "
+            "TORCHINDUCTOR_CACHE_DIR at a folder of this job's own to keep it small.",
+            CompileCacheWarning,
+            stacklevel=4,
+        )
     contents = {
         "mega_cache_entries": entries,
         "mega_cache_bytes": len(mega_bytes),
@@ -267,14 +283,24 @@ def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSave
         # the same ISAs skips building their test libraries (see _dynamo/isa_probe.py)
         "cpu_vec_isas": _dynamo.probed_cpu_isas(run=False),
     }
-    data = pack(environment=current_environment(), mega_cache=mega_bytes, kernel_files=kernels,
-                contents=contents)
+    data = pack(
+        environment=current_environment(),
+        mega_cache=mega_bytes,
+        kernel_files=kernels,
+        contents=contents,
+    )
     if keys.signing is not None:
         data = signature.sign(data, keys.signing)
     digest = hashlib.sha256(data).hexdigest()
-    result = CacheSaveResult(path=target, saved=True, mega_cache_entries=entries,
-                             kernel_files=len(kernels), artifact_bytes=len(data), digest=digest,
-                             signed_by=signature.key_id(keys.signing) if keys.signing else "")
+    result = CacheSaveResult(
+        path=target,
+        saved=True,
+        mega_cache_entries=entries,
+        kernel_files=len(kernels),
+        artifact_bytes=len(data),
+        digest=digest,
+        signed_by=signature.key_id(keys.signing) if keys.signing else "",
+    )
     if digest == unchanged_digest:
         result.reason = "unchanged since the last save; not rewritten"
         return result
@@ -288,11 +314,20 @@ def _write_artifact(target: str, unchanged_digest: str, keys: Keys) -> CacheSave
     except Exception as err:  # noqa: BLE001 - a failed save costs the next run a cold compile, not this run
         result.saved = False
         result.reason = f"write failed: {type(err).__name__}: {err}"
-        warnings.warn(f"compile cache not saved to {target!r}: {result.reason}; the previous "
-                      "artifact (if any) is unchanged.", CompileCacheWarning, stacklevel=3)
+        warnings.warn(
+            f"compile cache not saved to {target!r}: {result.reason}; the previous "
+            "artifact (if any) is unchanged.",
+            CompileCacheWarning,
+            stacklevel=3,
+        )
         return result
-    logger.info("compile cache saved to %r: %s, %d kernel files, %d bytes", target, entries,
-                len(kernels), len(data))
+    logger.info(
+        "compile cache saved to %r: %s, %d kernel files, %d bytes",
+        target,
+        entries,
+        len(kernels),
+        len(data),
+    )
     return result
 
 
@@ -331,9 +366,12 @@ def load_compile_cache(path: str | os.PathLike[str], *, key: KeyArg = None) -> C
     return load_with_keys(path, resolve_keys(key, caller="load_compile_cache"))
 
 
-def load_with_keys(path: str | os.PathLike[str], keys: Keys, *, per_rank: bool = True) -> CacheLoadResult:
-    """:func:`load_compile_cache` with its keys resolved (``compile_cache``'s own); ``per_rank=False``
-    reads ``path`` itself on every rank (a background worker's artifact, compiled for rank 0)."""
+def load_with_keys(
+    path: str | os.PathLike[str], keys: Keys, *, per_rank: bool = True
+) -> CacheLoadResult:
+    """:func:`load_compile_cache` with its keys resolved (``compile_cache``'s own);
+    ``per_rank=False`` reads ``path`` itself on every rank (a background worker's artifact, compiled
+    for rank 0)."""
     target = storage.resolve_path(path)
     target = rank_path(target) if per_rank else target
     cache_dir = _dynamo.inductor_cache_dir()
@@ -355,15 +393,22 @@ def load_with_keys(path: str | os.PathLike[str], keys: Keys, *, per_rank: bool =
         result.signature = f"refused: {refused}"
         return _not_loaded(result, f"refused: {refused}; nothing in it was used")
     if trailer is not None and not keys.accepted:
-        warnings.warn(f"compile cache {target!r} is {result.signature}: it is loaded as an "
-                      f"unsigned one would be. Set ${signature.ENV_KEY} (or pass key=) to check "
-                      "who wrote it.", CompileCacheWarning, stacklevel=3)
+        warnings.warn(
+            f"compile cache {target!r} is {result.signature}: it is loaded as an "
+            f"unsigned one would be. Set ${signature.ENV_KEY} (or pass key=) to check "
+            "who wrote it.",
+            CompileCacheWarning,
+            stacklevel=3,
+        )
     try:
         artifact = unpack(data, current_environment=current_environment())
     except ArtifactRefused as refused:
         result.mismatches = refused.mismatches
-        return _not_loaded(result, f"built in another environment ({refused}); save a new one "
-                           "from this environment (torch's cache keys would not catch all of it)")
+        return _not_loaded(
+            result,
+            f"built in another environment ({refused}); save a new one "
+            "from this environment (torch's cache keys would not catch all of it)",
+        )
     except ArtifactUnreadable as err:
         return _not_loaded(result, f"ignored: {err}")
     try:
@@ -391,6 +436,9 @@ def load_with_keys(path: str | os.PathLike[str], keys: Keys, *, per_rank: bool =
 
 def _not_loaded(result: CacheLoadResult, reason: str) -> CacheLoadResult:
     result.reason = reason
-    warnings.warn(f"{result.summary()}. Training continues with a cold compile.",
-                  CompileCacheWarning, stacklevel=4)
+    warnings.warn(
+        f"{result.summary()}. Training continues with a cold compile.",
+        CompileCacheWarning,
+        stacklevel=4,
+    )
     return result

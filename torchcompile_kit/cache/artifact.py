@@ -7,7 +7,8 @@ Layout (little-endian)::
 
 An entry is ``u32 name_len | name | u32 mode | u64 size | bytes``, named ``"mega-cache"`` or
 ``"kernels/<2 chars>/<file>"`` (the built kernels, which the mega-cache does not hold on CPU).
-docs/cache.md ("Damaged artifacts, interrupted saves") says how a damaged artifact is refused and kernels installed.
+docs/cache.md ("Damaged artifacts, interrupted saves") says how a damaged artifact is refused and
+kernels installed.
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ from typing import Any
 
 from .header import FORMAT_VERSION, HeaderMismatch
 
-__all__ = ["Artifact", "ArtifactRefused", "ArtifactUnreadable", "collect_kernel_files",
-           "install_kernel_files", "pack", "unpack"]
+__all__ = [
+    "Artifact",
+    "ArtifactRefused",
+    "ArtifactUnreadable",
+    "collect_kernel_files",
+    "install_kernel_files",
+    "pack",
+    "unpack",
+]
 
 MAGIC = b"TCKCACHE"
 _PREFIX = struct.Struct("<8sIIQ")
@@ -101,8 +109,13 @@ def collect_kernel_files(cache_dir: str) -> list[KernelFile]:
     return files
 
 
-def pack(*, environment: dict[str, Any], mega_cache: bytes | None, kernel_files: list[KernelFile],
-         contents: dict[str, Any]) -> bytes:
+def pack(
+    *,
+    environment: dict[str, Any],
+    mega_cache: bytes | None,
+    kernel_files: list[KernelFile],
+    contents: dict[str, Any],
+) -> bytes:
     """The artifact bytes for ``environment`` holding ``mega_cache`` and ``kernel_files``."""
     entries: list[bytes] = []
     if mega_cache is not None:
@@ -150,8 +163,9 @@ def unpack(data: bytes, *, current_environment: dict[str, Any]) -> Artifact:
         raise ArtifactUnreadable(f"undecodable content ({err})") from err
     # without the key (artifacts before it): CPU kernels assumed, every field compared
     cpu_kernels = header.get("contents", {}).get("cpu_kernels", True)
-    mismatches = compare_environment(header.get("environment", {}), current_environment,
-                                     cpu_kernels=cpu_kernels)
+    mismatches = compare_environment(
+        header.get("environment", {}), current_environment, cpu_kernels=cpu_kernels
+    )
     if mismatches:
         raise ArtifactRefused(mismatches)
     artifact = Artifact(header=header, mega_cache=None)

@@ -5,7 +5,8 @@ torch's cache keys hold no CPU instruction-set information: an AVX-512 cache reu
 compares the builder's environment field by field before a byte reaches inductor. The CPU fields
 are compared only for an artifact that holds CPU kernels; on a GPU the current device's identity
 is what inductor's keys and kernels depend on (its name, CUDA and Triton, as
-``CacheBase.get_system()``, plus capability and SM count, which each Triton kernel's metadata holds).
+``CacheBase.get_system()``, plus capability and SM count, which each Triton kernel's metadata
+holds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import torch
 
 from .. import _dynamo
 
-__all__ = ["CPU_FIELDS", "FORMAT_VERSION", "HeaderMismatch", "compare_environment", "current_environment"]
+__all__ = [
+    "CPU_FIELDS",
+    "FORMAT_VERSION",
+    "HeaderMismatch",
+    "compare_environment",
+    "current_environment",
+]
 
 FORMAT_VERSION = 2
 """Bumped whenever the archive layout changes; an artifact of another version is refused.
@@ -79,9 +86,16 @@ def _gpu(device_type: str) -> dict[str, Any] | None:
     if device_type not in ("cuda", "hip"):
         return None
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-    name = properties.name if device_type == "cuda" else getattr(properties, "gcnArchName", properties.name)
-    return {"name": name, "capability": [properties.major, properties.minor],
-            "sm_count": properties.multi_processor_count}
+    name = (
+        properties.name
+        if device_type == "cuda"
+        else getattr(properties, "gcnArchName", properties.name)
+    )
+    return {
+        "name": name,
+        "capability": [properties.major, properties.minor],
+        "sm_count": properties.multi_processor_count,
+    }
 
 
 @functools.cache  # asked at every save, load and bench result; it cannot change in a process
@@ -111,19 +125,28 @@ def current_environment() -> dict[str, Any]:
         'cpu'
     """
     device_type = _device_type()
-    return {"format_version": FORMAT_VERSION, "torch": torch.__version__,
-            "torch_git": getattr(torch.version, "git_version", None),
-            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "system": platform.system(), "machine": platform.machine(), "device_type": device_type,
-            "cuda": torch.version.cuda, "hip": torch.version.hip,
-            "gpu": _gpu(device_type), "driver": _driver(device_type), "triton": _triton_version(),
-            "cpu_isa": _dynamo.cpu_capability(),
-            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
-            "num_threads": torch.get_num_threads()}
+    return {
+        "format_version": FORMAT_VERSION,
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", None),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "device_type": device_type,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "gpu": _gpu(device_type),
+        "driver": _driver(device_type),
+        "triton": _triton_version(),
+        "cpu_isa": _dynamo.cpu_capability(),
+        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+        "num_threads": torch.get_num_threads(),
+    }
 
 
-def compare_environment(saved: dict[str, Any], current: dict[str, Any] | None = None, *,
-                        cpu_kernels: bool = True) -> list[HeaderMismatch]:
+def compare_environment(
+    saved: dict[str, Any], current: dict[str, Any] | None = None, *, cpu_kernels: bool = True
+) -> list[HeaderMismatch]:
     """Every field in which ``saved`` differs from ``current`` (this process by default); a field
     missing on either side is a mismatch, so a newer format is refused rather than half-trusted.
 
@@ -136,17 +159,22 @@ def compare_environment(saved: dict[str, Any], current: dict[str, Any] | None = 
 
     Example:
         >>> env = current_environment()
-        >>> compare_environment(env, env)
+        >>> compare_environment(env, env)  # doctest: +NORMALIZE_WHITESPACE
         []
     """
     current = current_environment() if current is None else current
     skip = set(RECORDED_ONLY)
     if not cpu_kernels and saved.get("device_type") not in (None, "cpu"):
         skip.update(CPU_FIELDS)
-    fields = [name for name in [*current, *(n for n in saved if n not in current)] if name not in skip]
+    fields = [
+        name for name in [*current, *(n for n in saved if n not in current)] if name not in skip
+    ]
     # JSON turns tuples into lists; compare through the same round trip.
-    return [HeaderMismatch(field=name, saved=saved.get(name), current=current.get(name))
-            for name in fields if _jsonable(saved.get(name)) != _jsonable(current.get(name))]
+    return [
+        HeaderMismatch(field=name, saved=saved.get(name), current=current.get(name))
+        for name in fields
+        if _jsonable(saved.get(name)) != _jsonable(current.get(name))
+    ]
 
 
 def _jsonable(value: Any) -> Any:

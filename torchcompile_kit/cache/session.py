@@ -69,26 +69,37 @@ class CompileCacheSession:
         Returns:
             The :class:`CacheSaveResult` (also kept in ``saved``).
         """
-        self.saved = save_if_changed(self.path, barrier=self.barrier, unchanged_digest=self._digest,
-                                     keys=self.keys)
+        self.saved = save_if_changed(
+            self.path, barrier=self.barrier, unchanged_digest=self._digest, keys=self.keys
+        )
         if self.saved.digest and self.saved.saved:
             self._digest = self.saved.digest
         return self.saved
 
     def cache_stats(self) -> dict[str, int]:
-        """Cache hits and misses inside the block (``cache_hits``/``cache_misses`` and the four torch
-        counters they sum), as the session's ``CompileMonitor`` saw them; empty before the block."""
+        """Cache hits and misses inside the block (``cache_hits``/``cache_misses`` and the four
+        torch counters they sum), as the session's ``CompileMonitor`` saw them; empty before the
+        block."""
         if self.monitor is None:
             return {}
         snapshot = self.monitor.snapshot()
-        return {"cache_hits": snapshot["cache_hits"], "cache_misses": snapshot["cache_misses"],
-                **self.monitor.cache()}
+        return {
+            "cache_hits": snapshot["cache_hits"],
+            "cache_misses": snapshot["cache_misses"],
+            **self.monitor.cache(),
+        }
 
 
 @contextlib.contextmanager
-def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_exit: bool = True,
-                  save_after: int | None = None, barrier: bool = True,
-                  key: KeyArg = None) -> Iterator[CompileCacheSession]:
+def compile_cache(
+    path: str | os.PathLike[str],
+    *,
+    load: bool = True,
+    save_on_exit: bool = True,
+    save_after: int | None = None,
+    barrier: bool = True,
+    key: KeyArg = None,
+) -> Iterator[CompileCacheSession]:
     """Load the compile cache at ``path`` on enter (if there is one) and save it on exit.
 
     Enter it in a fresh process before the first compiled step. On exit, also when the block raises,
@@ -119,14 +130,16 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
         >>> with compile_cache("s3://bucket/run-7/cc.tck", save_after=1) as cache:  # doctest: +SKIP
         ...     for batch in loader:
         ...         train_step(batch)
-        ...         cache.step()
+        ...         cache.step()  # doctest: +NORMALIZE_WHITESPACE
     """
     if save_after is not None:
         check_positive_int("save_after", save_after)
     target = storage.resolve_path(path, caller="compile_cache")
     storage.check_storage(target)  # a missing fsspec fails now, not on exit
     keys = resolve_keys(key, caller="compile_cache")
-    session = CompileCacheSession(path=os.fspath(path), save_after=save_after, barrier=barrier, keys=keys)
+    session = CompileCacheSession(
+        path=os.fspath(path), save_after=save_after, barrier=barrier, keys=keys
+    )
     if load:
         session.loaded = load_with_keys(session.path, keys)
     session.monitor = CompileMonitor().start()
@@ -139,13 +152,21 @@ def compile_cache(path: str | os.PathLike[str], *, load: bool = True, save_on_ex
             try:
                 session.save()
             except Exception as err:  # noqa: BLE001 - the block's own exception is the one that matters
-                warnings.warn(f"compile cache not saved to {session.path!r} after an error: "
-                              f"{type(err).__name__}: {err}", CompileCacheWarning, stacklevel=3)
+                warnings.warn(
+                    f"compile cache not saved to {session.path!r} after an error: "
+                    f"{type(err).__name__}: {err}",
+                    CompileCacheWarning,
+                    stacklevel=3,
+                )
         raise
     finally:
         session.monitor.stop()
         stats = session.cache_stats()
-        logger.info("compile cache %r: %d cache hits, %d misses in the block", session.path,
-                    stats["cache_hits"], stats["cache_misses"])
+        logger.info(
+            "compile cache %r: %d cache hits, %d misses in the block",
+            session.path,
+            stats["cache_hits"],
+            stats["cache_misses"],
+        )
     if save_on_exit:
         session.save()

@@ -22,8 +22,19 @@ from pathlib import Path
 
 from ..errors import SignatureRefused
 
-__all__ = ["ENV_KEY", "KeyArg", "Keys", "SignatureRefused", "check", "key_id", "read_signed",
-           "resolve_keys", "sign", "split", "write_signed"]
+__all__ = [
+    "ENV_KEY",
+    "KeyArg",
+    "Keys",
+    "SignatureRefused",
+    "check",
+    "key_id",
+    "read_signed",
+    "resolve_keys",
+    "sign",
+    "split",
+    "write_signed",
+]
 
 ENV_KEY = "TORCHCOMPILE_KIT_CACHE_KEY"
 """The environment variable a key is taken from when no ``key=`` is passed (several keys:
@@ -65,7 +76,8 @@ def resolve_keys(key: KeyArg, *, caller: str) -> Keys:
         >>> resolve_keys("s3cret", caller="save_compile_cache").signing
         b's3cret'
         >>> resolve_keys(None, caller="load_compile_cache").accepted == tuple(
-        ...     k.encode() for k in os.environ.get(ENV_KEY, "").split(",") if k)
+        ...     k.encode() for k in os.environ.get(ENV_KEY,  # doctest: +NORMALIZE_WHITESPACE
+        ...     "").split(",") if k)
         True
     """
     if key is None:
@@ -73,14 +85,22 @@ def resolve_keys(key: KeyArg, *, caller: str) -> Keys:
         keys = tuple(part.strip().encode() for part in text.split(",") if part.strip())
         return Keys(accepted=keys, source=f"${ENV_KEY}" if keys else "")
     items = [key] if isinstance(key, (str, bytes)) else key
-    if not isinstance(items, Sequence) or not items or not all(isinstance(k, (str, bytes)) for k in items):
-        raise TypeError(f"{caller}: key must be a string or bytes (or a list of them: the first "
-                        f"signs, any is accepted), got {type(key).__name__}; or leave it out and "
-                        f"set ${ENV_KEY}.")
+    if (
+        not isinstance(items, Sequence)
+        or not items
+        or not all(isinstance(k, (str, bytes)) for k in items)
+    ):
+        raise TypeError(
+            f"{caller}: key must be a string or bytes (or a list of them: the first "
+            f"signs, any is accepted), got {type(key).__name__}; or leave it out and "
+            f"set ${ENV_KEY}."
+        )
     keys = tuple(k.encode() if isinstance(k, str) else bytes(k) for k in items)
     if any(not k for k in keys):
-        raise ValueError(f"{caller}: key must not be empty; generate one with "
-                         "python -c \"import secrets; print(secrets.token_hex(32))\".")
+        raise ValueError(
+            f"{caller}: key must not be empty; generate one with "
+            'python -c "import secrets; print(secrets.token_hex(32))".'
+        )
     return Keys(accepted=keys, source="key=")
 
 
@@ -120,24 +140,35 @@ def check(artifact: bytes, trailer: bytes | None, keys: Keys) -> str:
     a trailer of another key or one whose HMAC does not match is :class:`SignatureRefused`.
 
     Example:
-        >>> check(*split(sign(b"artifact", b"k")), resolve_keys("k", caller="load"))[:8]
+        >>> check(*split(sign(b"artifact", b"k")), resolve_keys(  # doctest: +NORMALIZE_WHITESPACE
+        ...     "k", caller="load"))[:8]
         'verified'
     """
     signed_by = None if trailer is None else trailer[len(_MAGIC) : len(_MAGIC) + _ID_LEN].hex()
     if not keys.accepted:
-        return "unsigned" if signed_by is None else f"signed by key {signed_by}, not checked (no key set)"
+        return (
+            "unsigned"
+            if signed_by is None
+            else f"signed by key {signed_by}, not checked (no key set)"
+        )
     if trailer is None:
-        raise SignatureRefused(f"it is not signed, and a key is set ({keys.source}): an unsigned "
-                               "artifact may have been written by anyone who can write its path")
+        raise SignatureRefused(
+            f"it is not signed, and a key is set ({keys.source}): an unsigned "
+            "artifact may have been written by anyone who can write its path"
+        )
     ids = [key_id(k) for k in keys.accepted]
     if signed_by not in ids:
-        raise SignatureRefused(f"it was signed with key {signed_by}, not with the key set "
-                               f"({keys.source}: {', '.join(ids)})")
+        raise SignatureRefused(
+            f"it was signed with key {signed_by}, not with the key set "
+            f"({keys.source}: {', '.join(ids)})"
+        )
     key = keys.accepted[ids.index(signed_by)]
     expected = hmac.new(key, artifact + trailer[: len(_MAGIC) + _ID_LEN], hashlib.sha256).digest()
     if not hmac.compare_digest(expected, trailer[len(_MAGIC) + _ID_LEN :]):
-        raise SignatureRefused(f"its signature does not match its content (key {signed_by}): it "
-                               "was modified after it was signed")
+        raise SignatureRefused(
+            f"its signature does not match its content (key {signed_by}): it "
+            "was modified after it was signed"
+        )
     return f"verified (key {signed_by})"
 
 
@@ -146,7 +177,8 @@ def write_signed(path: str | os.PathLike[str], data: bytes, keys: Keys) -> None:
     a background compile's hand-off).
 
     Example:
-        >>> write_signed(tmp / "job.json", b"{}", resolve_keys(None, caller="background"))  # doctest: +SKIP
+        >>> write_signed(tmp / "job.json", b"{}", resolve_keys(None,  # doctest: +SKIP
+        ...     caller="background"))
     """
     Path(path).write_bytes(sign(data, keys.signing) if keys.signing is not None else data)
 

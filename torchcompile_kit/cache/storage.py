@@ -21,8 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-__all__ = ["DEFAULT_FILE_NAME", "ConcurrentSaveError", "check_storage", "read_bytes", "resolve_path",
-           "write_bytes"]
+__all__ = [
+    "DEFAULT_FILE_NAME",
+    "ConcurrentSaveError",
+    "check_storage",
+    "read_bytes",
+    "resolve_path",
+    "write_bytes",
+]
 
 DEFAULT_FILE_NAME = "compile-cache.tck"
 """The artifact's name when ``path`` names a folder (ends with ``/`` or is an existing dir)."""
@@ -56,9 +62,11 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec
     except ImportError as err:
-        raise ImportError(f"compile cache path {url!r} is a URL, which needs fsspec (and the "
-                          "filesystem's own package, e.g. s3fs for s3://); install it with "
-                          f"{_REMOTE_HINT}, or pass a local path.") from err
+        raise ImportError(
+            f"compile cache path {url!r} is a URL, which needs fsspec (and the "
+            "filesystem's own package, e.g. s3fs for s3://); install it with "
+            f"{_REMOTE_HINT}, or pass a local path."
+        ) from err
     return fsspec.core.url_to_fs(url)
 
 
@@ -80,13 +88,17 @@ def resolve_path(path: str | os.PathLike[str], *, caller: str = "compile cache")
         ValueError: ``path`` is empty.
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{caller}: path={path!r:.80} is not a path; pass a file path, a folder or "
-                        "an fsspec URL, e.g. 'checkpoints/compile-cache.tck' or "
-                        "'s3://bucket/run-7/cc.tck'")
+        raise TypeError(
+            f"{caller}: path={path!r:.80} is not a path; pass a file path, a folder or "
+            "an fsspec URL, e.g. 'checkpoints/compile-cache.tck' or "
+            "'s3://bucket/run-7/cc.tck'"
+        )
     path = os.fspath(path)
     if not isinstance(path, str) or not path:
-        raise ValueError(f"{caller}: path={path!r} is empty or not text; pass a file path, a folder "
-                         "or an fsspec URL")
+        raise ValueError(
+            f"{caller}: path={path!r} is empty or not text; pass a file path, a folder "
+            "or an fsspec URL"
+        )
     local = _local_path(path)
     if path.endswith("/") or (local is not None and os.path.isdir(local)):
         return path.rstrip("/") + "/" + DEFAULT_FILE_NAME
@@ -185,7 +197,8 @@ def _save_lock(local: str) -> Iterator[Any]:
         except BlockingIOError:
             raise ConcurrentSaveError(
                 f"another process is saving to {local!r} right now; its artifact is kept and this "
-                "process's is not written. Give each job a path of its own.") from None
+                "process's is not written. Give each job a path of its own."
+            ) from None
         try:
             yield lock
         finally:
@@ -217,10 +230,12 @@ def _refuse_a_concurrent_jobs_artifact(local: str, lock: Any) -> None:
         return
     written = time.strftime("%H:%M:%S", time.localtime(stat.st_mtime))
     raise ConcurrentSaveError(
-        f"{local!r} was saved at {written} by another process (pid {pid} on {host}), after this one "
+        f"{local!r} was saved at {written} by another process (pid {pid} on {host}), after this "
+        "one "
         "started, and this process never read it: saving over it would discard that job's compiled "
         "code. It is kept and this process's artifact is not written. Give each job a path of its "
-        "own, or load the artifact before compiling (compile_cache does) so a save includes it.")
+        "own, or load the artifact before compiling (compile_cache does) so a save includes it."
+    )
 
 
 def _temp_prefix(name: str) -> str:
@@ -235,8 +250,13 @@ def _sweep_temporaries(folder: str, name: str) -> None:
     with os.scandir(folder) as entries:
         temps = [e for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
     for entry in temps:
-        parts = entry.name[len(prefix):].split(".")
-        dead = len(parts) >= 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1]))
+        parts = entry.name[len(prefix) :].split(".")
+        dead = (
+            len(parts) >= 3
+            and parts[0] == host
+            and parts[1].isdigit()
+            and not _alive(int(parts[1]))
+        )
         try:
             if dead or time.time() - entry.stat().st_mtime > _STALE_TEMP_S:
                 os.unlink(entry.path)

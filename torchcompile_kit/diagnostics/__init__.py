@@ -25,17 +25,32 @@ from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, 
 
 __all__ = [
     # top level UX
-    "CompileMonitor", "check_compile_equivalence", "explain_graph_breaks", "no_recompiles",
+    "CompileMonitor",
+    "check_compile_equivalence",
+    "explain_graph_breaks",
+    "no_recompiles",
     # the records
-    "CompiledFrame", "EquivalenceReport", "EquivalenceStep", "FirstCallCheck", "GraphBreak",
-    "LimitHit", "Recompile", "TensorDiff",
+    "CompiledFrame",
+    "EquivalenceReport",
+    "EquivalenceStep",
+    "FirstCallCheck",
+    "GraphBreak",
+    "LimitHit",
+    "Recompile",
+    "TensorDiff",
     # for other topics (not in torchcompile_kit.__all__): compile_optimizer's first compile
     "allow_first_compile",
     # for other topics: a compiled region whose compiles the monitor attributes to it, and the
     # compile that raised in it (the regional report names it), and the recompile limit its calls
     # compile under
-    "CompileFailure", "compile_failure", "current_region", "grad_modes", "mark_call", "mark_region",
-    "set_recompile_limit", "was_called",
+    "CompileFailure",
+    "compile_failure",
+    "current_region",
+    "grad_modes",
+    "mark_call",
+    "mark_region",
+    "set_recompile_limit",
+    "was_called",
     # for other topics: explain_graph_breaks is tracing (the regional recipe's own warning waits)
     "explaining",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
@@ -43,9 +58,12 @@ __all__ = [
     # for other topics: the checks a background worker made, for the training process
     "first_call_checks_made",
     # for the recipes' verify=: the first-call check, and what the flag means everywhere
-    "FirstCallVerifier", "VERIFY_MEANING", "check_in_place_update",
+    "FirstCallVerifier",
+    "VERIFY_MEANING",
+    "check_in_place_update",
     # for other topics (tune's gate): the comparator's verdict on tensors of its own
-    "judge_tensors", "needs_reference",
+    "judge_tensors",
+    "needs_reference",
     # for other topics (the doctor's repro): the tensors of a nested output, in order
     "leaves",
 ]

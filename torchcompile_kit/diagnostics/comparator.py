@@ -1,12 +1,12 @@
 """The comparator: is a compiled run a miscompile, or rounding that eager would also make?
 
-Every check that compares a compiled run with eager (the first-call check, ``check_compile_equivalence``,
-``compile_optimizer``'s first step, the background worker, ``tune``'s gate) judges each tensor here.
-A fixed tolerance cannot tell a wrong kernel from the rounding a fused kernel is allowed to do: under
-bf16 autocast eager rounds after every op and inductor once per fused kernel, and both are equally far
-from the exact answer. So each tensor is judged against a **reference**, the same step run eagerly at
-higher precision (:mod:`.reference`), as torch's own accuracy checks do (``torch._dynamo.utils.same``
-with ``fp64_ref``, the accuracy minifier):
+Every check that compares a compiled run with eager (the first-call check,
+``check_compile_equivalence``, ``compile_optimizer``'s first step, the background worker, ``tune``'s
+gate) judges each tensor here. A fixed tolerance cannot tell a wrong kernel from the rounding a
+fused kernel is allowed to do: under bf16 autocast eager rounds after every op and inductor once per
+fused kernel, and both are equally far from the exact answer. So each tensor is judged against a
+**reference**, the same step run eagerly at higher precision (:mod:`.reference`), as torch's own
+accuracy checks do (``torch._dynamo.utils.same`` with ``fp64_ref``, the accuracy minifier):
 
     compiled_error <= FACTOR * eager_error + floor
 
@@ -20,16 +20,18 @@ eager's error on its own (for a scalar, the ratio of two single roundings is any
 ``eager_error`` counts as at least the run's typical relative error (the median over the check's
 larger tensors) times its own size. A tensor eager computes with no correct digit (its error is as
 large as the tensor: a sum that cancels to zero, such as the gradient of a bias followed by a
-normalisation) is rounding noise on both sides, and compiled may be ``NOISE_FACTOR`` times farther. A user's ``rtol``/``atol`` replace the rule for that check: then a tensor
-passes when ``|compiled - eager| <= atol + rtol * |eager|`` elementwise, as ``torch.testing`` means
-them. Without a reference (integer tensors, a model that cannot run at higher precision) the fixed
-tolerance of the dtype applies, and :attr:`TensorDiff.judged_by` says so.
+normalisation) is rounding noise on both sides, and compiled may be ``NOISE_FACTOR`` times farther.
+A user's ``rtol``/``atol`` replace the rule for that check: then a tensor passes when ``|compiled -
+eager| <= atol + rtol * |eager|`` elementwise, as ``torch.testing`` means them. Without a reference
+(integer tensors, a model that cannot run at higher precision) the fixed tolerance of the dtype
+applies, and :attr:`TensorDiff.judged_by` says so.
 
 The reference costs a run at higher precision, so it is run only when needed: a compiled float32
 or float64 tensor whose RMS difference from eager is within ``NEAR_EPS`` epsilons of its dtype
 (times eager's RMS) is rounding-level and passes as it is (torch's ``same()`` likewise tries a
 tight ``allclose`` before its fp64 reference); 16-bit tensors always go to the reference, where an
-epsilon is too coarse to mean "the last bits". :func:`needs_reference` says whether any tensor needs it.
+epsilon is too coarse to mean "the last bits". :func:`needs_reference` says whether any tensor needs
+it.
 
 The constants were measured: docs/diagnostics.md ("What equal to eager means").
 """
@@ -128,7 +130,8 @@ class TensorDiff:
     floor: float = 0.0
     """The allowance that does not scale with eager's error: rounding, or the measured noise."""
     noise: float | None = None
-    """The measured run-to-run noise (eager vs eager, compiled vs compiled), when it was measured."""
+    """The measured run-to-run noise (eager vs eager, compiled vs compiled), when it was measured.
+    """
     scale: float = 0.0
     """RMS of the reference tensor."""
     numel: int = 0
@@ -289,7 +292,8 @@ def pool_small_tensors(diffs: list[TensorDiff]) -> list[TensorDiff]:
 
     Example:
         >>> diffs = pool_small_tensors([judge("big", torch.ones(100), torch.ones(100),
-        ...                                   torch.ones(100, dtype=torch.float64), reference_dtype="float64")])
+        ...                                   torch.ones(100,
+        ...     dtype=torch.float64), reference_dtype="float64")])
         >>> diffs[0].typical is None
         True
     """

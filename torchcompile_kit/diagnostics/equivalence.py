@@ -87,9 +87,9 @@ class EquivalenceReport:
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class EquivalenceStep:
-    """One step of a sequence: ``run(model)``, called on the eager and the compiled copy in turn under
-    the same seed, whose return (tensors, nested, or ``None``) is compared; it must do the same to
-    both (``set_adapter``, a ``disable_adapter()`` forward, ``generate``).
+    """One step of a sequence: ``run(model)``, called on the eager and the compiled copy in turn
+    under the same seed, whose return (tensors, nested, or ``None``) is compared; it must do the
+    same to both (``set_adapter``, a ``disable_adapter()`` forward, ``generate``).
 
     Example:
         >>> steps = [EquivalenceStep.forward(batch), EquivalenceStep.train(batch)]  # doctest: +SKIP
@@ -104,7 +104,8 @@ class EquivalenceStep:
     def forward(
         cls, example_inputs: Any, *, name: str = "forward", **call_kwargs: Any
     ) -> EquivalenceStep:
-        """An eval-mode forward without gradients, ``model(**batch, **call_kwargs)`` (or ``*args``)."""
+        """An eval-mode forward without gradients, ``model(**batch, **call_kwargs)``
+        (or ``*args``)."""
 
         def run(model: nn.Module) -> Any:
             _set_mode(model, training=False, dropout=False)
@@ -162,8 +163,8 @@ def check_compile_equivalence(
 
     Deep copies are made (``model`` is not touched) and run from the same seed with dropout off
     (unless ``dropout=True``), under the autocast the call is made in. Compared tensor by tensor:
-    eval outputs; with ``check_grads``, the loss, every trainable gradient, every parameter after one
-    SGD step and the eval outputs after it. Each tensor is judged by the comparator
+    eval outputs; with ``check_grads``, the loss, every trainable gradient, every parameter after
+    one SGD step and the eval outputs after it. Each tensor is judged by the comparator
     (docs/diagnostics.md, "What equal to eager means"): a third copy runs the same at higher
     precision (float64; float32 for a bf16/fp16 or autocast run) with autocast off, and a tensor is
     wrong when the compiled run is more than 3x farther from it than eager is (plus a rounding
@@ -174,7 +175,8 @@ def check_compile_equivalence(
         model: any uncompiled ``nn.Module``.
         example_inputs: a tensor, a tuple of positional arguments or a dict of keyword arguments.
         steps: instead, a sequence run on both copies and compared after each step: batches,
-            callables ``fn(model)`` and :class:`EquivalenceStep` objects (copies start in eval mode).
+            callables ``fn(model)`` and :class:`EquivalenceStep` objects (copies start in eval
+            mode).
         backend: ``torch.compile`` backend for the compiled copy.
         compile_kwargs: further ``torch.compile`` keyword arguments.
         check_grads: also compare the loss, gradients, one optimizer step and the outputs after it.
@@ -183,7 +185,8 @@ def check_compile_equivalence(
             given, is the dtype's default: fp32 rtol 1e-4, atol 1e-5).
         atol: a fixed absolute tolerance instead of the comparator's rule (see ``rtol``).
         compile_fn: how the copy is compiled, ``compile_fn(copy, backend=, **compile_kwargs)``;
-            default ``copy.compile(...)``. Pass ``compile_peft`` or ``compile_regional`` to check those.
+            default ``copy.compile(...)``. Pass ``compile_peft`` or ``compile_regional`` to check
+            those.
         dropout: keep dropout active in train mode (compiled RNG may differ from eager).
         seed: the RNG seed both runs start from.
 

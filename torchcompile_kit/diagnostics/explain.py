@@ -53,8 +53,10 @@ def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[G
         ['Failed to trace builtin operator']
     """
     if not callable(fn_or_module):
-        raise TypeError(f"explain_graph_breaks expects a function or nn.Module, got "
-                        f"{type(fn_or_module).__name__!r}; pass the model or function itself")
+        raise TypeError(
+            f"explain_graph_breaks expects a function or nn.Module, got "
+            f"{type(fn_or_module).__name__!r}; pass the model or function itself"
+        )
     target = fn_or_module
     if isinstance(fn_or_module, nn.Module):
         module = fn_or_module
@@ -78,8 +80,10 @@ def explain_graph_breaks(fn_or_module: Any, *args: Any, **kwargs: Any) -> list[G
             found.modules = paths.get(found.owner or "", [])
     if not isolated:
         for found in breaks:
-            found.hints.append("explain_graph_breaks: this torch has no isolate_recompiles, so "
-                               "the traced frames used one entry of their recompile budget")
+            found.hints.append(
+                "explain_graph_breaks: this torch has no isolate_recompiles, so "
+                "the traced frames used one entry of their recompile budget"
+            )
     return breaks
 
 

@@ -39,7 +39,14 @@ from .monitor import record_first_call_check
 from .reference import Reference, at_precision, autocast_active, cast_floating, reference_dtype
 from .trace_records import FirstCallCheck
 
-__all__ = ["VERIFY_MEANING", "FirstCallVerifier", "copy_into", "distributed_initialized", "make_record", "mismatch_message"]
+__all__ = [
+    "VERIFY_MEANING",
+    "FirstCallVerifier",
+    "copy_into",
+    "distributed_initialized",
+    "make_record",
+    "mismatch_message",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +76,15 @@ class FirstCallVerifier:
     and graphs) to where: its eager reference runs forward only, and the record says so.
     """
 
-    def __init__(self, model: nn.Module, *, recipe: str, backend: Any, state: StateFn | None = None,
-                 grads_checked: Mapping[Hashable, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        recipe: str,
+        backend: Any,
+        state: StateFn | None = None,
+        grads_checked: Mapping[Hashable, str] | None = None,
+    ) -> None:
         self.model = model
         self.recipe = recipe
         self.backend = _backend_name(backend)
@@ -93,8 +107,12 @@ class FirstCallVerifier:
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             if self._busy or not self._due(args, kwargs):
                 return compiled_call(*args, **kwargs)
-            self._begin(args, kwargs, lambda *a, **k: _force_eager(compiled_call, a, k),
-                        rerun=lambda: compiled_call(*args, **kwargs))
+            self._begin(
+                args,
+                kwargs,
+                lambda *a, **k: _force_eager(compiled_call, a, k),
+                rerun=lambda: compiled_call(*args, **kwargs),
+            )
             return self._finish(compiled_call(*args, **kwargs))
 
         return checked_call
@@ -116,8 +134,12 @@ class FirstCallVerifier:
         if self._busy or not self._due(args, kwargs):
             return
         # the eager call runs the hooks again; _busy makes ours step aside
-        self._begin(args, kwargs, lambda *a, **k: _force_eager(module.forward, a, k),
-                    rerun=lambda: module(*args, **kwargs))
+        self._begin(
+            args,
+            kwargs,
+            lambda *a, **k: _force_eager(module.forward, a, k),
+            rerun=lambda: module(*args, **kwargs),
+        )
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._busy or self._pending is None:
@@ -134,24 +156,38 @@ class FirstCallVerifier:
             return False
         if distributed_initialized():
             self.checked.add(key)
-            self._record(key, "skipped", note="torch.distributed is initialized: the check is "
-                         "per rank and could make ranks diverge, so it does not run")
+            self._record(
+                key,
+                "skipped",
+                note="torch.distributed is initialized: the check is "
+                "per rank and could make ranks diverge, so it does not run",
+            )
             return False
         return True
 
-    def _begin(self, args: tuple, kwargs: dict, run_eager: Callable[..., Any], *,
-               rerun: Callable[[], Any]) -> None:
+    def _begin(
+        self, args: tuple, kwargs: dict, run_eager: Callable[..., Any], *, rerun: Callable[[], Any]
+    ) -> None:
         """Before the compiled call: the eager run, from the current RNG state and buffers (kept
         for the runs the check may add after it: the reference, the noise)."""
         key = (self.model.training, self.state(args, kwargs))
         start = time.perf_counter()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         grads_wanted = torch.is_grad_enabled() and bool(params) and key not in self.grads_checked
-        pending = _Pending(key=key, params=params, grads_wanted=grads_wanted, rerun=rerun,
-                           run_eager=lambda: run_eager(*args, **kwargs), args=args, kwargs=kwargs,
-                           call_eager=run_eager, rng_state=_rng_state(self.model),
-                           buffers={n: b.detach().clone() for n, b in self.model.named_buffers()},
-                           autocast=autocast_active(self.model), grad_mode=torch.is_grad_enabled())
+        pending = _Pending(
+            key=key,
+            params=params,
+            grads_wanted=grads_wanted,
+            rerun=rerun,
+            run_eager=lambda: run_eager(*args, **kwargs),
+            args=args,
+            kwargs=kwargs,
+            call_eager=run_eager,
+            rng_state=_rng_state(self.model),
+            buffers={n: b.detach().clone() for n, b in self.model.named_buffers()},
+            autocast=autocast_active(self.model),
+            grad_mode=torch.is_grad_enabled(),
+        )
         pending.eager, pending.note = self._run(pending.run_eager, pending)
         pending.check_seconds = time.perf_counter() - start
         pending.compiled_start = time.perf_counter()
@@ -159,7 +195,8 @@ class FirstCallVerifier:
 
     def _reference(self, pending: _Pending) -> None:
         """The eager run again at higher precision (the comparator's reference), as the first
-        one ran: same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast off."""
+        one ran: same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast
+        off."""
         pending.reference = reference_dtype(self.model, autocast=pending.autocast)
         dtype = pending.reference.dtype
         if dtype is None:
@@ -169,8 +206,10 @@ class FirstCallVerifier:
             with at_precision(self.model, dtype), torch.set_grad_enabled(pending.grad_mode):
                 pending.exact, _ = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
         except Exception as error:  # noqa: BLE001 - a model that cannot run in dtype
-            pending.reference = Reference(dtype=None, note=f"the model does not run in "
-                                          f"{pending.reference.name}: {_first_line(error)}")
+            pending.reference = Reference(
+                dtype=None,
+                note=f"the model does not run in {pending.reference.name}: {_first_line(error)}",
+            )
 
     def _run(self, call: Callable[[], Any], pending: _Pending) -> tuple[dict[str, Any], str]:
         """One run of the check's own from the state the compiled call started from (RNG, buffers):
@@ -180,15 +219,20 @@ class FirstCallVerifier:
             _set_rng_state(pending.rng_state)
             _restore_buffers(self.model, pending.buffers)
             output = call()
-            grads, note = (_grads(output, pending.params, retain=False) if pending.grads_wanted
-                           else (None, ""))
+            grads, note = (
+                _grads(output, pending.params, retain=False) if pending.grads_wanted else (None, "")
+            )
             return _tree(output, pending.params, grads), note
 
     def _draws_its_own_random_numbers(self, pending: _Pending, diffs: list[TensorDiff]) -> bool:
         """Whether outputs that differ from eager's come from random numbers the backend draws
         its own way (dropout under inductor): an eager rerun from another seed then differs too.
         Asked only of a mismatch, so a passing check costs no extra run."""
-        if all(d.ok for d in diffs) or self.backend in _RNG_EXACT_BACKENDS or self.backend.startswith("aot_eager"):
+        if (
+            all(d.ok for d in diffs)
+            or self.backend in _RNG_EXACT_BACKENDS
+            or self.backend.startswith("aot_eager")
+        ):
             return False
         with self._aside(), _fork_rng(self.model), torch.no_grad():
             torch.manual_seed(torch.initial_seed() + 1)
@@ -227,11 +271,18 @@ class FirstCallVerifier:
             diffs = self._judge(pending, compiled)
         if any(not d.ok for d in diffs) and self._draws_its_own_random_numbers(pending, diffs):
             self.checked.add(pending.key)
-            note = (f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
-                    "them differently from eager, so the outputs cannot be compared; run "
-                    "check_compile_equivalence(model, batch, dropout=False) to check it")
-            self._record(pending.key, "skipped", note=note, compiled_seconds=compiled_seconds,
-                         check_seconds=pending.check_seconds + time.perf_counter() - start)
+            note = (
+                f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
+                "them differently from eager, so the outputs cannot be compared; run "
+                "check_compile_equivalence(model, batch, dropout=False) to check it"
+            )
+            self._record(
+                pending.key,
+                "skipped",
+                note=note,
+                compiled_seconds=compiled_seconds,
+                check_seconds=pending.check_seconds + time.perf_counter() - start,
+            )
             if not self._warned_skip:
                 self._warned_skip = True
                 warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=4)
@@ -239,18 +290,30 @@ class FirstCallVerifier:
         if any(not d.ok for d in diffs):
             diffs = self._judge(pending, compiled, noise=self._noise(pending, compiled))
         if _active_dropout(self.model):
-            same = "dropout active: every run of the check drew from the RNG state the compiled call started from"
+            same = (
+                "dropout active: every run of the check drew from the RNG state the compiled "
+                "call started from"
+            )
             note = "; ".join(filter(None, [note, same]))
         seconds = pending.check_seconds + time.perf_counter() - start
-        skipped = pending.grads_wanted and "gradients" not in compared and note.startswith(
-            _GRADS_FAILED)
-        self._conclude(pending.key, diffs, compared, note=note, check_seconds=seconds,
-                       compiled_seconds=compiled_seconds, partial=skipped,
-                       reference=_describe_reference(pending.reference, diffs))
+        skipped = (
+            pending.grads_wanted and "gradients" not in compared and note.startswith(_GRADS_FAILED)
+        )
+        self._conclude(
+            pending.key,
+            diffs,
+            compared,
+            note=note,
+            check_seconds=seconds,
+            compiled_seconds=compiled_seconds,
+            partial=skipped,
+            reference=_describe_reference(pending.reference, diffs),
+        )
         return output
 
-    def _judge(self, pending: _Pending, compiled: dict[str, Any],
-               noise: dict[str, float] | None = None) -> list[TensorDiff]:
+    def _judge(
+        self, pending: _Pending, compiled: dict[str, Any], noise: dict[str, float] | None = None
+    ) -> list[TensorDiff]:
         eager = {k: v for k, v in pending.eager.items() if k in compiled}
         exact = {k: v for k, v in pending.exact.items() if k in compiled} or None  # None: not run
         name = pending.reference.name if pending.reference is not None else ""
@@ -288,20 +351,34 @@ class FirstCallVerifier:
             _restore_buffers(self.model, buffers)
             self._busy = False
 
-    def _conclude(self, key: Hashable, diffs: list[TensorDiff], compared: list[str], *,
-                  partial: bool = False, **extra: Any) -> None:
+    def _conclude(
+        self,
+        key: Hashable,
+        diffs: list[TensorDiff],
+        compared: list[str],
+        *,
+        partial: bool = False,
+        **extra: Any,
+    ) -> None:
         failures = [d for d in diffs if not d.ok]
         status = "failed" if failures else "partial" if partial else "passed"
         record = self._record(key, status, diffs=diffs, compared=compared, **extra)
         if failures:
             raise CompiledMismatchError(mismatch_message(record, failures), record=record)
         if partial:
-            warnings.warn(f"{self.recipe}: first-call check [{record.state}] compared the outputs "
-                          f"only: {record.note}", stacklevel=5)
+            warnings.warn(
+                f"{self.recipe}: first-call check [{record.state}] compared the outputs "
+                f"only: {record.note}",
+                stacklevel=5,
+            )
         self.checked.add(key)
 
-    def _record(self, key: Hashable, status: str, *, diffs: list[TensorDiff] = (), **extra: Any) -> FirstCallCheck:
-        record = make_record(self.recipe, self.backend, status, _describe_state(key), diffs, **extra)
+    def _record(
+        self, key: Hashable, status: str, *, diffs: list[TensorDiff] = (), **extra: Any
+    ) -> FirstCallCheck:
+        record = make_record(
+            self.recipe, self.backend, status, _describe_state(key), diffs, **extra
+        )
         self.records.append(record)
         record_first_call_check(record)
         logger.info("%s", record.message())
@@ -381,8 +458,9 @@ def _set_rng_state(state: tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]
         module.set_rng_state(device_state, index)
 
 
-def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
-           ) -> tuple[list[torch.Tensor | None] | None, str]:
+def _grads(
+    output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
+) -> tuple[list[torch.Tensor | None] | None, str]:
     try:
         loss = _loss(output)
     except ValueError:
@@ -390,13 +468,17 @@ def _grads(output: Any, params: list[tuple[str, torch.Tensor]], *, retain: bool
     if loss.grad_fn is None:
         return None, "gradients not compared: the output does not depend on a trainable parameter"
     try:
-        grads = torch.autograd.grad(loss, [p for _, p in params], retain_graph=retain, allow_unused=True)
+        grads = torch.autograd.grad(
+            loss, [p for _, p in params], retain_graph=retain, allow_unused=True
+        )
     except RuntimeError as error:  # e.g. reentrant activation checkpointing refuses autograd.grad
         return None, f"{_GRADS_FAILED}: {str(error)[:200]}"
     if all(g is None for g in grads):  # reentrant checkpointing accumulates into .grad instead
-        return None, (f"{_GRADS_FAILED}: no trainable parameter received a gradient from "
-                      "torch.autograd.grad (reentrant activation checkpointing does this; "
-                      "use_reentrant=False avoids it)")
+        return None, (
+            f"{_GRADS_FAILED}: no trainable parameter received a gradient from "
+            "torch.autograd.grad (reentrant activation checkpointing does this; "
+            "use_reentrant=False avoids it)"
+        )
     return [None if g is None else g.detach() for g in grads], ""
 
 
@@ -404,8 +486,9 @@ def _detached(tree: Any) -> Any:
     return {name: t.detach() for name, t in leaves(tree)}
 
 
-def _tree(output: Any, params: list[tuple[str, torch.Tensor]],
-          grads: list[torch.Tensor | None] | None) -> dict[str, Any]:
+def _tree(
+    output: Any, params: list[tuple[str, torch.Tensor]], grads: list[torch.Tensor | None] | None
+) -> dict[str, Any]:
     """What a check compares of one run: ``{"output": {...}, "grad": {param name: grad}}``."""
     tree = {} if output is None else {"output": _detached(output)}
     if grads is not None:
@@ -414,26 +497,37 @@ def _tree(output: Any, params: list[tuple[str, torch.Tensor]],
 
 
 def _active_dropout(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
-               for m in model.modules())
+    return any(
+        isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+        for m in model.modules()
+    )
 
 
 def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:200]
+    return (
+        f"{type(error).__name__}: "
+        f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:200]
+    )
 
 
 def _judged(reference: str) -> str:
     if reference.startswith("none"):
-        return f"judged by the fixed tolerance: no float64 reference, {reference.removeprefix('none ')}"
+        return (
+            "judged by the fixed tolerance: no float64 reference, "
+            f"{reference.removeprefix('none ')}"
+        )
     return f"judged against eager in {reference}, autocast off"
 
 
 def _describe_reference(reference: Reference | None, diffs: list[TensorDiff]) -> str:
     if reference is None:
         near = sum(d.judged_by == "eager" for d in diffs)
-        return (f"not needed: {near} of {len(diffs)} tensors within {NEAR_EPS:g} epsilons of eager, "
-                "the others exact" if near < len(diffs) else
-                f"not needed: every tensor within {NEAR_EPS:g} epsilons of eager")
+        return (
+            f"not needed: {near} of {len(diffs)} tensors within {NEAR_EPS:g} epsilons of eager, "
+            "the others exact"
+            if near < len(diffs)
+            else f"not needed: every tensor within {NEAR_EPS:g} epsilons of eager"
+        )
     return reference.name or f"none ({reference.note})"
 
 
@@ -459,30 +553,47 @@ def _describe_state(key: Hashable) -> str:
     return f"{'train' if training else 'eval'} mode, {state!r}"
 
 
-def make_record(recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any) -> FirstCallCheck:
+def make_record(
+    recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any
+) -> FirstCallCheck:
     worst = max(diffs, key=lambda d: d.ratio, default=None)
     return FirstCallCheck(
-        recipe=recipe, status=status, state=state, torch_version=torch.__version__, backend=backend,
-        tensors=len(diffs), failures=sum(1 for d in diffs if not d.ok),
+        recipe=recipe,
+        status=status,
+        state=state,
+        torch_version=torch.__version__,
+        backend=backend,
+        tensors=len(diffs),
+        failures=sum(1 for d in diffs if not d.ok),
         max_abs=max((d.max_abs for d in diffs), default=0.0),
-        worst=worst.name if worst else "", worst_ratio=worst.ratio if worst else 0.0, **extra,
+        worst=worst.name if worst else "",
+        worst_ratio=worst.ratio if worst else 0.0,
+        **extra,
     )
 
 
-def mismatch_message(record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False) -> str:
+def mismatch_message(
+    record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False
+) -> str:
     worst = max(failures, key=lambda d: d.ratio)
     largest = max(failures, key=lambda d: d.max_abs)
     shown = ", ".join(d.name for d in failures[:5]) + (", ..." if len(failures) > 5 else "")
-    kept = ("the parameters and state were restored to before the step" if restored
-            else "the call raised before returning its result")
+    kept = (
+        "the parameters and state were restored to before the step"
+        if restored
+        else "the call raised before returning its result"
+    )
     infinite = math.isinf(largest.max_abs)
     biggest = f"{largest.note}" if infinite else f"{largest.max_abs:.3g}"
-    return (f"{record.recipe} computed a different result than eager at its first call "
-            f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: "
-            f"largest difference {biggest} in {largest.name!r}; worst {worst.explain()}; "
-            f"{len(failures)} of {record.tensors} tensors wrong: {shown} ({_judged(record.reference)}). "
-            f"Nothing was trained on it ({kept}). "
-            "This torch/backend "
-            "miscomputes this recipe: use another recipe or backend (e.g. "
-            "compile_regional(model) block by block), report it with "
-            "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway.")
+    return (
+        f"{record.recipe} computed a different result than eager at its first call "
+        f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: "
+        f"largest difference {biggest} in {largest.name!r}; worst {worst.explain()}; "
+        f"{len(failures)} of {record.tensors} tensors wrong: {shown} "
+        f"({_judged(record.reference)}). "
+        f"Nothing was trained on it ({kept}). "
+        "This torch/backend "
+        "miscomputes this recipe: use another recipe or backend (e.g. "
+        "compile_regional(model) block by block), report it with "
+        "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway."
+    )

@@ -22,9 +22,15 @@ from .trace_records import FirstCallCheck
 __all__ = ["check_in_place_update"]
 
 
-def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Callable[[], Any],
-                          run_compiled: Callable[[], Any], recipe: str, backend: Any,
-                          updates: frozenset[str] = frozenset()) -> FirstCallCheck:
+def check_in_place_update(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    run_eager: Callable[[], Any],
+    run_compiled: Callable[[], Any],
+    recipe: str,
+    backend: Any,
+    updates: frozenset[str] = frozenset(),
+) -> FirstCallCheck:
     """Run an in-place update eagerly, at higher precision and compiled from the same start; keep
     the compiled result.
 
@@ -38,15 +44,21 @@ def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Cal
     precision, when the reference runs); returns the record (also given to running monitors).
 
     Example:
-        >>> check_in_place_update({"w": w}, run_eager=eager_step, run_compiled=compiled_step,
-        ...                       recipe="compile_optimizer", backend="inductor")  # doctest: +SKIP
+        >>> check_in_place_update({"w": w}, run_eager=eager_step,  # doctest: +SKIP
+        ...     run_compiled=compiled_step, recipe="compile_optimizer", backend="inductor")
     """
     backend_name = _backend_name(backend)
     if distributed_initialized():
         run_compiled()
-        record = make_record(recipe, backend_name, "skipped", "first compiled step", [],
-                             note="torch.distributed is initialized: the check is per rank and "
-                             "could make ranks diverge, so it does not run")
+        record = make_record(
+            recipe,
+            backend_name,
+            "skipped",
+            "first compiled step",
+            [],
+            note="torch.distributed is initialized: the check is per rank and "
+            "could make ranks diverge, so it does not run",
+        )
         record_first_call_check(record)
         return record
     start = time.perf_counter()
@@ -73,44 +85,77 @@ def check_in_place_update(tensors: Mapping[str, torch.Tensor], *, run_eager: Cal
         if failures:
             copy_into(tensors, before)
     check_seconds += time.perf_counter() - start
-    record = make_record(recipe, backend_name, "failed" if failures else "passed",
-                         "first compiled step", diffs, compared=["updates", "state"],
-                         check_seconds=check_seconds, compiled_seconds=compiled_seconds,
-                         reference=reference.name or (f"none ({reference.note})" if reference.needed
-                                                      else "not needed: rounding-level near eager"))
+    record = make_record(
+        recipe,
+        backend_name,
+        "failed" if failures else "passed",
+        "first compiled step",
+        diffs,
+        compared=["updates", "state"],
+        check_seconds=check_seconds,
+        compiled_seconds=compiled_seconds,
+        reference=reference.name
+        or (
+            f"none ({reference.note})"
+            if reference.needed
+            else "not needed: rounding-level near eager"
+        ),
+    )
     record_first_call_check(record)
     logger.info("%s", record.message())
     if failures:
-        raise CompiledMismatchError(mismatch_message(record, failures, restored=True), record=record)
+        raise CompiledMismatchError(
+            mismatch_message(record, failures, restored=True), record=record
+        )
     return record
 
 
-def _judge(tensors: Mapping[str, torch.Tensor], before: dict[str, torch.Tensor],
-           eager: dict[str, torch.Tensor], exact: dict[str, torch.Tensor] | None, reference: Reference,
-           updates: frozenset[str]) -> list[TensorDiff]:
+def _judge(
+    tensors: Mapping[str, torch.Tensor],
+    before: dict[str, torch.Tensor],
+    eager: dict[str, torch.Tensor],
+    exact: dict[str, torch.Tensor] | None,
+    reference: Reference,
+    updates: frozenset[str],
+) -> list[TensorDiff]:
     diffs = []
     for name, tensor in tensors.items():
         exact_value = None if exact is None else exact[name]
         if name in updates:  # the change a step made, in float64: the parameter's own
             base = before[name].double()  # magnitude sets the rounding floor
-            diffs.append(judge(f"update.{name}", eager[name].double() - base,
-                               tensor.detach().double() - base,
-                               None if exact_value is None else exact_value.double() - base,
-                               reference_dtype=reference.name, floor_scale=base,
-                               floor_dtype=tensor.dtype))
+            diffs.append(
+                judge(
+                    f"update.{name}",
+                    eager[name].double() - base,
+                    tensor.detach().double() - base,
+                    None if exact_value is None else exact_value.double() - base,
+                    reference_dtype=reference.name,
+                    floor_scale=base,
+                    floor_dtype=tensor.dtype,
+                )
+            )
         else:
-            diffs.append(judge(name, eager[name], tensor.detach(), exact_value,
-                               reference_dtype=reference.name))
+            diffs.append(
+                judge(
+                    name, eager[name], tensor.detach(), exact_value, reference_dtype=reference.name
+                )
+            )
     return pool_small_tensors(diffs)
 
 
-def _reference_step(tensors: Mapping[str, torch.Tensor], updates: frozenset[str],
-                    run_eager: Callable[[], Any]) -> tuple[dict[str, torch.Tensor] | None, Reference]:
+def _reference_step(
+    tensors: Mapping[str, torch.Tensor], updates: frozenset[str], run_eager: Callable[[], Any]
+) -> tuple[dict[str, torch.Tensor] | None, Reference]:
     """The eager step with every floating tensor it reads and writes (and the gradients) at the
     reference precision; the real tensors are untouched."""
     floating = [t for t in tensors.values() if t.is_floating_point()]
-    dtype = (torch.float32 if any(t.dtype in (torch.float16, torch.bfloat16) for t in floating)
-             else torch.float64 if all(t.dtype == torch.float32 for t in floating) else None)
+    dtype = (
+        torch.float32
+        if any(t.dtype in (torch.float16, torch.bfloat16) for t in floating)
+        else torch.float64
+        if all(t.dtype == torch.float32 for t in floating)
+        else None
+    )
     if dtype is None:
         return None, Reference(dtype=None, note="the tensors are neither 16-bit nor float32")
     grads = [tensors[name].grad for name in updates if tensors[name].grad is not None]
@@ -120,8 +165,10 @@ def _reference_step(tensors: Mapping[str, torch.Tensor], updates: frozenset[str]
             return {name: t.detach().clone() for name, t in tensors.items()}, Reference(dtype=dtype)
     except Exception as error:  # noqa: BLE001 - an optimizer that cannot step at that precision
         name = str(dtype).removeprefix("torch.")
-        return None, Reference(dtype=None, note=f"the step does not run in {name}: "
-                               f"{type(error).__name__}: {str(error)[:160]}")
+        return None, Reference(
+            dtype=None,
+            note=f"the step does not run in {name}: {type(error).__name__}: {str(error)[:160]}",
+        )
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ configuration raised torch's trace logger above DEBUG, it is lowered while recor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 from collections import defaultdict
@@ -22,6 +24,9 @@ from .monitor_text import format_summary
 from .recorder import TraceRecorder
 from .selection import classes_of, frame_selector
 from .trace_records import (
+
+if TYPE_CHECKING:  # Python 3.11's typing.Self, for the annotation only
+    from typing import Self
     CompiledFrame,
     GraphBreak,
     LimitHit,
@@ -29,7 +34,12 @@ from .trace_records import (
     owner_of,
 )
 
-__all__ = ["CompileMonitor", "first_call_checks_made", "note_running_monitors", "record_first_call_check"]
+__all__ = [
+    "CompileMonitor",
+    "first_call_checks_made",
+    "note_running_monitors",
+    "record_first_call_check",
+]
 
 _CACHE_HITS = ("fxgraph_cache_hit", "autograd_cache_hit")
 _CACHE_MISSES = ("fxgraph_cache_miss", "autograd_cache_miss")
@@ -104,7 +114,9 @@ class CompileMonitor:
         self._logger.addHandler(self._recorder)
         _dynamo.limit_warning_logger().addHandler(self._recorder)
         if not self._logger.isEnabledFor(logging.DEBUG):
-            self.add_note("logging.disable() suppresses torch's structured trace: nothing is recorded")
+            self.add_note(
+                "logging.disable() suppresses torch's structured trace: nothing is recorded"
+            )
         return self
 
     def stop(self) -> None:
@@ -130,7 +142,7 @@ class CompileMonitor:
         """Whether it is recording now (between :meth:`start` and :meth:`stop`)."""
         return self._running
 
-    def __enter__(self) -> CompileMonitor:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -160,8 +172,8 @@ class CompileMonitor:
 
     @property
     def first_call_checks(self) -> list[Any]:
-        """Every first-call check (``verify=``) a fragile recipe ran while recording, passed, partial,
-        failed or skipped (``FirstCallCheck``)."""
+        """Every first-call check (``verify=``) a fragile recipe ran while recording, passed,
+        partial, failed or skipped (``FirstCallCheck``)."""
         return list(self._first_call_checks)
 
     @property
@@ -180,8 +192,9 @@ class CompileMonitor:
             >>> mon.snapshot()["recompiles"]
             0
         """
-        return self._counts(self.frames, self.graph_breaks, self.recompiles, self.limit_hits,
-                            self.compile_seconds())
+        return self._counts(
+            self.frames, self.graph_breaks, self.recompiles, self.limit_hits, self.compile_seconds()
+        )
 
     def compile_seconds(self) -> float:
         """Seconds spent compiling, forward and backward, as torch measured them.
@@ -216,10 +229,11 @@ class CompileMonitor:
         return {name: self._cache_done.get(name, 0) + delta.get(name, 0) for name in sorted(names)}
 
     def as_dict(self) -> dict[str, Any]:
-        """The full record, JSON-serialisable (``counts``, ``frames``, breaks, recompiles, limit hits,
-        seconds by function, cache, notes, first-call checks)."""
-        record = self._record(range(len(self.frames)), self.graph_breaks, self.recompiles,
-                              self.limit_hits)
+        """The full record, JSON-serialisable (``counts``, ``frames``, breaks, recompiles, limit
+        hits, seconds by function, cache, notes, first-call checks)."""
+        record = self._record(
+            range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
+        )
         record["first_call_checks"] = [c.as_dict() for c in self._first_call_checks]
         return record
 
@@ -235,13 +249,15 @@ class CompileMonitor:
     # -- attribution to modules ---------------------------------------------------------------
 
     def attribute(self, *targets: nn.Module | type) -> None:
-        """Name the module class each frame belongs to (``owner``, e.g. ``GPT2Block``) from the graph's
-        source lines: transformers runs every block through one wrapper, so the frame's code does not
-        tell. ``targets`` are models (every submodule's class counts) or classes."""
+        """Name the module class each frame belongs to (``owner``, e.g. ``GPT2Block``) from the
+        graph's source lines: transformers runs every block through one wrapper, so the frame's code
+        does not tell. ``targets`` are models (every submodule's class counts) or classes."""
         classes = classes_of(targets)
         for frame in self.frames:
-            frame.owner = (owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
-                           or frame.owner)
+            frame.owner = (
+                owner_of(frame.function, frame.file, frame.line, frame.sources, classes)
+                or frame.owner
+            )
         for event in [*self.graph_breaks, *self.recompiles]:
             if event.frame is not None:
                 event.owner = self.frames[event.frame].owner
@@ -251,8 +267,9 @@ class CompileMonitor:
     def record_for(
         self, target: nn.Module | type | torch.optim.Optimizer | Callable[..., Any]
     ) -> dict[str, Any]:
-        """The part of :meth:`as_dict` belonging to a model or module class (its attributed frames), an
-        optimizer (frames of ``torch/optim`` and its class's file) or a function (with its resumed frames).
+        """The part of :meth:`as_dict` belonging to a model or module class (its attributed frames),
+        an optimizer (frames of ``torch/optim`` and its class's file) or a function (with its
+        resumed frames).
 
         Example:
             >>> mon.record_for(optimizer)["counts"]["recompiles"]  # doctest: +SKIP
@@ -276,43 +293,67 @@ class CompileMonitor:
 
     def record_for_region(self, region: str) -> dict[str, Any]:
         """The part of :meth:`as_dict` dynamo compiled while a marked region's call ran (its frames,
-        resumed code and callees, breaks, recompiles and limit hits; :func:`~torchcompile_kit.diagnostics.mark_region`)."""
+        resumed code and callees, breaks, recompiles and limit hits;
+        :func:`~torchcompile_kit.diagnostics.mark_region`)."""
         frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
         chosen = set(frames)
-        return self._record(frames, [b for b in self.graph_breaks if b.region == region],
-                            [r for r in self.recompiles if r.frame in chosen],
-                            [h for h in self.limit_hits if h.region == region])
+        return self._record(
+            frames,
+            [b for b in self.graph_breaks if b.region == region],
+            [r for r in self.recompiles if r.frame in chosen],
+            [h for h in self.limit_hits if h.region == region],
+        )
 
     def add_note(self, text: str) -> None:
-        """Add a line to the record's ``notes`` (and the summary), once: for instruments that correct
-        what was said before (the regional report withdraws a disproved preflight warning)."""
+        """Add a line to the record's ``notes`` (and the summary), once: for instruments that
+        correct what was said before (the regional report withdraws a disproved preflight
+        warning)."""
         if text not in self._notes:
             self._notes.append(text)
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _record(self, frames: Iterable[int], breaks: list[GraphBreak], recompiles: list[Recompile],
-                hits: list[LimitHit]) -> dict[str, Any]:
+    def _record(
+        self,
+        frames: Iterable[int],
+        breaks: list[GraphBreak],
+        recompiles: list[Recompile],
+        hits: list[LimitHit],
+    ) -> dict[str, Any]:
         chosen = [self.frames[i] for i in frames]
         by_function = _seconds_by_function(chosen)
-        return {"counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
-                "frames": [f.as_dict() for f in chosen],
-                "graph_breaks": [b.as_dict() for b in breaks],
-                "recompiles": [r.as_dict() for r in recompiles],
-                "limit_hits": [h.as_dict() for h in hits],
-                "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
-                "cache": self.cache(), "notes": self.notes}
+        return {
+            "counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
+            "frames": [f.as_dict() for f in chosen],
+            "graph_breaks": [b.as_dict() for b in breaks],
+            "recompiles": [r.as_dict() for r in recompiles],
+            "limit_hits": [h.as_dict() for h in hits],
+            "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
+            "cache": self.cache(),
+            "notes": self.notes,
+        }
 
-    def _counts(self, frames: list[Any], breaks: list[GraphBreak], recompiles: list[Recompile],
-                hits: list[LimitHit], seconds: float) -> dict[str, Any]:
+    def _counts(
+        self,
+        frames: list[Any],
+        breaks: list[GraphBreak],
+        recompiles: list[Recompile],
+        hits: list[LimitHit],
+        seconds: float,
+    ) -> dict[str, Any]:
         """The flat counts of :meth:`snapshot`, for any part of the record."""
         cache = self.cache()
-        return {"frames": len(frames), "graphs": sum(f.graphs for f in frames),
-                "graph_breaks": len(breaks), "graph_breaks_met": sum(b.count for b in breaks),
-                "recompiles": len(recompiles), "compile_seconds": round(seconds, 6),
-                "recompile_limit_hits": len(hits),
-                "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
-                "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES)}
+        return {
+            "frames": len(frames),
+            "graphs": sum(f.graphs for f in frames),
+            "graph_breaks": len(breaks),
+            "graph_breaks_met": sum(b.count for b in breaks),
+            "recompiles": len(recompiles),
+            "compile_seconds": round(seconds, 6),
+            "recompile_limit_hits": len(hits),
+            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
+            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
+        }
 
     def _cache_delta(self) -> dict[str, int]:
         now = _dynamo.compile_cache_counters()

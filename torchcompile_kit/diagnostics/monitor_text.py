@@ -11,8 +11,10 @@ from .trace_records import code_label
 
 __all__ = ["format_summary"]
 
-_TORCH_BREAKS_TITLE = ("graph breaks in torch's own code (by design there, e.g. torch.optim's "
-                       "graph_break(); not yours to fix):")
+_TORCH_BREAKS_TITLE = (
+    "graph breaks in torch's own code (by design there, e.g. torch.optim's "
+    "graph_break(); not yours to fix):"
+)
 
 
 def _in_torch(monitor: Any) -> str:
@@ -40,9 +42,11 @@ def format_summary(monitor: Any) -> str:
         lines.append("frames compiled (seconds fwd+bwd, graphs, compile id, code):")
         for frame in monitor.frames:
             extra = f"  FAILED: {frame.failed}" if frame.failed else ""
-            lines.append(f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} "
-                         f"graph(s)  [{frame.compile_id}]  {frame.label}  "
-                         f"({frame.location}){extra}")
+            lines.append(
+                f"  {frame.seconds + frame.backward_seconds:8.3f} s  {frame.graphs} "
+                f"graph(s)  [{frame.compile_id}]  {frame.label}  "
+                f"({frame.location}){extra}"
+            )
     for title, breaks in (
         ("graph breaks (user code, reason):", [b for b in monitor.graph_breaks if not b.in_torch]),
         (_TORCH_BREAKS_TITLE, [b for b in monitor.graph_breaks if b.in_torch]),

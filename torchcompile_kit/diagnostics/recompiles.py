@@ -32,8 +32,10 @@ _ACTIVE_STANCE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 # torch/_dynamo/eval_frame.py raises RuntimeError("Detected recompile when torch.compile stance is
 # 'fail_on_recompile'. ...") with the guard failures indented below, one per line.
 _FAIL_PREFIX = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
-_SIZE_MISMATCH = re.compile(r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
-                            r"expected (?P<expected>\d+), actual (?P<actual>\d+)")
+_SIZE_MISMATCH = re.compile(
+    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
+    r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
+)
 _WHERE = re.compile(r"function name: '(?P<fn>[^']*)', line number: (?P<line>\d+)")
 _FILE = re.compile(r"filename: '(?P<file>[^']*)'")
 # one guard failure per line: "- 0/0: L['self'].training == True  # ..."
@@ -46,28 +48,36 @@ _LOCAL = re.compile(r"""^L\[['"](?P<name>\w+)['"]\](?P<rest>.*)$""")
 
 _TORCH_OPTIM = os.path.join("torch", "optim", "")  # torch.optim's files (compiled optimizer steps)
 
-_SHAPE_FIX = ("Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
-              "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)")
+_SHAPE_FIX = (
+    "Warm this shape up first (warmup_shapes), pad it to a warmed-up bucket "
+    "(PadToBucketCollator), or mark the dim dynamic (mark_dynamic_batch)"
+)
 _FIRST_COMPILE_FIX = "Call it once before the block (warmup_shapes runs one call per batch shape)"
 _GUARD_FIX = "Run this variant once before the block, or keep the guarded value fixed"
-_OPTIMIZER_FIRST_FIX = ("A compiled optimizer step compiles at its first call and again once the "
-                        "optimizer has state (its second step). compile_optimizer(optimizer) runs "
-                        "the first step eagerly and may compile at the second inside "
-                        "no_recompiles(); if you compiled optimizer.step yourself, run two "
-                        "optimizer steps before the block, or use compile_optimizer")
-_OPTIMIZER_GUARD_FIX = ("An optimizer step recompiles when a float hyperparameter changes "
-                        "(compile_optimizer holds lr and Adam's betas as tensors; SGD's momentum, "
-                        "eps and weight_decay stay floats), when a parameter gains or loses its "
-                        "gradient (a layer frozen or unfrozen), or when a param group is added. "
-                        "Make such a change before the block and run one optimizer step after it, "
-                        "or compile the optimizer with compile_optimizer")
+_OPTIMIZER_FIRST_FIX = (
+    "A compiled optimizer step compiles at its first call and again once the "
+    "optimizer has state (its second step). compile_optimizer(optimizer) runs "
+    "the first step eagerly and may compile at the second inside "
+    "no_recompiles(); if you compiled optimizer.step yourself, run two "
+    "optimizer steps before the block, or use compile_optimizer"
+)
+_OPTIMIZER_GUARD_FIX = (
+    "An optimizer step recompiles when a float hyperparameter changes "
+    "(compile_optimizer holds lr and Adam's betas as tensors; SGD's momentum, "
+    "eps and weight_decay stay floats), when a parameter gains or loses its "
+    "gradient (a layer frozen or unfrozen), or when a param group is added. "
+    "Make such a change before the block and run one optimizer step after it, "
+    "or compile the optimizer with compile_optimizer"
+)
 
 
-def _frame_owner(tb: TracebackType | None, file: str | None, function: str | None,
-                 line: int | None) -> Any:
-    """The optimizer or module whose compiled code dynamo refused, innermost first, found as ``self``
-    of the calling frames (dynamo names only a code object, often a shared wrapper): the installed
-    step or ``Optimizer.step``, or ``nn.Module.__call__`` matched by its ``forward``'s code.
+def _frame_owner(
+    tb: TracebackType | None, file: str | None, function: str | None, line: int | None
+) -> Any:
+    """The optimizer or module whose compiled code dynamo refused, innermost first, found as
+    ``self`` of the calling frames (dynamo names only a code object, often a shared wrapper): the
+    installed step or ``Optimizer.step``, or ``nn.Module.__call__`` matched by its ``forward``'s
+    code.
     """
     for frame, _ in reversed(list(traceback.walk_tb(tb))):
         owner = frame.f_locals.get("self")
@@ -77,7 +87,10 @@ def _frame_owner(tb: TracebackType | None, file: str | None, function: str | Non
             for forward in (type(owner).forward, getattr(owner, "forward", None)):
                 code = getattr(getattr(forward, "__func__", forward), "__code__", None)
                 if code is not None and (code.co_name, code.co_firstlineno, code.co_filename) == (
-                        function, line, file):
+                    function,
+                    line,
+                    file,
+                ):
                     return owner
     return None
 
@@ -132,9 +145,11 @@ def _recompile_message(err: RuntimeError) -> str:
     subject = _describe(owner, file, function, line)
     is_optimizer = isinstance(owner, torch.optim.Optimizer) or bool(file and _TORCH_OPTIM in file)
     module = owner if isinstance(owner, torch.nn.Module) else None
-    mismatches = [f"input {_input_name(m['name'], module)} has size {int(m['actual'])!r} at dim "
-                  f"{m['dim']} (compiled for {m['expected']})"
-                  for m in _SIZE_MISMATCH.finditer(text)]
+    mismatches = [
+        f"input {_input_name(m['name'], module)} has size {int(m['actual'])!r} at dim "
+        f"{m['dim']} (compiled for {m['expected']})"
+        for m in _SIZE_MISMATCH.finditer(text)
+    ]
     guard_match = _GUARD.search(text)
     if mismatches:
         what = "; ".join(dict.fromkeys(mismatches))
@@ -146,20 +161,19 @@ def _recompile_message(err: RuntimeError) -> str:
     else:
         what = "it was never compiled before this block"
         fix = _OPTIMIZER_FIRST_FIX if is_optimizer else _FIRST_COMPILE_FIX
-    return (f"{subject} would recompile inside no_recompiles(): {what}. {fix}.\n"
-            f"Dynamo said: {text}")
+    return f"{subject} would recompile inside no_recompiles(): {what}. {fix}.\nDynamo said: {text}"
 
 
 @contextlib.contextmanager
 def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Iterator[None]:
     """Inside this block, a compiled function never recompiles (nor compiles for the first time).
 
-    Built on ``torch.compiler.set_stance`` (the previous stance is restored on exit); graphs compiled
-    before the block still run. The error is raised as it leaves the block, so catch it around the
-    ``with``, and names what would recompile (``LlamaDecoderLayer.forward`` and its input
+    Built on ``torch.compiler.set_stance`` (the previous stance is restored on exit); graphs
+    compiled before the block still run. The error is raised as it leaves the block, so catch it
+    around the ``with``, and names what would recompile (``LlamaDecoderLayer.forward`` and its input
     ``'hidden_states' (args[0])``, or the optimizer). One exception by design:
-    :func:`~torchcompile_kit.compile_optimizer`'s step may compile its *first* graph inside the block
-    (its first step runs eagerly to create the state; :func:`allow_first_compile`).
+    :func:`~torchcompile_kit.compile_optimizer`'s step may compile its *first* graph inside the
+    block (its first step runs eagerly to create the state; :func:`allow_first_compile`).
 
     Args:
         on_recompile: ``"error"``: raise :class:`~torchcompile_kit.errors.UnexpectedRecompileError`
@@ -173,18 +187,25 @@ def no_recompiles(*, on_recompile: Literal["error", "eager"] = "error") -> Itera
         >>> step = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
         >>> _ = step(torch.ones(4))
         >>> with no_recompiles():
-        ...     _ = step(torch.ones(4))  # warmed up: runs; step(torch.ones(5)) would raise
+        ...     _ = step(torch.ones(  # doctest: +NORMALIZE_WHITESPACE
+        ...     4))  # warmed up: runs; step(torch.ones(5)) would raise
     """
     stances = {"error": "fail_on_recompile", "eager": "eager_on_recompile"}
-    check_choice("on_recompile", on_recompile, tuple(stances), hint="'error' raises, 'eager' runs the call eagerly")
+    check_choice(
+        "on_recompile",
+        on_recompile,
+        tuple(stances),
+        hint="'error' raises, 'eager' runs the call eagerly",
+    )
     token = _ACTIVE_STANCE.set(stances[on_recompile])
     try:
         with torch.compiler.set_stance(stances[on_recompile]):
             try:
                 yield
             except RuntimeError as err:
-                if isinstance(err,
-                              UnexpectedRecompileError) or not str(err).startswith(_FAIL_PREFIX):
+                if isinstance(err, UnexpectedRecompileError) or not str(err).startswith(
+                    _FAIL_PREFIX
+                ):
                     raise
                 raise UnexpectedRecompileError(_recompile_message(err)) from err
     finally:

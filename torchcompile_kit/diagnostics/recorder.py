@@ -102,8 +102,11 @@ class TraceRecorder(logging.Handler):
     def _dispatch(self, metadata: dict[str, Any], payload: Any) -> None:
         name = next(iter(metadata))
         value = metadata[name]
-        key: _Key = (metadata.get("compiled_autograd_id"), metadata.get("frame_id"),
-                     metadata.get("frame_compile_id"))
+        key: _Key = (
+            metadata.get("compiled_autograd_id"),
+            metadata.get("frame_id"),
+            metadata.get("frame_compile_id"),
+        )
         if name == "str":
             text, index = value
             self._strings[int(index)] = str(text)
@@ -172,8 +175,13 @@ class TraceRecorder(logging.Handler):
                     # process-wide one is the limit that was hit
                     value = _dynamo.recompile_limit()
                 self.limit_hits.append(
-                    LimitHit(**where, limit=value, limit_type=limit[1], last_reason=last,
-                             region=flight.region or current_region())
+                    LimitHit(
+                        **where,
+                        limit=value,
+                        limit_type=limit[1],
+                        last_reason=last,
+                        region=flight.region or current_region(),
+                    )
                 )
                 return
             failed = None
@@ -182,10 +190,16 @@ class TraceRecorder(logging.Handler):
                 failed = f"{metrics['fail_type']}: {reason[0] if reason else ''}".strip()
             index = len(self.frames)
             self.frames.append(
-                CompiledFrame(**where, graphs=flight.graphs, ops=metrics.get("graph_op_count"),
-                              seconds=_seconds(metrics, "entire_frame_compile_time_s"),
-                              recompile_reason=metrics.get("recompile_reason"), failed=failed,
-                              region=flight.region, sources=flight.sources)
+                CompiledFrame(
+                    **where,
+                    graphs=flight.graphs,
+                    ops=metrics.get("graph_op_count"),
+                    seconds=_seconds(metrics, "entire_frame_compile_time_s"),
+                    recompile_reason=metrics.get("recompile_reason"),
+                    failed=failed,
+                    region=flight.region,
+                    sources=flight.sources,
+                )
             )
             for found in flight.breaks:
                 found.region = flight.region
@@ -193,12 +207,18 @@ class TraceRecorder(logging.Handler):
             reason = metrics.get("recompile_reason")
             if reason:
                 self.recompiles.append(
-                    Recompile(**where, reason=reason, reasons=flight.reasons or [reason],
-                              frame=index, region=flight.region)
+                    Recompile(
+                        **where,
+                        reason=reason,
+                        reasons=flight.reasons or [reason],
+                        frame=index,
+                        region=flight.region,
+                    )
                 )
 
-    def _add_break(self, found: GraphBreak, *, function: str | None, compile_id: str,
-                   frame: int | None) -> None:
+    def _add_break(
+        self, found: GraphBreak, *, function: str | None, compile_id: str, frame: int | None
+    ) -> None:
         same = (found.region, found.file, found.line, found.reason)
         if same in self._break_index:  # met again (a resume frame, a recompile, after reset)
             self._break_index[same].count += found.count

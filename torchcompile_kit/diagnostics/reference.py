@@ -23,8 +23,14 @@ from torch import nn
 
 from .comparator import FACTOR, NEAR_EPS
 
-__all__ = ["Reference", "at_precision", "autocast_active", "cast_floating", "casting_inputs",
-           "reference_dtype"]
+__all__ = [
+    "Reference",
+    "at_precision",
+    "autocast_active",
+    "cast_floating",
+    "casting_inputs",
+    "reference_dtype",
+]
 
 _LOW = frozenset({torch.float16, torch.bfloat16})
 
@@ -53,12 +59,16 @@ class Reference:
             'eager in float64 with autocast off (compiled may be 3x farther from it than eager)'
         """
         if not self.needed:
-            return (f"eager: every tensor within {NEAR_EPS:g} epsilons of it (rounding-level), so "
-                    "no reference was needed")
+            return (
+                f"eager: every tensor within {NEAR_EPS:g} epsilons of it (rounding-level), so "
+                "no reference was needed"
+            )
         if self.dtype is None:
             return f"no reference ({self.note}): judged by a fixed tolerance"
-        return (f"eager in {self.name} with autocast off (compiled may be {FACTOR:g}x farther "
-                "from it than eager)")
+        return (
+            f"eager in {self.name} with autocast off (compiled may be {FACTOR:g}x farther "
+            "from it than eager)"
+        )
 
 
 def autocast_active(model: nn.Module) -> bool:
@@ -78,7 +88,8 @@ def reference_dtype(model: nn.Module, *, autocast: bool) -> Reference:
     Example:
         >>> reference_dtype(torch.nn.Linear(2, 2), autocast=False).dtype
         torch.float64
-        >>> reference_dtype(torch.nn.Linear(2, 2), autocast=True).dtype
+        >>> reference_dtype(torch.nn.Linear(2, 2),  # doctest: +NORMALIZE_WHITESPACE
+        ...     autocast=True).dtype
         torch.float32
     """
     dtypes = {t.dtype for t in chain(model.parameters(), model.buffers()) if t.is_floating_point()}
@@ -87,7 +98,9 @@ def reference_dtype(model: nn.Module, *, autocast: bool) -> Reference:
     if dtypes <= {torch.float32}:
         return Reference(dtype=torch.float64)
     shown = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-    return Reference(dtype=None, note=f"the model's parameters are {shown}: nothing runs more precisely")
+    return Reference(
+        dtype=None, note=f"the model's parameters are {shown}: nothing runs more precisely"
+    )
 
 
 @contextlib.contextmanager
@@ -127,10 +140,12 @@ def at_precision(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
 
 
 def cast_floating(tree: Any, dtype: torch.dtype) -> Any:
-    """``tree`` with its floating tensors cast to ``dtype`` (strides kept); other leaves as they are.
+    """``tree`` with its floating tensors cast to ``dtype`` (strides kept); other leaves as they
+    are.
 
     Example:
-        >>> cast_floating({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)}, torch.float64)
+        >>> cast_floating({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)},
+        ...     torch.float64)
         {'x': tensor([1.], dtype=torch.float64), 'ids': tensor([1])}
     """
     if isinstance(tree, torch.Tensor):

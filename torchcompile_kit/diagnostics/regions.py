@@ -120,7 +120,9 @@ def current_region() -> str | None:
     return _CURRENT.get()
 
 
-def mark_region(modules: Iterable[nn.Module], label: str, *, names: Iterable[str] | None = None) -> str:
+def mark_region(
+    modules: Iterable[nn.Module], label: str, *, names: Iterable[str] | None = None
+) -> str:
     """Tag every compile inside these compiled modules' calls with one region; returns its id (the
     key for :meth:`CompileMonitor.record_for_region`).
 
@@ -158,7 +160,9 @@ def mark_call(call: Callable[..., Any], label: str) -> tuple[Callable[..., Any],
     return _in_region(call, region, None, label), region
 
 
-def _in_region(call: Callable[..., Any], region: str, module: nn.Module | None, name: str) -> Callable[..., Any]:
+def _in_region(
+    call: Callable[..., Any], region: str, module: nn.Module | None, name: str
+) -> Callable[..., Any]:
     first = [True]  # per module: its first call is where a cold compile stalls the loop
     modes = _GRAD_MODES.setdefault(region, set())
 
@@ -179,12 +183,19 @@ def _in_region(call: Callable[..., Any], region: str, module: nn.Module | None, 
                 return call(*args, **kwargs)
             first[0] = False
             _CALLED.add(region)  # once per module, not on every call
-            logger.info("%s: first compiled call: dynamo compiles it now (minutes for a large "
-                        "block with inductor on CPU) ...", region)
+            logger.info(
+                "%s: first compiled call: dynamo compiles it now (minutes for a large "
+                "block with inductor on CPU) ...",
+                region,
+            )
             start = time.perf_counter()
             result = call(*args, **kwargs)
-            logger.info("%s: first compiled call done in %.1f s (the backward compiles at the "
-                        "first backward())", region, time.perf_counter() - start)
+            logger.info(
+                "%s: first compiled call done in %.1f s (the backward compiles at the "
+                "first backward())",
+                region,
+                time.perf_counter() - start,
+            )
             return result
         except Exception as err:
             stack = _dynamo.compile_failure_stack(err)
@@ -197,11 +208,17 @@ def _in_region(call: Callable[..., Any], region: str, module: nn.Module | None, 
     return run
 
 
-def _failure(err: Exception, stack: list[tuple[str, int]], block: nn.Module | None, name: str) -> CompileFailure:
+def _failure(
+    err: Exception, stack: list[tuple[str, int]], block: nn.Module | None, name: str
+) -> CompileFailure:
     message = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     location = f"{stack[-1][0]}:{stack[-1][1]}" if stack else ""
-    return CompileFailure(error=f"{type(err).__name__}: {message}", block=name,
-                          module=_module_of(stack, block, name), location=location)
+    return CompileFailure(
+        error=f"{type(err).__name__}: {message}",
+        block=name,
+        module=_module_of(stack, block, name),
+        location=location,
+    )
 
 
 def _module_of(stack: list[tuple[str, int]], block: nn.Module | None, name: str) -> str:
@@ -214,7 +231,9 @@ def _module_of(stack: list[tuple[str, int]], block: nn.Module | None, name: str)
             lines = [line for _, line in dis.findlinestarts(code) if line is not None]
             spans.append((path, code.co_filename, min(lines, default=0), max(lines, default=0)))
     for filename, line in reversed(stack):
-        paths = [path for path, file, low, high in spans if file == filename and low <= line <= high]
+        paths = [
+            path for path, file, low, high in spans if file == filename and low <= line <= high
+        ]
         if paths:
             deepest = max(paths, key=lambda p: p.count(".") + bool(p))
             return f"{name}.{deepest}" if deepest else name

@@ -46,8 +46,10 @@ def frame_selector(target: Any) -> Callable[[str, str | None, int | None, str | 
         return lambda fn, file, line, owner: owner in names
     code = getattr(inspect.unwrap(target), "__code__", None)
     if code is None:
-        raise TypeError("record_for expects a module, module class, optimizer or Python "
-                        f"function; got {type(target).__name__!r}")
+        raise TypeError(
+            "record_for expects a module, module class, optimizer or Python "
+            f"function; got {type(target).__name__!r}"
+        )
     last = max((ln for _, _, ln in code.co_lines() if ln), default=code.co_firstlineno)
 
     def keep(fn: str, file: str | None, line: int | None, owner: str | None) -> bool:
@@ -55,7 +57,9 @@ def frame_selector(target: Any) -> Callable[[str, str | None, int | None, str | 
             return False
         if fn == code.co_name and line == code.co_firstlineno:
             return True
-        return (fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
-                and code.co_firstlineno <= line <= last)
+        return (
+            fn.startswith(RESUME_PREFIX + code.co_name + "_at_")
+            and code.co_firstlineno <= line <= last
+        )
 
     return keep

@@ -11,9 +11,20 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RESUME_PREFIX", "CompiledFrame", "FirstCallCheck", "GraphBreak", "LimitHit",
-           "Recompile", "code_label", "graph_sources", "owner_of", "parse_graph_break",
-           "parse_limit_hit", "short_reason"]
+__all__ = [
+    "RESUME_PREFIX",
+    "CompiledFrame",
+    "FirstCallCheck",
+    "GraphBreak",
+    "LimitHit",
+    "Recompile",
+    "code_label",
+    "graph_sources",
+    "owner_of",
+    "parse_graph_break",
+    "parse_limit_hit",
+    "short_reason",
+]
 
 RESUME_PREFIX = "torch_dynamo_resume_in_"
 """Dynamo names the code after a graph break ``torch_dynamo_resume_in_<fn>_at_<line>``."""
@@ -31,7 +42,8 @@ class _InCode:
     line: int | None = None
     """First line of the code."""
     compile_id: str = ""
-    """Dynamo's id of the compile (``"3/1"``: frame 3, second compile). Restarts after ``reset()``."""
+    """Dynamo's id of the compile (``"3/1"``: frame 3, second compile). Restarts after ``reset()``.
+    """
     owner: str | None = None
     """The module class the code belongs to (``GPT2Block``), once attributed."""
     region: str | None = None
@@ -146,19 +158,26 @@ class Recompile(_InCode):
         block's graph).
 
         Example:
-            >>> Recompile(file="m.py", line=1, function="f", reasons=[
+            >>> reasons = [
             ...     "0/2: tensor 'x' size mismatch at index 1. expected 64, actual 96",
             ...     "0/1: tensor 'x' size mismatch at index 1. expected 48, actual 96",
-            ...     "0/0: tensor 'x' size mismatch at index 1. expected 32, actual 96"]).guard
-            "0/2: tensor 'x' size mismatch at index 1. expected 64, actual 96 (and 2 earlier graphs alike)"
+            ...     "0/0: tensor 'x' size mismatch at index 1. expected 32, actual 96"]
+            >>> recompile = Recompile(file="m.py", line=1, function="f", reasons=reasons)
+            >>> recompile.guard  # doctest: +NORMALIZE_WHITESPACE
+            "0/2: tensor 'x' size mismatch at index 1. expected 64, actual 96 (and 2 earlier graphs
+            alike)"
         """
         kinds: dict[str, list[str]] = {}
         for reason in self.reasons or [self.reason]:
             short = short_reason(reason)
             if short:
                 kinds.setdefault(_guard_kind(short), []).append(short)
-        shown = [f"{same[0]} (and {len(same) - 1} earlier graph{'s' * (len(same) > 2)} alike)"
-                 if len(same) > 1 else same[0] for same in kinds.values()]
+        shown = [
+            f"{same[0]} (and {len(same) - 1} earlier graph{'s' * (len(same) > 2)} alike)"
+            if len(same) > 1
+            else same[0]
+            for same in kinds.values()
+        ]
         return "; ".join(shown) or short_reason(self.reason)
 
     def as_dict(self) -> dict[str, Any]:
@@ -211,18 +230,31 @@ class FirstCallCheck:
 
     def message(self) -> str:
         """One line: recipe, state, verdict, the largest difference, the cost."""
-        share = (f", {self.check_seconds:.3g} s check vs {self.compiled_seconds:.3g} s compiled call "
-                 f"({self.check_seconds / self.compiled_seconds:.1%})" if self.compiled_seconds else "")
+        share = (
+            f", {self.check_seconds:.3g} s check vs {self.compiled_seconds:.3g} s compiled call "
+            f"({self.check_seconds / self.compiled_seconds:.1%})"
+            if self.compiled_seconds
+            else ""
+        )
         what = "+".join(self.compared) or "nothing"
-        against = (f", {self.reference} reference" if self.reference in ("float64", "float32")
-                   else f", reference {self.reference}" if self.reference else "")
-        verdict = (f"{self.status.upper()} ({what}, {self.tensors} tensors{against}, max diff "
-                   f"{self.max_abs:.3g}{share})")
+        against = (
+            f", {self.reference} reference"
+            if self.reference in ("float64", "float32")
+            else f", reference {self.reference}"
+            if self.reference
+            else ""
+        )
+        verdict = (
+            f"{self.status.upper()} ({what}, {self.tensors} tensors{against}, max diff "
+            f"{self.max_abs:.3g}{share})"
+        )
         if self.status == "skipped":
             verdict = f"SKIPPED{share and ' (' + share[2:] + ')'}"
         tail = f": {self.note}" if self.note else ""
-        return (f"first-call check {self.recipe} [{self.state}] on torch {self.torch_version} "
-                f"({self.backend}): {verdict}{tail}")
+        return (
+            f"first-call check {self.recipe} [{self.state}] on torch {self.torch_version} "
+            f"({self.backend}): {verdict}{tail}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
@@ -243,12 +275,14 @@ class LimitHit(_InCode):
 
     def message(self) -> str:
         """A loud one-paragraph explanation with the fix."""
-        return (f"RECOMPILE LIMIT HIT: {self.function} ({self.file}:{self.line}) reached "
-                f"{self.limit_type or 'recompile_limit'}={self.limit}; it now runs EAGERLY for "
-                "every new variant and torch will not say so again. Last failing guard: "
-                f"{short_reason(self.last_reason)}. Fix the cause (pad shapes to buckets, mark "
-                "dims dynamic, make per-instance state a tensor) or raise the limit for this "
-                "function only with torch.compile(..., recompile_limit=N).")
+        return (
+            f"RECOMPILE LIMIT HIT: {self.function} ({self.file}:{self.line}) reached "
+            f"{self.limit_type or 'recompile_limit'}={self.limit}; it now runs EAGERLY for "
+            "every new variant and torch will not say so again. Last failing guard: "
+            f"{short_reason(self.last_reason)}. Fix the cause (pad shapes to buckets, mark "
+            "dims dynamic, make per-instance state a tensor) or raise the limit for this "
+            "function only with torch.compile(..., recompile_limit=N)."
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields."""
@@ -347,8 +381,9 @@ def parse_graph_break(payload: str) -> GraphBreak:
         body = [t.strip() for t in lines if t.strip() and not _BREAK_AT.match(t.strip())]
         reason = " ".join(body[:2])[:500] or payload.strip()[:500]
     code = _GB_CODE.search(payload)
-    return GraphBreak(reason=reason, file=file, line=line, code=code[1].upper() if code else None,
-                      hints=hints)
+    return GraphBreak(
+        reason=reason, file=file, line=line, code=code[1].upper() if code else None, hints=hints
+    )
 
 
 def parse_limit_hit(fail_reason: str | None) -> tuple[int | None, str | None] | None:
@@ -385,11 +420,16 @@ def graph_sources(payload: str, *, cap: int = 400) -> list[tuple[str, int]]:
     return list(seen)
 
 
-def owner_of(function: str, file: str | None, line: int | None, sources: list[tuple[str, int]],
-             classes: list[type]) -> str | None:
-    """The one class among ``classes`` whose ``forward`` the frame runs: its own ``forward``, a wrapper
-    installed as ``cls.forward`` (told apart by the graph's ``sources``), or code resumed after a break
-    inside it; ``None`` when none or several fit.
+def owner_of(
+    function: str,
+    file: str | None,
+    line: int | None,
+    sources: list[tuple[str, int]],
+    classes: list[type],
+) -> str | None:
+    """The one class among ``classes`` whose ``forward`` the frame runs: its own ``forward``, a
+    wrapper installed as ``cls.forward`` (told apart by the graph's ``sources``), or code resumed
+    after a break inside it; ``None`` when none or several fit.
 
     Example:
         >>> owner_of("forward", __file__, 1, [], [])  # no classes: nobody owns it

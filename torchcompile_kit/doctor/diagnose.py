@@ -279,7 +279,8 @@ class _Doctor:
         )
 
     def conclude(self, located: Located, paths: list[str]) -> None:
-        """The culprits, whether confirmed, and the workaround (``paths``: the culprits' modules)."""
+        """The culprits, whether confirmed, and the workaround (``paths``: the
+        culprits' modules)."""
         diagnosis = self.diagnosis
         diagnosis.culprits = [unit.label for unit in located.culprits] or None
         diagnosis.culprit_confirmed = located.confirmed

@@ -39,7 +39,8 @@ class Trial:
     inductor: dict[str, Any] = field(default_factory=dict)
     """Inductor settings for this trial (``{"fallback_random": True}``)."""
     modules: list[str] | None = None
-    """Compile only these modules (paths in the model), the rest eager; ``None``: the whole model."""
+    """Compile only these modules (paths in the model), the rest eager; ``None``: the whole model.
+    """
     exclude: list[str] = field(default_factory=list)
     """With the whole model compiled, leave these modules eager."""
     monitor: bool = False
@@ -246,7 +247,8 @@ class Diagnosis:
                 + (
                     f"paid back after ~{back} steps"
                     if back is not None
-                    else "never paid back: the reference post's reasons (small or launch-bound model, "
+                    else "never paid back: the reference post's reasons (small or launch-bound "
+                    "model, "
                     "graph breaks, recompiles); `torchcompile-kit tune` compares the recipes"
                 )
             )

@@ -27,7 +27,8 @@ class TrialRunner:
         timeout_s: seconds a trial may run before it is killed (``timeout``).
 
     Example:
-        >>> runner = TrialRunner(Path("out"), {"spec": "m:build", ...}, timeout_s=600)  # doctest: +SKIP
+        >>> runner = TrialRunner(Path("out"), {"spec": "m:build", ...},  # doctest: +SKIP
+        ...     timeout_s=600)
         >>> runner.run(Trial(label="triage")).status  # doctest: +SKIP
         'ok'
     """

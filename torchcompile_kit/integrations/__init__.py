@@ -14,8 +14,13 @@ from .trainer import CompileTrainerMixin
 
 # HF Trainer: CompileTrainer, CompileTrainerMixin; accelerate: prepare_bucket_dataloader;
 # DDP / FSDP2: apply_fsdp2_regional, enable_activation_checkpointing
-__all__ = ["CompileTrainer", "CompileTrainerMixin", "apply_fsdp2_regional",
-           "enable_activation_checkpointing", "prepare_bucket_dataloader"]
+__all__ = [
+    "CompileTrainer",
+    "CompileTrainerMixin",
+    "apply_fsdp2_regional",
+    "enable_activation_checkpointing",
+    "prepare_bucket_dataloader",
+]
 
 
 def __getattr__(name: str) -> Any:

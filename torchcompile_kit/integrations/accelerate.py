@@ -18,8 +18,14 @@ from ..shapes import BucketBatchSampler
 __all__ = ["prepare_bucket_dataloader"]
 
 
-def prepare_bucket_dataloader(accelerator: Any, dataset: Any, *, sampler: BucketBatchSampler,
-                              collate_fn: Any, **dataloader_kwargs: Any) -> Any:
+def prepare_bucket_dataloader(
+    accelerator: Any,
+    dataset: Any,
+    *,
+    sampler: BucketBatchSampler,
+    collate_fn: Any,
+    **dataloader_kwargs: Any,
+) -> Any:
     """``accelerator.prepare`` a ``DataLoader`` over a bucket sampler, sharded exactly once.
 
     The loader ``accelerator.prepare(DataLoader(dataset, batch_sampler=sampler))`` gives, plus two
@@ -48,23 +54,28 @@ def prepare_bucket_dataloader(accelerator: Any, dataset: Any, *, sampler: Bucket
     """
     clash = sorted({"batch_size", "shuffle", "sampler", "drop_last"} & set(dataloader_kwargs))
     if clash:
-        raise BatchShapeError(f"prepare_bucket_dataloader: {clash!r} are decided by the "
-                              "BucketBatchSampler; drop them and set "
-                              "batch_size/shuffle/drop_last on the sampler")
+        raise BatchShapeError(
+            f"prepare_bucket_dataloader: {clash!r} are decided by the "
+            "BucketBatchSampler; drop them and set "
+            "batch_size/shuffle/drop_last on the sampler"
+        )
     check_sharding(sampler, accelerator.num_processes)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
-                                         **dataloader_kwargs)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate_fn, **dataloader_kwargs
+    )
     return shard_once(accelerator.prepare(loader), sampler)
 
 
 def check_sharding(sampler: BucketBatchSampler, num_processes: int) -> None:
     """Raise unless ``sampler`` was built for all processes or for one (``num_replicas=1``)."""
     if sampler.num_replicas not in (1, num_processes):
-        raise BatchShapeError("the BucketBatchSampler was built for "
-                              f"num_replicas={sampler.num_replicas!r} but {num_processes!r} "
-                              "processes train; build it with num_replicas=None after the "
-                              "Accelerator/TrainingArguments exist (the sampler shards), or "
-                              "num_replicas=1, rank=0 (accelerate shards)")
+        raise BatchShapeError(
+            "the BucketBatchSampler was built for "
+            f"num_replicas={sampler.num_replicas!r} but {num_processes!r} "
+            "processes train; build it with num_replicas=None after the "
+            "Accelerator/TrainingArguments exist (the sampler shards), or "
+            "num_replicas=1, rank=0 (accelerate shards)"
+        )
 
 
 def shard_once(loader: Any, sampler: BucketBatchSampler) -> Any:

@@ -58,13 +58,20 @@ def enable_activation_checkpointing(model: nn.Module, *, blocks: Any = None) -> 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # type(self).forward, not a stored bound method: one function for every block, and still
     # right after fully_shard swaps the class for FSDP<Block> (a subclass).
-    return torch.utils.checkpoint.checkpoint(type(self).forward, self, *args, use_reentrant=False,
-                                             **kwargs)
+    return torch.utils.checkpoint.checkpoint(
+        type(self).forward, self, *args, use_reentrant=False, **kwargs
+    )
 
 
-def apply_fsdp2_regional(model: nn.Module, *, checkpointing: bool = False, blocks: Any = None,
-                         compile_kwargs: dict[str, Any] | None = None, mesh: Any = None,
-                         reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp2_regional(
+    model: nn.Module,
+    *,
+    checkpointing: bool = False,
+    blocks: Any = None,
+    compile_kwargs: dict[str, Any] | None = None,
+    mesh: Any = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
     """Activation checkpointing, then regional compile, then ``fully_shard`` per block and root.
 
     All in place: the returned model is ``model`` (its class becomes ``FSDP<Model>``), and
@@ -72,7 +79,8 @@ def apply_fsdp2_regional(model: nn.Module, *, checkpointing: bool = False, block
 
     Args:
         model: the model on its device, not yet compiled or sharded; the process group initialized.
-        checkpointing: checkpoint each block's activations (:func:`enable_activation_checkpointing`).
+        checkpointing: checkpoint each block's activations
+            (:func:`enable_activation_checkpointing`).
         blocks: ``None`` to discover the repeated blocks, or a ``blocks=`` selector.
         compile_kwargs: passed to :func:`~torchcompile_kit.compile_regional`.
         mesh: the ``DeviceMesh`` to shard over; ``None`` is all ranks.
@@ -96,16 +104,19 @@ def apply_fsdp2_regional(model: nn.Module, *, checkpointing: bool = False, block
 
     check_module("model", model)
     if get_regional_plan(model) is not None:
-        raise ValueError(f"{type(model).__name__} is already regionally compiled; "
-                         "apply_fsdp2_regional must checkpoint before it compiles. Call "
-                         "torchcompile_kit.uncompile(model) first, or pass the model before "
-                         "compile_regional.")
+        raise ValueError(
+            f"{type(model).__name__} is already regionally compiled; "
+            "apply_fsdp2_regional must checkpoint before it compiles. Call "
+            "torchcompile_kit.uncompile(model) first, or pass the model before "
+            "compile_regional."
+        )
     if checkpointing:
         enable_activation_checkpointing(model, blocks=blocks)
     compile_regional(model, blocks=blocks, **(compile_kwargs or {}))
     plan = get_regional_plan(model)
     for name in plan.blocks:
-        fully_shard(model.get_submodule(name), mesh=mesh,
-                    reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model

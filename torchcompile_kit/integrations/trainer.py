@@ -70,24 +70,34 @@ class CompileTrainerMixin:
         >>> trainer.train()  # doctest: +SKIP
     """
 
-    def __init__(self, *args: Any, train_batch_sampler: BucketBatchSampler | None = None,
-                 compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
-                 compile_monitor: bool = True, compile_cache: str | os.PathLike[str] | None = None,
-                 compile_cache_key: str | bytes | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        train_batch_sampler: BucketBatchSampler | None = None,
+        compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
+        compile_monitor: bool = True,
+        compile_cache: str | os.PathLike[str] | None = None,
+        compile_cache_key: str | bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         _refuse_whole_model_compile(self.args, self.model)
         if train_batch_sampler is not None:
             if not isinstance(train_batch_sampler, BucketBatchSampler):
-                raise BatchShapeError("train_batch_sampler must be a BucketBatchSampler, got "
-                                      f"{type(train_batch_sampler).__name__!r}; for another "
-                                      "sampler override get_train_dataloader")
+                raise BatchShapeError(
+                    "train_batch_sampler must be a BucketBatchSampler, got "
+                    f"{type(train_batch_sampler).__name__!r}; for another "
+                    "sampler override get_train_dataloader"
+                )
             check_sharding(train_batch_sampler, self.args.world_size)
         self.train_batch_sampler = train_batch_sampler
-        if compile_optimizer_kwargs is not None and compile_optimizer_kwargs is not False:
-            if not isinstance(compile_optimizer_kwargs, dict):
-                raise TypeError("compile_optimizer_kwargs must be a dict, None (compile if "
-                                "possible) or False (keep the optimizer eager), got "
-                                f"{compile_optimizer_kwargs!r}")
+        chosen = compile_optimizer_kwargs is not None and compile_optimizer_kwargs is not False
+        if chosen and not isinstance(compile_optimizer_kwargs, dict):
+            raise TypeError(
+                "compile_optimizer_kwargs must be a dict, None (compile if "
+                "possible) or False (keep the optimizer eager), got "
+                f"{compile_optimizer_kwargs!r}"
+            )
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
         self._compiled_optimizer: Any = None
         self.monitor: CompileMonitor | None = CompileMonitor() if compile_monitor else None
@@ -149,8 +159,8 @@ class CompileTrainerMixin:
     # -- optimizer -------------------------------------------------------------------------
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's optimizer, compiled once unless ``compile_optimizer_kwargs=False``; one that cannot
-        be compiled stays eager with a warning, or raises when the kwargs were a dict."""
+        """Trainer's optimizer, compiled once unless ``compile_optimizer_kwargs=False``; one that
+        cannot be compiled stays eager with a warning, or raises when the kwargs were a dict."""
         optimizer = super().create_optimizer(*args, **kwargs)
         options = self.compile_optimizer_kwargs
         if options is False or optimizer is self._compiled_optimizer:
@@ -161,12 +171,17 @@ class CompileTrainerMixin:
         except UnsupportedOptimizerError as err:
             if options is not None:
                 raise
-            warnings.warn(f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
-                          "compile_optimizer_kwargs=False to keep it eager without this warning)",
-                          stacklevel=2)
+            warnings.warn(
+                f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
+                "compile_optimizer_kwargs=False to keep it eager without this warning)",
+                stacklevel=2,
+            )
             return optimizer
-        logger.info("CompileTrainer compiled the %s optimizer with compile_optimizer(%s)", name,
-                    ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()))
+        logger.info(
+            "CompileTrainer compiled the %s optimizer with compile_optimizer(%s)",
+            name,
+            ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()),
+        )
         self._compiled_optimizer = optimizer
         return optimizer
 
@@ -181,7 +196,8 @@ class CompileTrainerMixin:
         with contextlib.ExitStack() as stack:
             if self.compile_cache is not None:
                 self.compile_cache_session = stack.enter_context(
-                    cache_session(self.compile_cache, key=self._compile_cache_key))
+                    cache_session(self.compile_cache, key=self._compile_cache_key)
+                )
                 logger.info("CompileTrainer: %s", self.compile_cache_session.loaded.summary())
             if self.monitor is not None:
                 stack.enter_context(self.monitor)
@@ -241,11 +257,15 @@ class CompileTrainerMixin:
             if one is None or not hasattr(one, "__len__") or not hasattr(one, "__getitem__"):
                 continue  # an iterable dataset: its shapes are not known before it runs
             try:
-                shapes = self.data_collator.batch_shapes(one, self.args.eval_batch_size,
-                                                         drop_last=self.args.dataloader_drop_last)
+                shapes = self.data_collator.batch_shapes(
+                    one, self.args.eval_batch_size, drop_last=self.args.dataloader_drop_last
+                )
             except (AttributeError, TypeError, ValueError) as err:  # rows that are not mappings
-                logger.info("CompileTrainer: the evaluation shapes are not known before it runs "
-                            "(%s); the plan assumes the training ones", err)
+                logger.info(
+                    "CompileTrainer: the evaluation shapes are not known before it runs "
+                    "(%s); the plan assumes the training ones",
+                    err,
+                )
                 continue
             expect_shapes(self.model, shapes, mode="eval")
 
@@ -273,12 +293,14 @@ def _refuse_whole_model_compile(args: Any, model: Any) -> None:
     if not getattr(args, "torch_compile", False) or model is None:
         return
     if get_regional_plan(model) is not None or _dynamo.compiled_module_names(model):
-        raise ValueError("TrainingArguments(torch_compile=True) on a regionally compiled "
-                         f"{type(model).__name__}: accelerate would torch.compile the whole model "
-                         "and the blocks' own graphs would never run (more graphs, graph breaks, "
-                         "slower). Pass TrainingArguments(torch_compile=False) and keep "
-                         "compile_regional(model, ...) (put torch_compile_backend/mode into "
-                         "compile_regional's keyword arguments).")
+        raise ValueError(
+            "TrainingArguments(torch_compile=True) on a regionally compiled "
+            f"{type(model).__name__}: accelerate would torch.compile the whole model "
+            "and the blocks' own graphs would never run (more graphs, graph breaks, "
+            "slower). Pass TrainingArguments(torch_compile=False) and keep "
+            "compile_regional(model, ...) (put torch_compile_backend/mode into "
+            "compile_regional's keyword arguments)."
+        )
 
 
 def __getattr__(name: str) -> Any:
@@ -290,8 +312,10 @@ def __getattr__(name: str) -> Any:
         cls = type(
             "CompileTrainer",
             (CompileTrainerMixin, Trainer),
-            {"__doc__": "``transformers.Trainer`` with :class:`CompileTrainerMixin`.",
-             "__module__": __name__},
+            {
+                "__doc__": "``transformers.Trainer`` with :class:`CompileTrainerMixin`.",
+                "__module__": __name__,
+            },
         )
         globals()[name] = cls
         return cls

@@ -1,7 +1,8 @@
 """Compiled optimizers: a step that does not recompile when the learning rate changes.
 
 The topic's API. Modules: :mod:`.compiled` (``compile_optimizer``), :mod:`.foreach_adam` (the
-horizontally fused Adam/AdamW update on ``foreach_map``) and :mod:`.grads` (``zero_grads_in_place``).
+horizontally fused Adam/AdamW update on ``foreach_map``) and :mod:`.grads`
+(``zero_grads_in_place``).
 """
 
 from .compiled import compile_optimizer

@@ -41,20 +41,25 @@ _DEVICE_FLAGS = ("foreach", "capturable")
 logger = logging.getLogger(__name__)
 
 
-def compile_optimizer(optimizer: torch.optim.Optimizer, *,
-                      impl: Literal["step", "foreach_map"] = "step",
-                      scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                      static_grads: bool = False, verify: bool = False,
-                      **compile_kwargs: Any) -> torch.optim.Optimizer:
+def compile_optimizer(
+    optimizer: torch.optim.Optimizer,
+    *,
+    impl: Literal["step", "foreach_map"] = "step",
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    static_grads: bool = False,
+    verify: bool = False,
+    **compile_kwargs: Any,
+) -> torch.optim.Optimizer:
     """Replace ``optimizer.step`` with a compiled step that LR schedules do not recompile.
 
-    During each step, ``lr`` (and Adam's ``betas``) are 0-d tensors owned by this module, filled with
-    the group's current values, so a schedule never recompiles; Adam on CPU gets ``foreach=False``
-    and on CUDA/XPU ``capturable=True``. Between steps the groups hold what you and your scheduler put
-    there, so checkpoints load into plain ``torch.optim`` objects and back. The first step (and any
-    step that initialises state) runs eagerly; the step compiles at the next call, and inside
-    :func:`~torchcompile_kit.no_recompiles` that first compile is allowed. ``monitor.record_for(
-    optimizer)`` of a :class:`~torchcompile_kit.CompileMonitor` shows what the step compiled.
+    During each step, ``lr`` (and Adam's ``betas``) are 0-d tensors owned by this module, filled
+    with the group's current values, so a schedule never recompiles; Adam on CPU gets
+    ``foreach=False`` and on CUDA/XPU ``capturable=True``. Between steps the groups hold what you
+    and your scheduler put there, so checkpoints load into plain ``torch.optim`` objects and back.
+    The first step (and any step that initialises state) runs eagerly; the step compiles at the next
+    call, and inside :func:`~torchcompile_kit.no_recompiles` that first compile is allowed.
+    ``monitor.record_for( optimizer)`` of a :class:`~torchcompile_kit.CompileMonitor` shows what the
+    step compiled.
 
     Args:
         optimizer: ``torch.optim.SGD``, ``Adam`` or ``AdamW`` (``fused`` and ``differentiable``
@@ -73,7 +78,8 @@ def compile_optimizer(optimizer: torch.optim.Optimizer, *,
             ``options``, ``recompile_limit`` ...).
 
     Returns:
-        The same ``optimizer``, its ``step`` replaced; :func:`~torchcompile_kit.uncompile` undoes it.
+        The same ``optimizer``, its ``step`` replaced; :func:`~torchcompile_kit.uncompile` undoes
+        it.
 
     Raises:
         UnsupportedOptimizerError: an optimizer or option not listed above, an unknown ``impl``,
@@ -92,8 +98,9 @@ def compile_optimizer(optimizer: torch.optim.Optimizer, *,
     wrapper, optimizer = optimizer, _unwrap_accelerated(optimizer)
     check_flag("verify", verify, caller="compile_optimizer", meaning=VERIFY_MEANING)
     _check_arguments(optimizer, impl, scheduler, compile_kwargs)
-    runner = _CompiledStep(optimizer, impl=impl, static_grads=static_grads, verify=verify,
-                           **compile_kwargs)
+    runner = _CompiledStep(
+        optimizer, impl=impl, static_grads=static_grads, verify=verify, **compile_kwargs
+    )
 
     def step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
         return runner(closure)
@@ -127,8 +134,9 @@ def _unwrap_accelerated(optimizer: Any) -> Any:
     return inner
 
 
-def _check_arguments(optimizer: Any, impl: str, scheduler: Any,
-                     compile_kwargs: dict[str, Any]) -> None:
+def _check_arguments(
+    optimizer: Any, impl: str, scheduler: Any, compile_kwargs: dict[str, Any]
+) -> None:
     check_choice(
         "impl",
         impl,
@@ -169,10 +177,12 @@ def _check_arguments(optimizer: Any, impl: str, scheduler: Any,
         # torch/optim/optimizer.py::_use_grad_for_differentiable calls torch._dynamo.graph_break()
         # around every step (pytorch/pytorch#104053, so that in-place updates trace as an inference
         # graph). Remove this check once those breaks are gone (PRs #173388/#187513).
-        raise UnsupportedOptimizerError("compile_optimizer: fullgraph=True cannot compile "
-                                        "optimizer.step, which contains two explicit graph breaks "
-                                        "in torch; drop fullgraph, or use impl='foreach_map' "
-                                        "(Adam/AdamW), whose step is one graph")
+        raise UnsupportedOptimizerError(
+            "compile_optimizer: fullgraph=True cannot compile "
+            "optimizer.step, which contains two explicit graph breaks "
+            "in torch; drop fullgraph, or use impl='foreach_map' "
+            "(Adam/AdamW), whose step is one graph"
+        )
     if impl == "foreach_map":
         from .foreach_adam import check_foreach_map_optimizer
 
@@ -193,8 +203,15 @@ def _is_capturable_device(device: torch.device) -> bool:
 class _CompiledStep:
     """The installed ``optimizer.step``: hyperparameter sync, eager init, compiled step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, impl: str, static_grads: bool,
-                 verify: bool = False, **compile_kwargs: Any) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        impl: str,
+        static_grads: bool,
+        verify: bool = False,
+        **compile_kwargs: Any,
+    ) -> None:
         self.optimizer = optimizer
         self.verify = verify
         self.backend = compile_kwargs.get("backend", "inductor")
@@ -209,7 +226,9 @@ class _CompiledStep:
         if impl == "foreach_map":
             from .foreach_adam import make_foreach_map_step
 
-            self.compiled_step: Callable[[], Any] = make_foreach_map_step(optimizer, **compile_kwargs)
+            self.compiled_step: Callable[[], Any] = make_foreach_map_step(
+                optimizer, **compile_kwargs
+            )
         else:
             self.compiled_step = torch.compile(self.eager_step, **compile_kwargs)
         # Per param group: the tensors that stand for its hyperparameters during a step, and
@@ -248,9 +267,14 @@ class _CompiledStep:
         tensors, params = self._step_tensors()
         # raises CompiledMismatchError with the parameters and state restored; _compiled_once
         # stays False, so the next step is checked again
-        check_in_place_update(tensors, run_eager=self.eager_step, run_compiled=self.compiled_step,
-                              recipe=f"compile_optimizer({type(self.optimizer).__name__})",
-                              backend=self.backend, updates=params)
+        check_in_place_update(
+            tensors,
+            run_eager=self.eager_step,
+            run_compiled=self.compiled_step,
+            recipe=f"compile_optimizer({type(self.optimizer).__name__})",
+            backend=self.backend,
+            updates=params,
+        )
 
     def _step_tensors(self) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
         """What a step changes in place: parameters with a gradient and their state tensors."""
@@ -284,8 +308,9 @@ class _CompiledStep:
             if index == len(self._tensors):  # first sight: the first step, add_param_group
                 self._tensors.append(self._make_tensors(group))
                 self._flags.append(self._device_flags(group))
-            saved.append({k: group[k] for k in (*self._tensors[index], *_DEVICE_FLAGS)
-                          if k in group})
+            saved.append(
+                {k: group[k] for k in (*self._tensors[index], *_DEVICE_FLAGS) if k in group}
+            )
             for key, tensor in self._tensors[index].items():
                 current = group[key]
                 if key == "betas":  # OneCycleLR/CyclicLR: (float, beta2) replaces the tuple
@@ -357,16 +382,23 @@ class _CompiledStep:
     # -- static grads ---------------------------------------------------------------------
 
     def _mark_static_grads(self) -> None:
-        fresh = [p.grad for group in self.optimizer.param_groups for p in group["params"]
-                 if p.grad is not None and not hasattr(p.grad, "_dynamo_static_input_type")]
+        fresh = [
+            p.grad
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and not hasattr(p.grad, "_dynamo_static_input_type")
+        ]
         if fresh and self._grads_marked and not self._warned_realloc:
             self._warned_realloc = True
-            warnings.warn(f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) "
-                          "were re-allocated since the last step, so marking them static saves "
-                          "nothing; zero them in place with "
-                          "torchcompile_kit.optim.zero_grads_in_place(model) or "
-                          "optimizer.zero_grad(set_to_none=False)",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"compile_optimizer(static_grads=True): {len(fresh)} gradient tensor(s) "
+                "were re-allocated since the last step, so marking them static saves "
+                "nothing; zero them in place with "
+                "torchcompile_kit.optim.zero_grads_in_place(model) or "
+                "optimizer.zero_grad(set_to_none=False)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         for grad in fresh:
             _dynamo.mark_static_address(grad)
         self._grads_marked = True

@@ -58,17 +58,28 @@ def _per_tensor(name: str, value: Hyperparameter, n: int) -> Hyperparameter:
         return value
     values = list(value)
     if len(values) != n:
-        raise ValueError(f"foreach_map_adam_step: {name} has {len(values)} values for {n} "
-                         "tensors; pass one value per tensor or a single scalar")
+        raise ValueError(
+            f"foreach_map_adam_step: {name} has {len(values)} values for {n} "
+            "tensors; pass one value per tensor or a single scalar"
+        )
     return values
 
 
 @torch.no_grad()
-def foreach_map_adam_step(params: list[torch.Tensor], grads: list[torch.Tensor],
-                          exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
-                          steps: list[torch.Tensor], *, lr: Hyperparameter, beta1: Hyperparameter,
-                          beta2: Hyperparameter, eps: Hyperparameter, weight_decay: Hyperparameter,
-                          decoupled: bool) -> None:
+def foreach_map_adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    *,
+    lr: Hyperparameter,
+    beta1: Hyperparameter,
+    beta2: Hyperparameter,
+    eps: Hyperparameter,
+    weight_decay: Hyperparameter,
+    decoupled: bool,
+) -> None:
     """One Adam (``decoupled=False``) or AdamW (``decoupled=True``) step, horizontally fused.
 
     Updates ``params``, ``exp_avgs``, ``exp_avg_sqs`` and ``steps`` in place with ``torch.optim``'s
@@ -104,13 +115,17 @@ def foreach_map_adam_step(params: list[torch.Tensor], grads: list[torch.Tensor],
     n = len(params)
     lengths = {len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)}
     if lengths != {n}:
-        raise ValueError("foreach_map_adam_step: params, grads, exp_avgs, exp_avg_sqs and steps "
-                         "must have the same length; got "
-                         f"{[n, len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)]!r}")
+        raise ValueError(
+            "foreach_map_adam_step: params, grads, exp_avgs, exp_avg_sqs and steps "
+            "must have the same length; got "
+            f"{[n, len(grads), len(exp_avgs), len(exp_avg_sqs), len(steps)]!r}"
+        )
     if any(g.is_sparse for g in grads):
-        raise UnsupportedOptimizerError("foreach_map_adam_step: sparse gradients are not "
-                                        "supported; use torch.optim.SparseAdam or dense gradients "
-                                        "(e.g. nn.Embedding(sparse=False))")
+        raise UnsupportedOptimizerError(
+            "foreach_map_adam_step: sparse gradients are not "
+            "supported; use torch.optim.SparseAdam or dense gradients "
+            "(e.g. nn.Embedding(sparse=False))"
+        )
     hyper = {
         name: _per_tensor(name, value, n)
         for name, value in (
@@ -126,8 +141,19 @@ def foreach_map_adam_step(params: list[torch.Tensor], grads: list[torch.Tensor],
     # copies fuse into the same kernels under inductor. Steps are a real foreach op already.
     torch._foreach_add_(steps, 1)
     update: Callable[..., Any] = _adamw_update if decoupled else _adam_update
-    results = _foreach_map(update, params, grads, exp_avgs, exp_avg_sqs, steps, hyper["lr"],
-                           hyper["beta1"], hyper["beta2"], hyper["eps"], hyper["weight_decay"])
+    results = _foreach_map(
+        update,
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        steps,
+        hyper["lr"],
+        hyper["beta1"],
+        hyper["beta2"],
+        hyper["eps"],
+        hyper["weight_decay"],
+    )
     new_params, new_exp_avgs, new_exp_avg_sqs = zip(*results)
     torch._foreach_copy_(params, list(new_params))
     torch._foreach_copy_(exp_avgs, list(new_exp_avgs))
@@ -152,25 +178,32 @@ def check_foreach_map_optimizer(optimizer: torch.optim.Optimizer) -> None:
     for index, group in enumerate(optimizer.param_groups):
         for option in _UNSUPPORTED_OPTIONS:
             if group.get(option):
-                raise UnsupportedOptimizerError("impl='foreach_map' does not implement "
-                                                f"{option}={group[option]!r} (param group "
-                                                f"{index}); construct the optimizer with "
-                                                f"{option}=False or use impl='step'")
+                raise UnsupportedOptimizerError(
+                    "impl='foreach_map' does not implement "
+                    f"{option}={group[option]!r} (param group "
+                    f"{index}); construct the optimizer with "
+                    f"{option}=False or use impl='step'"
+                )
         if any(p.is_complex() for p in group["params"]):
-            raise UnsupportedOptimizerError("impl='foreach_map' does not handle complex "
-                                            f"parameters (param group {index}); use impl='step'")
+            raise UnsupportedOptimizerError(
+                "impl='foreach_map' does not handle complex "
+                f"parameters (param group {index}); use impl='step'"
+            )
     if len({_is_decoupled(optimizer, g) for g in optimizer.param_groups}) > 1:
-        raise UnsupportedOptimizerError("impl='foreach_map' needs the same decoupled_weight_decay "
-                                        "in every param group; use impl='step' or one optimizer "
-                                        "per kind of weight decay")
+        raise UnsupportedOptimizerError(
+            "impl='foreach_map' needs the same decoupled_weight_decay "
+            "in every param group; use impl='step' or one optimizer "
+            "per kind of weight decay"
+        )
 
 
 def _is_decoupled(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
     return bool(group["decoupled_weight_decay"])
 
 
-def make_foreach_map_step(optimizer: torch.optim.Optimizer,
-                          **compile_kwargs: Any) -> Callable[[], None]:
+def make_foreach_map_step(
+    optimizer: torch.optim.Optimizer, **compile_kwargs: Any
+) -> Callable[[], None]:
     """A function of no arguments that runs one compiled :func:`foreach_map_adam_step` over
     ``optimizer``, reading its lists on every call (so schedulers, ``load_state_dict`` and
     ``add_param_group`` keep working). The state must exist: ``compile_optimizer`` runs torch's own
@@ -182,8 +215,9 @@ def make_foreach_map_step(optimizer: torch.optim.Optimizer,
         lists: dict[str, list[Any]] = {
             k: [] for k in ("params", "grads", "exp_avgs", "exp_avg_sqs", "steps")
         }
-        hyper: dict[str,
-                    list[Any]] = {k: [] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")}
+        hyper: dict[str, list[Any]] = {
+            k: [] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")
+        }
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -200,11 +234,14 @@ def make_foreach_map_step(optimizer: torch.optim.Optimizer,
         if not lists["params"]:
             return
         # One group (the common case): pass scalars, not one alias per tensor, to keep guards few.
-        with_grads = [g for g in optimizer.param_groups
-                      if any(p.grad is not None for p in g["params"])]
-        per_tensor = {name: (values if len(with_grads) > 1 else values[0]) for name,
-                      values in hyper.items()}
-        functional(**lists, **per_tensor,
-                   decoupled=_is_decoupled(optimizer, optimizer.param_groups[0]))
+        with_grads = [
+            g for g in optimizer.param_groups if any(p.grad is not None for p in g["params"])
+        ]
+        per_tensor = {
+            name: (values if len(with_grads) > 1 else values[0]) for name, values in hyper.items()
+        }
+        functional(
+            **lists, **per_tensor, decoupled=_is_decoupled(optimizer, optimizer.param_groups[0])
+        )
 
     return step

@@ -1,4 +1,5 @@
-"""``zero_grads_in_place``: zero gradients in place, keeping their storage (for static-address steps)."""
+"""``zero_grads_in_place``: zero gradients in place, keeping their storage (for static-address
+steps)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from .._checks import parameters_of
 __all__ = ["zero_grads_in_place"]
 
 
-def zero_grads_in_place(model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor]) -> None:
+def zero_grads_in_place(
+    model: torch.nn.Module | torch.optim.Optimizer | Iterable[torch.Tensor],
+) -> None:
     """Zero every existing gradient in place, keeping its storage (``None`` grads stay ``None``).
 
     For CUDA graphs with ``compile_optimizer(..., static_grads=True)``: a gradient at a new address

@@ -17,10 +17,23 @@ from .transformers_support import cache_calls_compiled, fix_loss_function, has_t
 
 __all__ = [
     # top level UX
-    "compile_in_background", "compile_model", "compile_regional", "expect_shapes", "find_repeated_blocks",
-    "fix_loss_function", "get_regional_plan", "uncompile",
+    "compile_in_background",
+    "compile_model",
+    "compile_regional",
+    "expect_shapes",
+    "find_repeated_blocks",
+    "fix_loss_function",
+    "get_regional_plan",
+    "uncompile",
     # the plan, and a background compile's options and record
-    "BackgroundCompile", "BackgroundState", "BlockGroup", "ExpectedShapes", "get_background_compile", "RegionalPlan",
+    "BackgroundCompile",
+    "BackgroundState",
+    "BlockGroup",
+    "ExpectedShapes",
+    "get_background_compile",
+    "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
-    "cache_calls_compiled", "compile_in_place", "has_transformers_model",
+    "cache_calls_compiled",
+    "compile_in_place",
+    "has_transformers_model",
 ]

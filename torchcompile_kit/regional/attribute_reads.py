@@ -38,15 +38,17 @@ def _uses(source: str, attribute: str) -> set[str]:
         ):
             continue
         parent = parents.get(node)
-        passed = isinstance(parent,
-                            ast.keyword) or (isinstance(parent, ast.Call) and node in parent.args)
+        passed = isinstance(parent, ast.keyword) or (
+            isinstance(parent, ast.Call) and node in parent.args
+        )
         uses.add(PASSED_ON if passed else DECIDES)
     return uses
 
 
 @functools.cache
 def attribute_uses(cls: type, attribute: str) -> frozenset[str]:
-    """How the methods of ``cls`` (other than ``__init__``) use ``self.<attribute>``; empty if unread."""
+    """How the methods of ``cls`` (other than ``__init__``) use ``self.<attribute>``; empty if
+    unread."""
     pattern = re.compile(rf"\bself\.{re.escape(attribute)}\b")
     uses: set[str] = set()
     for klass in cls.__mro__:

@@ -51,15 +51,22 @@ from .cuda_graphs import model_device
 from .plan import PENDING_ATTR
 from .precompiled import precompile_refusal, regions_created
 
-__all__ = ["RECIPES", "BackgroundCompile", "BackgroundState", "compile_in_background",
-           "get_background_compile"]
+__all__ = [
+    "RECIPES",
+    "BackgroundCompile",
+    "BackgroundState",
+    "compile_in_background",
+    "get_background_compile",
+]
 
 logger = logging.getLogger(__name__)
 
 _ATTR = "_torchcompile_kit_background"
 _RUNNING: list[BackgroundCompile] = []  # the workers to stop at exit
 
-RECIPES: dict[str, Callable[..., nn.Module]] = {f.__name__: f for f in (compile_regional, compile_model)}
+RECIPES: dict[str, Callable[..., nn.Module]] = {
+    f.__name__: f for f in (compile_regional, compile_model)
+}
 """The compile functions a background compile runs, by name (the worker imports them by it)."""
 
 
@@ -141,7 +148,9 @@ class BackgroundCompile:
     _started: float = field(default=0.0, init=False, repr=False)
     _handed_at: float = field(default=0.0, init=False, repr=False)  # rank 0's job written
     _switch_started: float | None = field(default=None, init=False, repr=False)
-    _hook: Any = field(default=None, init=False, repr=False)  # the after-call hook (re-added at the switch)
+    _hook: Any = field(
+        default=None, init=False, repr=False
+    )  # the after-call hook (re-added at the switch)
     _grads_checked: dict[Any, str] = field(default_factory=dict, init=False, repr=False)
 
     def summary(self) -> str:
@@ -149,9 +158,11 @@ class BackgroundCompile:
         if self.switched_at_call is not None and self.stall_s is None:
             return f"background compile: compiled from call {self.switched_at_call} (not run yet)"
         if self.switched_at_call is not None:
-            return (f"background compile: compiled from call {self.switched_at_call} after "
-                    f"{self.eager_steps} eager steps (worker {self.worker_s:.1f} s, stall at the "
-                    f"switch {self.stall_s:.2f} s)")
+            return (
+                f"background compile: compiled from call {self.switched_at_call} after "
+                f"{self.eager_steps} eager steps (worker {self.worker_s:.1f} s, stall at the "
+                f"switch {self.stall_s:.2f} s)"
+            )
         state = self.state.value + (f": {self.eager_reason}" if self.eager_reason else "")
         return f"background compile: {state} ({self.eager_steps} eager steps so far)"
 
@@ -225,8 +236,11 @@ def compile_in_background(
     model.__dict__[_ATTR] = options
     model.__dict__[PENDING_ATTR] = options
     register_undo(model, lambda: _cancel(model, options))
-    spec = {"recipe": compile_fn.__name__, "compile_kwargs": compile_kwargs,
-            "model": _model_source(model, options)}
+    spec = {
+        "recipe": compile_fn.__name__,
+        "compile_kwargs": compile_kwargs,
+        "model": _model_source(model, options),
+    }
     _prepare(model, options, spec)
     # after each call, not before: a switch then compiles between two calls, and the next one
     # runs with every hook the compile installs (a pre-hook added during a call does not run)
@@ -237,7 +251,9 @@ def compile_in_background(
     return model
 
 
-def _check_options(model: nn.Module, options: BackgroundCompile, compile_kwargs: dict[str, Any]) -> None:
+def _check_options(
+    model: nn.Module, options: BackgroundCompile, compile_kwargs: dict[str, Any]
+) -> None:
     """What the worker could not reproduce, refused at the call (not at the switch after minutes
     of compiling)."""
     implied = sorted({"precompile", "verify"} & set(compile_kwargs))
@@ -249,37 +265,53 @@ def _check_options(model: nn.Module, options: BackgroundCompile, compile_kwargs:
     if options.factory is not None:
         check_factory(options.factory, flag="factory=")
     if not options.start_after_s >= 0:
-        raise ValueError(f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
-                         "training before the worker starts, 0 or more (0: at the end of the first call)")
+        raise ValueError(
+            f"BackgroundCompile(start_after_s={options.start_after_s!r}): seconds of "
+            "training before the worker starts, 0 or more (0: at the end of the first call)"
+        )
     if options.factory is None and getattr(model, "config", None) is None:
-        raise ValueError(f"background compile of {type(model).__name__}: the worker rebuilds a "
-                         "transformers model from its class and config, and this model has no "
-                         "config; pass a factory that builds it: "
-                         "worker=BackgroundCompile(factory='mypkg.models:build') (returns the model)")
+        raise ValueError(
+            f"background compile of {type(model).__name__}: the worker rebuilds a "
+            "transformers model from its class and config, and this model has no "
+            "config; pass a factory that builds it: "
+            "worker=BackgroundCompile(factory='mypkg.models:build') (returns the model)"
+        )
     try:
         json.dumps(compile_kwargs)
     except TypeError as err:
-        raise ValueError("background compile: the worker gets the compile options as JSON, and "
-                         f"{compile_kwargs!r} is not ({err}); pass names (backend='inductor') "
-                         "rather than objects") from err
+        raise ValueError(
+            "background compile: the worker gets the compile options as JSON, and "
+            f"{compile_kwargs!r} is not ({err}); pass names (backend='inductor') "
+            "rather than objects"
+        ) from err
     if compile_kwargs.get("backend", "inductor") != "inductor":
-        raise ValueError("background compile needs backend='inductor' (what the worker compiles "
-                         "reaches the training process as inductor's cache); got "
-                         f"{compile_kwargs['backend']!r}")
+        raise ValueError(
+            "background compile needs backend='inductor' (what the worker compiles "
+            "reaches the training process as inductor's cache); got "
+            f"{compile_kwargs['backend']!r}"
+        )
     blocks = compile_kwargs.get("blocks")
     for options_of in [compile_kwargs, *(blocks.values() if isinstance(blocks, dict) else ())]:
         refusal = precompile_refusal(options_of, None)
         if refusal is not None:
-            raise ValueError(f"background compile: the worker precompiles what it compiles "
-                             f"(precompile=True), and {refusal}; drop it for the background "
-                             "compile, or compile in the foreground with it")
+            raise ValueError(
+                f"background compile: the worker precompiles what it compiles "
+                f"(precompile=True), and {refusal}; drop it for the background "
+                "compile, or compile in the foreground with it"
+            )
 
 
 # --- the training side ------------------------------------------------------------------------
 
 
-def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile,
-                compile_fn: Callable[..., nn.Module], compile_kwargs: dict[str, Any]) -> None:
+def _after_call(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    options: BackgroundCompile,
+    compile_fn: Callable[..., nn.Module],
+    compile_kwargs: dict[str, Any],
+) -> None:
     if torch.compiler.is_compiling():
         return
     options._calls += 1
@@ -296,8 +328,11 @@ def _after_call(model: nn.Module, args: tuple, kwargs: dict, options: Background
         options.eager_steps += 1
     if options.state is BackgroundState.WAITING:
         _send_batch(model, args, kwargs, options)
-    if (options._proc is None and options._handed_at
-            and time.perf_counter() - options._handed_at >= options.start_after_s):
+    if (
+        options._proc is None
+        and options._handed_at
+        and time.perf_counter() - options._handed_at >= options.start_after_s
+    ):
         short = _gpu_memory_short(options)
         if short is not None:
             _give_up(model, options, short)
@@ -333,8 +368,11 @@ def _prepare(model: nn.Module, options: BackgroundCompile, spec: dict[str, Any])
     # the worker compiles for training's thread count (CPU kernels are built for it, and a cache
     # saved for another count is refused), whatever CPUs it runs on
     threads = torch.get_num_threads()
-    write_signed(folder / "model.json", json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}).encode(),
-                 _keys())
+    write_signed(
+        folder / "model.json",
+        json.dumps({**spec, "cwd": os.getcwd(), "threads": threads}).encode(),
+        _keys(),
+    )
     if not _RUNNING:
         atexit.register(_stop_all)
     _RUNNING.append(options)  # its folder goes at exit even if no worker started
@@ -344,18 +382,27 @@ def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
     """``start_after_s`` after the first call (rank 0): the worker, with its job in its folder."""
     folder = options._job.parent
     threads = json.loads(read_signed(folder / "model.json", _keys()))["threads"]
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "OMP_NUM_THREADS": str(threads)}
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+        "OMP_NUM_THREADS": str(threads),
+    }
     with open(folder / "worker.log", "wb") as log:
         options._proc = subprocess.Popen(
             [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(folder)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     # at once, not in the worker: its imports would run at training's priority and CPUs
     os.setpriority(os.PRIO_PROCESS, options._proc.pid, options.nice)
     if options.cpus:
         os.sched_setaffinity(options._proc.pid, options.cpus)
     options._started = time.perf_counter()
-    logger.info("background compile: worker %d started for %s", options._proc.pid, type(model).__name__)
+    logger.info(
+        "background compile: worker %d started for %s", options._proc.pid, type(model).__name__
+    )
 
 
 CUDA_CONTEXT_BYTES = 512 * 2**20
@@ -376,13 +423,18 @@ def _gpu_memory_short(options: BackgroundCompile) -> str | None:
     free, total = torch.cuda.mem_get_info(device)
     need = CUDA_CONTEXT_BYTES + 2 * options._first_call_bytes
     mib = 2**20
-    options.gpu_memory = (f"{free / mib:.0f} MiB free of {total / mib:.0f} MiB on {options.device}; "
-                          f"the worker may need about {need / mib:.0f} MiB")
+    options.gpu_memory = (
+        f"{free / mib:.0f} MiB free of {total / mib:.0f} MiB on {options.device}; "
+        f"the worker may need about {need / mib:.0f} MiB"
+    )
     if free >= need:
         return None
-    return (f"the worker would compile on the training GPU ({options.gpu_memory}), where running "
-            "out of memory would crash training; the worker was not started. Compile in the "
-            "foreground (compile_regional or compile_model), or free memory on the GPU before the first call")
+    return (
+        f"the worker would compile on the training GPU ({options.gpu_memory}), where running "
+        "out of memory would crash training; the worker was not started. Compile in the "
+        "foreground (compile_regional or compile_model), or free memory on the GPU before the "
+        "first call"
+    )
 
 
 def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None:
@@ -391,12 +443,15 @@ def _warn_if_sharing_cores(model: nn.Module, options: BackgroundCompile) -> None
     on_cpu = model_device(model).type == "cpu"
     cores = os.sched_getaffinity(0) | set(options.cpus or ())
     if on_cpu and torch.get_num_threads() >= len(cores):
-        warnings.warn(f"background compile: training's {torch.get_num_threads()} torch threads "
-                      f"leave none of the CPUs {sorted(cores)} to the worker; while it compiles, "
-                      "eager steps may run many times slower (measured: up to 48x on 2 cores, "
-                      "docs/cache.md). Give it CPUs of its own: BackgroundCompile(cpus=[...]) "
-                      "with fewer training threads (torch.set_num_threads) on the other cores.",
-                      UserWarning, stacklevel=5)
+        warnings.warn(
+            f"background compile: training's {torch.get_num_threads()} torch threads "
+            f"leave none of the CPUs {sorted(cores)} to the worker; while it compiles, "
+            "eager steps may run many times slower (measured: up to 48x on 2 cores, "
+            "docs/cache.md). Give it CPUs of its own: BackgroundCompile(cpus=[...]) "
+            "with fewer training threads (torch.set_num_threads) on the other cores.",
+            UserWarning,
+            stacklevel=5,
+        )
 
 
 def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: BackgroundCompile) -> None:
@@ -416,15 +471,25 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     batch = io.BytesIO()
     torch.save({"args": args, "kwargs": kwargs}, batch)
     write_signed(folder / "batch.pt", batch.getvalue(), _keys())
-    autocast = next(({"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
-                     for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)), None)
+    autocast = next(
+        (
+            {"device_type": d, "dtype": str(torch.get_autocast_dtype(d))}
+            for d in ("cuda", "cpu")
+            if torch.is_autocast_enabled(d)
+        ),
+        None,
+    )
     device = model_device(model)
     options.device = str(device)
     if device.type == "cuda":  # the model, and this call's activations kept for its backward
         options._first_call_bytes = torch.cuda.memory_allocated(device)
-    job = {"parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
-           "training": model.training, "grad": torch.is_grad_enabled(), "autocast": autocast,
-           "device": str(device)}
+    job = {
+        "parameters": {n: [str(p.dtype), p.requires_grad] for n, p in model.named_parameters()},
+        "training": model.training,
+        "grad": torch.is_grad_enabled(),
+        "autocast": autocast,
+        "device": str(device),
+    }
     write_signed(folder / "job.tmp", json.dumps(job).encode(), _keys())
     os.replace(folder / "job.tmp", options._job)
     options._handed_at = time.perf_counter()
@@ -451,8 +516,12 @@ def _worker_status(options: BackgroundCompile) -> str:
     return status
 
 
-def _switch(model: nn.Module, options: BackgroundCompile, compile_fn: Callable[..., nn.Module],
-            compile_kwargs: dict[str, Any]) -> None:
+def _switch(
+    model: nn.Module,
+    options: BackgroundCompile,
+    compile_fn: Callable[..., nn.Module],
+    compile_kwargs: dict[str, Any],
+) -> None:
     """Load the worker's cache and compile in place, if every region it will create is in it."""
     started = time.perf_counter()
     options.worker_s = started - options._started
@@ -464,11 +533,16 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_fn: Callable[.
     try:
         result = json.loads(read_signed(options._job.with_name("result.json"), _keys()))
     except (OSError, ValueError) as err:  # SignatureRefused is a ValueError
-        result, why = {"regions": {}, "check": {}}, why or f"its result.json could not be read ({err})"
+        result, why = (
+            {"regions": {}, "check": {}},
+            why or f"its result.json could not be read ({err})",
+        )
     keys, check = set(result["regions"].values()), result["check"]
     options.worker_check = check.get("status")
     if check.get("gradients_passed_in") is not None:  # [training, grad]: the verifier's state key
-        options._grads_checked = {tuple(check["gradients_passed_in"]): "the background worker's, same batch"}
+        options._grads_checked = {
+            tuple(check["gradients_passed_in"]): "the background worker's, same batch"
+        }
     if _rank() is not None:  # rank 0 removes the worker's folder next: every rank has read it
         torch.distributed.barrier()
     if why is not None:
@@ -480,9 +554,12 @@ def _switch(model: nn.Module, options: BackgroundCompile, compile_fn: Callable[.
     missing = sorted({r.label for r in regions if r.key not in keys})
     if missing or not regions:
         uncompile(model)
-        why = ("nothing was precompiled" if not regions
-               else f"it compiled {', '.join(missing)} for another model state (the fingerprint "
-                    "differs: parameters, config, classes or compile options)")
+        why = (
+            "nothing was precompiled"
+            if not regions
+            else f"it compiled {', '.join(missing)} for another model state (the fingerprint "
+            "differs: parameters, config, classes or compile options)"
+        )
         _give_up(model, options, why)
         return
     options.state = BackgroundState.COMPILED
@@ -510,9 +587,11 @@ def _model_source(model: nn.Module, options: BackgroundCompile) -> dict[str, Any
     if options.factory is not None:
         return {"factory": options.factory}
     config = model.config
-    return {"class": f"{type(model).__module__}:{type(model).__qualname__}",
-            "config_class": f"{type(config).__module__}:{type(config).__qualname__}",
-            "config": config.to_dict()}
+    return {
+        "class": f"{type(model).__module__}:{type(model).__qualname__}",
+        "config_class": f"{type(config).__module__}:{type(config).__qualname__}",
+        "config": config.to_dict(),
+    }
 
 
 def _cancel(model: nn.Module, options: BackgroundCompile) -> None:
@@ -561,11 +640,16 @@ def _log_tail(options: BackgroundCompile) -> str:
     """The worker's error: from the last unindented line of its log (a traceback's exception line)
     to the end, its first 800 characters."""
     try:
-        lines = (options._job.parent / "worker.log").read_text(errors="replace").strip().splitlines()
+        lines = (
+            (options._job.parent / "worker.log").read_text(errors="replace").strip().splitlines()
+        )
     except OSError:
         return "no output"
-    last = max((i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t")), default=len(lines) - 3)
-    text = " | ".join(lines[max(last, 0):])
+    last = max(
+        (i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t")),
+        default=len(lines) - 3,
+    )
+    text = " | ".join(lines[max(last, 0) :])
     return text if len(text) <= 800 else text[:800] + " ..."
 
 

@@ -46,23 +46,40 @@ def main(folder: str) -> int:
     compile_fn = RECIPES[spec["recipe"]]
     with regions_created() as regions:
         compile_fn(model, precompile=True, verify=True, **spec["compile_kwargs"])
-    batch = torch.load(io.BytesIO(read_signed(root / "batch.pt", keys)), map_location=job["device"],
-                       weights_only=False)  # the training process's own objects, signature checked
+    batch = torch.load(
+        io.BytesIO(read_signed(root / "batch.pt", keys)),
+        map_location=job["device"],
+        weights_only=False,
+    )  # the training process's own objects, signature checked
     autocast = job["autocast"]
-    with first_call_checks_made() as checks, torch.set_grad_enabled(job["grad"]), torch.autocast(
-        autocast["device_type"] if autocast else "cpu",
-        dtype=getattr(torch, autocast["dtype"].removeprefix("torch.")) if autocast else None,
-        enabled=autocast is not None,
+    with (
+        first_call_checks_made() as checks,
+        torch.set_grad_enabled(job["grad"]),
+        torch.autocast(
+            autocast["device_type"] if autocast else "cpu",
+            dtype=getattr(torch, autocast["dtype"].removeprefix("torch.")) if autocast else None,
+            enabled=autocast is not None,
+        ),
     ):
-        output = model(*batch["args"], **batch["kwargs"])  # the first-call check raises on a difference
+        output = model(
+            *batch["args"], **batch["kwargs"]
+        )  # the first-call check raises on a difference
     passed = any(c.status == "passed" and "gradients" in c.compared for c in checks)
-    write_signed(root / "result.json", json.dumps({
-        # every region's key, run or not (a loss the model computes itself never runs): the
-        # training process compiles only when its own regions have the same keys
-        "regions": {region.label: region.key for region in regions},
-        "check": {"status": checks[0].status if checks else None,
-                  "gradients_passed_in": [job["training"], job["grad"]] if passed else None},
-    }).encode(), keys)
+    write_signed(
+        root / "result.json",
+        json.dumps(
+            {
+                # every region's key, run or not (a loss the model computes itself never runs): the
+                # training process compiles only when its own regions have the same keys
+                "regions": {region.label: region.key for region in regions},
+                "check": {
+                    "status": checks[0].status if checks else None,
+                    "gradients_passed_in": [job["training"], job["grad"]] if passed else None,
+                },
+            }
+        ).encode(),
+        keys,
+    )
     if job["grad"]:
         _loss(output).backward()  # the backward graphs, as the training step compiles them
     saved = save_compile_cache(root / "compile-cache.tck", barrier=False)
@@ -96,10 +113,15 @@ def _loss(output: Any) -> torch.Tensor:
         loss = output.get("loss")
     if loss is not None:
         return loss
-    tensors = [output] if isinstance(output, torch.Tensor) else [
-        t for t in (output.values() if isinstance(output, dict) else output)
-        if isinstance(t, torch.Tensor)
-    ]
+    tensors = (
+        [output]
+        if isinstance(output, torch.Tensor)
+        else [
+            t
+            for t in (output.values() if isinstance(output, dict) else output)
+            if isinstance(t, torch.Tensor)
+        ]
+    )
     return sum(t.float().sum() for t in tensors if t.requires_grad)
 
 

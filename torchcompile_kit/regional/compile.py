@@ -184,7 +184,8 @@ def compile_model(
         verify: compare the first call in each state with eager (also the first call that runs a
             precompiled entry) and raise ``CompiledMismatchError`` on a difference. Off by
             default.
-        **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, ...).
+        **compile_kwargs: passed to ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``,
+            ...).
 
     Returns:
         ``model`` itself.
@@ -244,9 +245,14 @@ def install_first_call_check(
         register_undo(model, verifier.install_hooks())
 
 
-def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, preflight: Any,
-                     plain: Callable[..., None] | None = None,
-                     **compile_kwargs: Any) -> PrecompiledRegion | str | None:
+def _compile_modules(
+    modules: list[nn.Module],
+    label: str,
+    precompile: bool,
+    preflight: Any,
+    plain: Callable[..., None] | None = None,
+    **compile_kwargs: Any,
+) -> PrecompiledRegion | str | None:
     """Compile ``modules`` in place, through one :class:`PrecompiledRegion` when ``precompile``
     and it can be, else with ``plain`` (:func:`compile_in_place`); returns the region, why it could
     not be (a sentence, also warned), or ``None``."""
@@ -255,10 +261,15 @@ def _compile_modules(modules: list[nn.Module], label: str, precompile: bool, pre
         (plain or compile_in_place)(modules, **compile_kwargs)
         if refusal is None:
             return None
-        warnings.warn(f"precompile=True: {label} not precompiled: {refusal}; a restart traces it "
-                      "again (its kernels still load from the cache)", stacklevel=3)
+        warnings.warn(
+            f"precompile=True: {label} not precompiled: {refusal}; a restart traces it "
+            "again (its kernels still load from the cache)",
+            stacklevel=3,
+        )
         return f"not precompiled: {refusal}"
-    region = PrecompiledRegion(label, region_fingerprint(modules[0], compile_kwargs), compile_kwargs)
+    region = PrecompiledRegion(
+        label, region_fingerprint(modules[0], compile_kwargs), compile_kwargs
+    )
     for module in modules:
         _dynamo.set_compiled_call(module, functools.partial(region, module))
     return region
@@ -297,7 +308,11 @@ def already_compiled(model: nn.Module) -> bool:
     """Whether ``model`` is compiled in place already, or a background compile of it is under
     way (then say so: nothing is done)."""
     pending = PENDING_ATTR in model.__dict__
-    if get_regional_plan(model) is None and not _dynamo.compiled_module_names(model) and not pending:
+    if (
+        get_regional_plan(model) is None
+        and not _dynamo.compiled_module_names(model)
+        and not pending
+    ):
         return False
     warnings.warn(
         f"{type(model).__name__} is already compiled (compile_regional, compile_model, "
@@ -313,7 +328,8 @@ def uncompile(model: Any) -> Any:
 
     For a model: undoes :func:`compile_regional` (blocks, loss, the ``use_cache`` hook),
     ``compile_peft`` and any ``module.compile()`` inside it; weights untouched. For an optimizer (or
-    accelerate's wrapper): undoes ``compile_optimizer``, state kept. ``TypeError`` for anything else.
+    accelerate's wrapper): undoes ``compile_optimizer``, state kept. ``TypeError`` for anything
+    else.
 
     Example:
         >>> model = uncompile(compile_regional(model))  # doctest: +SKIP
@@ -334,8 +350,8 @@ def uncompile(model: Any) -> Any:
 def compile_in_place(modules: list[nn.Module], **compile_kwargs: Any) -> None:
     """``module.compile(**compile_kwargs)`` for each module, also for torch.nn's own classes.
 
-    Dynamo does not trace a top-level frame inside ``torch.nn``, so those modules get a frame of ours
-    that calls into them: one ``torch.compile`` per call of this function, with its own cache
+    Dynamo does not trace a top-level frame inside ``torch.nn``, so those modules get a frame of
+    ours that calls into them: one ``torch.compile`` per call of this function, with its own cache
     (``isolate_recompiles``), so the modules passed together share one graph.
     """
     torch_nn = [m for m in modules if type(m).__module__.startswith("torch.nn.")]
@@ -367,15 +383,17 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
     def note() -> bool:
         if not noted and not explaining():  # explain_graph_breaks traces it on purpose
             noted.append(True)
-            warnings.warn(f"{type(model).__name__} was compiled regionally ({groups}), and now a "
-                          "whole-model torch.compile is tracing it (torch.compile(model), "
-                          "model.compile(), Trainer with TrainingArguments(torch_compile=True), "
-                          "accelerate's dynamo_backend): it inlines the blocks into one "
-                          "whole-model graph and their regional compile (a graph per block "
-                          "class, its options) is not what runs. Keep one of the two: "
-                          "TrainingArguments(torch_compile=False) with compile_regional, or "
-                          "torchcompile_kit.uncompile(model) before the whole-model compile.",
-                          stacklevel=2)
+            warnings.warn(
+                f"{type(model).__name__} was compiled regionally ({groups}), and now a "
+                "whole-model torch.compile is tracing it (torch.compile(model), "
+                "model.compile(), Trainer with TrainingArguments(torch_compile=True), "
+                "accelerate's dynamo_backend): it inlines the blocks into one "
+                "whole-model graph and their regional compile (a graph per block "
+                "class, its options) is not what runs. Keep one of the two: "
+                "TrainingArguments(torch_compile=False) with compile_regional, or "
+                "torchcompile_kit.uncompile(model) before the whole-model compile.",
+                stacklevel=2,
+            )
         return True
 
     def hook(module: nn.Module, args: tuple) -> None:
@@ -388,6 +406,8 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
 def check_model(model: object) -> None:
     check_module("model", model)
     if _dynamo.is_torch_compile_wrapper(model):
-        raise ValueError("model is already wrapped by torch.compile(model) (an OptimizedModule); "
-                         "pass the original module (model._orig_mod) so blocks are compiled in "
-                         "place and state_dict keys stay clean.")
+        raise ValueError(
+            "model is already wrapped by torch.compile(model) (an OptimizedModule); "
+            "pass the original module (model._orig_mod) so blocks are compiled in "
+            "place and state_dict keys stay clean."
+        )

@@ -14,8 +14,14 @@ from ..errors import BlockSelectorError, NoRepeatedBlocksError
 from .plan import BlockGroup, RegionalPlan
 from .transformers_support import no_split_module_names
 
-__all__ = ["DECLARATION", "BlocksArg", "declared_blocks", "eager_remainder", "find_repeated_blocks",
-           "select_blocks"]
+__all__ = [
+    "DECLARATION",
+    "BlocksArg",
+    "declared_blocks",
+    "eager_remainder",
+    "find_repeated_blocks",
+    "select_blocks",
+]
 
 DECLARATION = "_repeated_blocks"
 """The attribute a model declares its repeated blocks in: class names, as diffusers'
@@ -36,12 +42,16 @@ def declared_blocks(model: nn.Module) -> list[str]:
     """The modules of the classes ``model`` (or a module in it) declares in ``_repeated_blocks``,
     every instance counted (one graph per class); classes match along the ancestry (FSDP2's renamed
     classes). Empty when nothing declared is present."""
-    declared = {name for module in model.modules()
-                for name in (getattr(module, DECLARATION, None) or ())}
+    declared = {
+        name for module in model.modules() for name in (getattr(module, DECLARATION, None) or ())
+    }
     if not declared:
         return []
-    return _outermost(name for name, module in model.named_modules()
-                      if any(cls.__name__ in declared for cls in type(module).__mro__))
+    return _outermost(
+        name
+        for name, module in model.named_modules()
+        if any(cls.__name__ in declared for cls in type(module).__mro__)
+    )
 
 
 def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
@@ -61,8 +71,9 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
             counts[type(module)] += 1
         # along the ancestry, as selectors match: FSDP2's fully_shard renames GPT2Block to
         # FSDPGPT2Block (a subclass), which an exact name test would miss
-        classes |= {c for c,
-                    n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)}
+        classes |= {
+            c for c, n in counts.items() if n >= 2 and any(k.__name__ in hints for k in c.__mro__)
+        }
     # after the hints: _no_split_modules names stages too (SwinStage, of different widths)
     classes = _without_stages(model, classes, notes=notes)
     names = _outermost(name for name, m in model.named_modules() if type(m) in classes)
@@ -74,19 +85,27 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
 def _no_blocks_message(model: nn.Module) -> str:
     """Why discovery found nothing: no class repeats in a container, or the repeated children are
     plain containers themselves (an ``nn.Sequential`` per layer), which a class cannot select."""
-    nested = [name for name, module in model.named_modules() if isinstance(module, _CONTAINERS)
-              and sum(isinstance(child, _CONTAINERS) for child in module.children()) >= 2]
+    nested = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, _CONTAINERS)
+        and sum(isinstance(child, _CONTAINERS) for child in module.children()) >= 2
+    ]
     if nested:
         path = nested[0] or "<model>"
         selector = f"{nested[0]}.*" if nested[0] else "*"
-        return (f"found no repeated blocks in {type(model).__name__}: the repeated children of "
-                f"{path!r} are plain containers (nn.Sequential/ModuleList/ModuleDict), and a "
-                "container class is not taken as a block (every Sequential would match). Select "
-                f"them by path: compile_regional(model, blocks={selector!r}).")
-    return (f"found no repeated blocks in {type(model).__name__}: no module class occurs twice or "
-            "more inside an nn.ModuleList/ModuleDict/Sequential. Name the blocks to compile, e.g. "
-            "compile_regional(model, blocks=MyLayer), blocks='MyLayer' or blocks='layers.*'; or "
-            "use model.compile() for the whole model.")
+        return (
+            f"found no repeated blocks in {type(model).__name__}: the repeated children of "
+            f"{path!r} are plain containers (nn.Sequential/ModuleList/ModuleDict), and a "
+            "container class is not taken as a block (every Sequential would match). Select "
+            f"them by path: compile_regional(model, blocks={selector!r})."
+        )
+    return (
+        f"found no repeated blocks in {type(model).__name__}: no module class occurs twice or "
+        "more inside an nn.ModuleList/ModuleDict/Sequential. Name the blocks to compile, e.g. "
+        "compile_regional(model, blocks=MyLayer), blocks='MyLayer' or blocks='layers.*'; or "
+        "use model.compile() for the whole model."
+    )
 
 
 def _shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -101,8 +120,11 @@ def _is_stage(instances: list[nn.Module]) -> bool:
     shapes = [_shapes(module) for module in instances]
     if len(shapes) < 2 or not any(shapes):
         return False
-    return not any(all(a[name] == b[name] for name in a.keys() & b.keys()) for i,
-                   a in enumerate(shapes) for b in shapes[i + 1:])
+    return not any(
+        all(a[name] == b[name] for name in a.keys() & b.keys())
+        for i, a in enumerate(shapes)
+        for b in shapes[i + 1 :]
+    )
 
 
 def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, str]) -> set[type]:
@@ -118,14 +140,20 @@ def _without_stages(model: nn.Module, classes: set[type], *, notes: dict[type, s
         if not _is_stage(instances[cls]):
             chosen.add(cls)
             continue
-        inner = {type(m) for stage in instances[cls] for m in stage.modules()
-                 if m is not stage and _is_block_candidate(m)}
+        inner = {
+            type(m)
+            for stage in instances[cls]
+            for m in stage.modules()
+            if m is not stage and _is_block_candidate(m)
+        }
         reused = {c for c in inner if len(instances[c]) >= 2 and not _is_stage(instances[c])}
         if not reused:
             chosen.add(cls)
             continue
         for inner_cls in reused:
-            found_in[inner_cls].append(f"{cls.__name__} ({len(instances[cls])} of different widths)")
+            found_in[inner_cls].append(
+                f"{cls.__name__} ({len(instances[cls])} of different widths)"
+            )
         chosen |= reused
     for inner_cls, stages in found_in.items():
         notes[inner_cls] = f"inside the stages {', '.join(stages)}, each its own graph"
@@ -145,18 +173,22 @@ def _as_selector_list(blocks: BlocksArg) -> list[tuple[Selector, dict[str, Any]]
         out = []
         for selector, kwargs in blocks.items():
             if not isinstance(kwargs, Mapping):
-                raise BlockSelectorError(f"blocks={{{selector!r}: {kwargs!r}}}: the value for "
-                                         "each selector must be a dict of torch.compile keyword "
-                                         f"arguments, e.g. {{'mode': 'max-autotune'}} or {{}}.")
+                raise BlockSelectorError(
+                    f"blocks={{{selector!r}: {kwargs!r}}}: the value for "
+                    "each selector must be a dict of torch.compile keyword "
+                    f"arguments, e.g. {{'mode': 'max-autotune'}} or {{}}."
+                )
             out.append((selector, dict(kwargs)))
         return out
     if isinstance(blocks, (str, type)):
         return [(blocks, {})]
     if isinstance(blocks, Iterable):
         return [(selector, {}) for selector in blocks]
-    raise BlockSelectorError(f"blocks={blocks!r} is not a selector; pass a module class, a class "
-                             "name, a module-path pattern such as 'encoder.layer.*', a list of "
-                             f"these, or a dict {{selector: compile_kwargs}}.")
+    raise BlockSelectorError(
+        f"blocks={blocks!r} is not a selector; pass a module class, a class "
+        "name, a module-path pattern such as 'encoder.layer.*', a list of "
+        f"these, or a dict {{selector: compile_kwargs}}."
+    )
 
 
 def _matches(selector: Selector, name: str, module: nn.Module, class_names: set[str]) -> bool:
@@ -175,8 +207,10 @@ def select_blocks(model: nn.Module, blocks: BlocksArg) -> list[tuple[str, str, d
     chosen: dict[str, tuple[str, dict[str, Any]]] = {}
     for selector, kwargs in selectors:
         if not isinstance(selector, (str, type)):
-            raise BlockSelectorError(f"blocks selector {selector!r} must be a module class, a "
-                                     "class name or a module-path pattern (str).")
+            raise BlockSelectorError(
+                f"blocks selector {selector!r} must be a module class, a "
+                "class name or a module-path pattern (str)."
+            )
         label = selector.__name__ if isinstance(selector, type) else selector
         hits = _outermost(n for n, m in named if _matches(selector, n, m, class_names))
         if not hits:
@@ -189,9 +223,11 @@ def select_blocks(model: nn.Module, blocks: BlocksArg) -> list[tuple[str, str, d
         for name in hits:
             for other, (other_label, _) in chosen.items():
                 if name == other or name.startswith(other + ".") or other.startswith(name + "."):
-                    raise BlockSelectorError(f"blocks selectors {other_label!r} and {label!r} "
-                                             f"overlap at {name!r}; each module may be selected "
-                                             "once (nested regions are not supported).")
+                    raise BlockSelectorError(
+                        f"blocks selectors {other_label!r} and {label!r} "
+                        f"overlap at {name!r}; each module may be selected "
+                        "once (nested regions are not supported)."
+                    )
             chosen[name] = (label, kwargs)
     order = {name: i for i, (name, _) in enumerate(named)}
     return [(n, lab, kw) for n, (lab, kw) in sorted(chosen.items(), key=lambda x: order[x[0]])]
@@ -222,8 +258,8 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
 
     With ``blocks=None``: the classes a model declares in ``_repeated_blocks`` (diffusers' models;
     :func:`declared_blocks`), else every class with two or more instances directly inside a
-    ``ModuleList``/``ModuleDict``/``Sequential``, plus transformers' ``_no_split_modules`` classes that
-    repeat; only the outermost match is kept, and several stacks are all found. Each group's
+    ``ModuleList``/``ModuleDict``/``Sequential``, plus transformers' ``_no_split_modules`` classes
+    that repeat; only the outermost match is kept, and several stacks are all found. Each group's
     ``selector`` says where it came from.
 
     Args:
@@ -252,8 +288,11 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
     elif blocks is None:
         names, notes = _discover(model)
         selected = [
-            (name, " ".join(["discovered", notes.get(type(model.get_submodule(name)), "")]).strip(),
-             {})
+            (
+                name,
+                " ".join(["discovered", notes.get(type(model.get_submodule(name)), "")]).strip(),
+                {},
+            )
             for name in names
         ]
     else:
@@ -263,8 +302,9 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
         cls_name = type(model.get_submodule(name)).__name__
         key = (selector, cls_name)
         if key not in groups:
-            groups[key] = BlockGroup(class_name=cls_name, names=[], selector=selector,
-                                     compile_kwargs=dict(kwargs))
+            groups[key] = BlockGroup(
+                class_name=cls_name, names=[], selector=selector, compile_kwargs=dict(kwargs)
+            )
         groups[key].names.append(name)
     plan_groups = list(groups.values())
     return RegionalPlan(groups=plan_groups, eager=eager_remainder(model, plan_groups))

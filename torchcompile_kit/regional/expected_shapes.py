@@ -55,7 +55,8 @@ def expect_shapes(
 
     Example:
         >>> model = compile_regional(model, dynamic=False)  # doctest: +SKIP
-        >>> sampler = BucketBatchSampler(lengths, buckets, batch_size=64, drop_last=True)  # doctest: +SKIP
+        >>> sampler = BucketBatchSampler(lengths, buckets, batch_size=64,  # doctest: +SKIP
+        ...     drop_last=True)
         >>> expect_shapes(model, sampler).summary()  # doctest: +SKIP
         'compiled 12 × GPT2Block; ...; expected shapes: 8 in training, 8 in evaluation (assumed)'
     """

@@ -13,8 +13,18 @@ from ..diagnostics import compile_failure, grad_modes, was_called
 if TYPE_CHECKING:
     from ..diagnostics import CompileMonitor
 
-__all__ = ["BlockGroup", "ExpectedShapes", "ExtraRegion", "GroupReport", "PlanReport", "Preflight",
-           "RegionalPlan", "SharedBudget", "get_regional_plan", "predicted_graphs"]
+__all__ = [
+    "BlockGroup",
+    "ExpectedShapes",
+    "ExtraRegion",
+    "GroupReport",
+    "PlanReport",
+    "Preflight",
+    "RegionalPlan",
+    "SharedBudget",
+    "get_regional_plan",
+    "predicted_graphs",
+]
 
 PLAN_ATTR = "_torchcompile_kit_plan"
 PENDING_ATTR = "_torchcompile_kit_pending"
@@ -108,8 +118,9 @@ class ExpectedShapes:
         return bool(self.train or self.evaluation)
 
 
-def predicted_graphs(train: int, evaluation: int, expected: ExpectedShapes,
-                     dynamic: bool | None) -> tuple[int, int]:
+def predicted_graphs(
+    train: int, evaluation: int, expected: ExpectedShapes, dynamic: bool | None
+) -> tuple[int, int]:
     """Graphs a region may compile in training and in a ``no_grad`` evaluation: its variants per
     shape (``train``, ``evaluation``: the preflight's counts) times the shapes the run feeds.
 
@@ -125,6 +136,7 @@ def predicted_graphs(train: int, evaluation: int, expected: ExpectedShapes,
         >>> predicted_graphs(1, 1, buckets, dynamic=None)
         (2, 2)
     """
+
     def per_mode(variants: int, shapes: Sequence[tuple[int, ...]]) -> int:
         distinct = set(shapes)
         if len(distinct) <= 1 or dynamic:
@@ -135,8 +147,10 @@ def predicted_graphs(train: int, evaluation: int, expected: ExpectedShapes,
         changing = sum(len({shape[d] for shape in distinct}) > 1 for d in range(rank))
         return variants * min(len(distinct), 1 + changing)
 
-    return (per_mode(train, expected.train),
-            per_mode(evaluation, expected.evaluation or expected.train))
+    return (
+        per_mode(train, expected.train),
+        per_mode(evaluation, expected.evaluation or expected.train),
+    )
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -193,14 +207,18 @@ class RegionalPlan:
             if group.budget and group.budget.shared_with:
                 shared.setdefault(group.budget.code, []).append(group)
         for code, groups in shared.items():
-            line += (f"; {' + '.join(g.class_name for g in groups)} run one code object "
-                     f"({code.split(' (')[0]}) and share one recompile limit: "
-                     f"{groups[0].budget.limit} for up to {groups[0].budget.needed} graphs")
+            line += (
+                f"; {' + '.join(g.class_name for g in groups)} run one code object "
+                f"({code.split(' (')[0]}) and share one recompile limit: "
+                f"{groups[0].budget.limit} for up to {groups[0].budget.needed} graphs"
+            )
         if self.expected:
             train, evaluation = self.expected.train, self.expected.evaluation
-            line += (f"; expected shapes: {len(train) or 1} in training, "
-                     f"{len(evaluation or train) or 1} in evaluation"
-                     + ("" if evaluation else " (assumed: the training ones)"))
+            line += (
+                f"; expected shapes: {len(train) or 1} in training, "
+                f"{len(evaluation or train) or 1} in evaluation"
+                + ("" if evaluation else " (assumed: the training ones)")
+            )
         return line
 
     def report(self, monitor: CompileMonitor) -> PlanReport:
@@ -208,28 +226,36 @@ class RegionalPlan:
         under ``monitor``.
 
         Per row (a marked region, so the rows add up to dynamo's own counts): predicted against
-        measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile seconds.
-        A row whose compile raised (with the module it was raised in), that compiled nothing or
-        more than predicted, broke its graph or hit the limit is flagged; a preflight warning
-        dynamo disproved is withdrawn (also as a note in the monitor).
+        measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile
+        seconds. A row whose compile raised (with the module it was raised in), that compiled
+        nothing or more than predicted, broke its graph or hit the limit is flagged; a preflight
+        warning dynamo disproved is withdrawn (also as a note in the monitor).
         Returns a :class:`PlanReport`.
 
         Example:
             >>> with CompileMonitor() as mon:  # doctest: +SKIP
             ...     model(**batch).loss.backward()
-            >>> print(get_regional_plan(model).report(mon))  # doctest: +SKIP
-            GPT2Block (2 blocks): predicted 1 graph(s), measured 1; 0 recompiles, 0 graph breaks, 0.41 s  ok
+            >>> print(get_regional_plan(model).report(mon))  # doctest: +NORMALIZE_WHITESPACE, +SKIP
+            GPT2Block (2 blocks): predicted 1 graph(s), measured 1; 0 recompiles, 0 graph breaks,
+            0.41 s  ok
         """
         classes = [g.block_class for g in self.groups if g.block_class is not None]
         monitor.attribute(*classes)  # names the frames in the monitor's own summary
         groups, notes = [], list(monitor.notes)
         for group in self.groups:
             if group.block_class is None:
-                groups.append(GroupReport(class_name=group.class_name, blocks=len(group.names),
-                                          predicted_graphs=group.preflight.graphs if group.preflight else 1,
-                                          measured=False))
-                notes.append(f"{group.class_name}: not measured per group (a plan that was not "
-                             "compiled: find_repeated_blocks; see the monitor's frames)")
+                groups.append(
+                    GroupReport(
+                        class_name=group.class_name,
+                        blocks=len(group.names),
+                        predicted_graphs=group.preflight.graphs if group.preflight else 1,
+                        measured=False,
+                    )
+                )
+                notes.append(
+                    f"{group.class_name}: not measured per group (a plan that was not "
+                    "compiled: find_repeated_blocks; see the monitor's frames)"
+                )
                 continue
             # what dynamo compiled while the group's blocks ran: their entry frames, the code
             # resumed after breaks, callees compiled as frames of their own
@@ -237,8 +263,9 @@ class RegionalPlan:
             _name_entry_frames(monitor, group)
             groups.append(_group_report(group, record, monitor, self))
         # one never called is left out: a base model's loss inside a task model
-        groups += [_extra_report(e, monitor, self) for e in self.extra_regions
-                   if was_called(e.region)]
+        groups += [
+            _extra_report(e, monitor, self) for e in self.extra_regions if was_called(e.region)
+        ]
         return PlanReport(groups=groups, notes=notes)
 
 
@@ -268,26 +295,41 @@ def _predicted(region: str | None, variants: tuple[int, int], plan: RegionalPlan
     return train * (True in modes) + evaluation * (False in modes)
 
 
-def _group_report(group: BlockGroup, record: dict[str, Any], monitor: Any,
-                  plan: RegionalPlan) -> GroupReport:
+def _group_report(
+    group: BlockGroup, record: dict[str, Any], monitor: Any, plan: RegionalPlan
+) -> GroupReport:
     preflight = group.preflight  # set with block_class by compile_regional
     graphs = record["counts"]["graphs"]
     predicted = _predicted(group.region, (preflight.graphs, preflight.eval_graphs), plan)
     precompiled = (group.precompile_path or "").startswith("precompiled")
-    nothing = None if precompiled else ("compiled nothing: the blocks ran eagerly (not called while "
-                                        "the monitor recorded, or dynamo skipped them)")
-    measured = _measured(record, group.region, predicted, where="the blocks or their callees",
-                         nothing=nothing)
+    nothing = (
+        None
+        if precompiled
+        else (
+            "compiled nothing: the blocks ran eagerly (not called while "
+            "the monitor recorded, or dynamo skipped them)"
+        )
+    )
+    measured = _measured(
+        record, group.region, predicted, where="the blocks or their callees", nothing=nothing
+    )
     withdrawn = None
     if preflight.warning and 0 < graphs < predicted:
         # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
         # and in the monitor's record, so the warning does not stand uncorrected
-        withdrawn = (f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) "
-                     f"is withdrawn: dynamo compiled {graphs} graph(s) for the group")
+        withdrawn = (
+            f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) "
+            f"is withdrawn: dynamo compiled {graphs} graph(s) for the group"
+        )
         monitor.add_note(withdrawn)
-    return GroupReport(class_name=group.class_name, blocks=len(group.names), withdrawn=withdrawn,
-                       shares_budget_with=list(group.budget.shared_with) if group.budget else [],
-                       precompile=group.precompile_path, **measured)
+    return GroupReport(
+        class_name=group.class_name,
+        blocks=len(group.names),
+        withdrawn=withdrawn,
+        shares_budget_with=list(group.budget.shared_with) if group.budget else [],
+        precompile=group.precompile_path,
+        **measured,
+    )
 
 
 def _extra_report(extra: ExtraRegion, monitor: Any, plan: RegionalPlan) -> GroupReport:
@@ -298,10 +340,12 @@ def _extra_report(extra: ExtraRegion, monitor: Any, plan: RegionalPlan) -> Group
     return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind, **measured)
 
 
-def _measured(record: dict[str, Any], region: str | None, predicted: int, *, where: str,
-              nothing: str | None) -> dict[str, Any]:
+def _measured(
+    record: dict[str, Any], region: str | None, predicted: int, *, where: str, nothing: str | None
+) -> dict[str, Any]:
     """The measured fields of a report row, its flags included: a compile that raised, ``nothing``
-    (when given) for no graph, more graphs than ``predicted``, breaks inside ``where``, limit hits."""
+    (when given) for no graph, more graphs than ``predicted``, breaks inside ``where``, limit
+    hits."""
     counts = record["counts"]
     failure = compile_failure(region)
     flags = []
@@ -315,13 +359,18 @@ def _measured(record: dict[str, Any], region: str | None, predicted: int, *, whe
         flags.append(f"{counts['graph_breaks_met']} graph break(s) inside {where}")
     if counts["recompile_limit_hits"]:
         flags.append("hit the recompile limit: later variants run eagerly")
-    return {"predicted_graphs": predicted, "graphs": counts["graphs"], "frames": counts["frames"],
-            "recompiles": [r["guard"] for r in record["recompiles"]],
-            "graph_breaks": [f"{b['location']}: {b['reason']}" for b in record["graph_breaks"]],
-            "graph_break_count": counts["graph_breaks_met"],
-            "limit_hits": [str(h["last_reason"]) for h in record["limit_hits"]],
-            "compile_seconds": counts["compile_seconds"], "flags": flags,
-            "failure": str(failure) if failure is not None else None}
+    return {
+        "predicted_graphs": predicted,
+        "graphs": counts["graphs"],
+        "frames": counts["frames"],
+        "recompiles": [r["guard"] for r in record["recompiles"]],
+        "graph_breaks": [f"{b['location']}: {b['reason']}" for b in record["graph_breaks"]],
+        "graph_break_count": counts["graph_breaks_met"],
+        "limit_hits": [str(h["last_reason"]) for h in record["limit_hits"]],
+        "compile_seconds": counts["compile_seconds"],
+        "flags": flags,
+        "failure": str(failure) if failure is not None else None,
+    }
 
 
 @dataclass(kw_only=True, slots=True)
@@ -391,18 +440,22 @@ class PlanReport:
             if not g.measured:
                 verdict = "not measured per group"
             what = f"{g.blocks} blocks" if g.kind == "blocks" else g.kind
-            lines.append(f"{g.class_name} ({what}): predicted {g.predicted_graphs} "
-                         f"graph(s), measured {g.graphs}; {len(g.recompiles)} recompiles, "
-                         f"{g.graph_break_count} graph breaks, {g.compile_seconds:.2f} s  "
-                         f"{verdict}")
+            lines.append(
+                f"{g.class_name} ({what}): predicted {g.predicted_graphs} "
+                f"graph(s), measured {g.graphs}; {len(g.recompiles)} recompiles, "
+                f"{g.graph_break_count} graph breaks, {g.compile_seconds:.2f} s  "
+                f"{verdict}"
+            )
             if g.precompile:
                 lines.append(f"    restart: {g.precompile}")
             if g.withdrawn:
                 lines.append(f"    {g.withdrawn.split(': ', 1)[1]}")
             if g.shares_budget_with and g.recompiles:
-                lines.append("    shares its code object and recompile limit with "
-                             f"{', '.join(g.shares_budget_with)}: the first compile of one class "
-                             "counts as a recompile of the other's code")
+                lines.append(
+                    "    shares its code object and recompile limit with "
+                    f"{', '.join(g.shares_budget_with)}: the first compile of one class "
+                    "counts as a recompile of the other's code"
+                )
             lines += [f"    recompiled: {reason}" for reason in g.recompiles]
             lines += [f"    graph break: {where}" for where in g.graph_breaks]
         lines += [f"note: {note}" for note in self.notes]

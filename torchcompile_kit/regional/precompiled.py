@@ -33,8 +33,13 @@ from .. import _dynamo
 from .._collect import Collector
 from ..errors import CompileCacheWarning
 
-__all__ = ["PrecompiledRegion", "function_fingerprint", "precompile_refusal", "region_fingerprint",
-           "regions_created"]
+__all__ = [
+    "PrecompiledRegion",
+    "function_fingerprint",
+    "precompile_refusal",
+    "region_fingerprint",
+    "regions_created",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,23 +62,30 @@ def region_fingerprint(module: nn.Module, compile_kwargs: dict[str, Any]) -> dic
     """Digests of what the guards dropped by dynamo's precompile cache would have checked.
 
     Example:
-        >>> region_fingerprint(torch.nn.Linear(2, 2), {})["classes"]  # doctest: +SKIP
+        >>> region_fingerprint(torch.nn.Linear(2, 2), {  # doctest: +NORMALIZE_WHITESPACE, +SKIP
+        ...     })["classes"]
         'torch.nn.modules.linear.Linear'
     """
     classes = sorted({_class_name(type(m)) for m in module.modules()})
     sources = [_class_source(type(m)) for m in module.modules()]
     configs = [m.config for m in module.modules() if hasattr(m, "config")]
-    params = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.named_parameters()]
+    params = [
+        (n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.named_parameters()
+    ]
     attributes = [
         (name, key, _text(value))
         for name, m in module.named_modules()
         for key, value in vars(m).items()
         if not key.startswith("_") and not isinstance(value, (torch.Tensor, nn.Module))
     ]
-    return {"classes": ", ".join(classes), "attributes": _digest(attributes),
-            "source": _digest(sorted(set(sources))),
-            "config": _digest([_config_text(c) for c in configs[:1]]),
-            "parameters": _digest(params), "compile options": _options_digest(compile_kwargs)}
+    return {
+        "classes": ", ".join(classes),
+        "attributes": _digest(attributes),
+        "source": _digest(sorted(set(sources))),
+        "config": _digest([_config_text(c) for c in configs[:1]]),
+        "parameters": _digest(params),
+        "compile options": _options_digest(compile_kwargs),
+    }
 
 
 def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, str]:
@@ -83,8 +95,11 @@ def function_fingerprint(fn: Any, compile_kwargs: dict[str, Any]) -> dict[str, s
         source = inspect.getsource(fn)
     except (OSError, TypeError):
         source = _text(fn)
-    return {"function": _text(fn), "source": _digest([source]),
-            "compile options": _options_digest(compile_kwargs)}
+    return {
+        "function": _text(fn),
+        "source": _digest([source]),
+        "compile options": _options_digest(compile_kwargs),
+    }
 
 
 class PrecompiledRegion:
@@ -95,8 +110,9 @@ class PrecompiledRegion:
     dynamo's precompile cache, keyed by the group's fingerprint. :attr:`path` says what happened.
     """
 
-    def __init__(self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any],
-                 call: Any = None) -> None:
+    def __init__(
+        self, label: str, fields: dict[str, str], compile_kwargs: dict[str, Any], call: Any = None
+    ) -> None:
         self.label = label
         self.fields = fields
         self.key = f"{label}_{_digest(sorted(fields.items()))[:16]}"
@@ -132,7 +148,9 @@ class PrecompiledRegion:
             # again, from its start.
             why = str(error).strip()
             self.path = f"not precompiled: torch cannot save a frame it reached ({why})"
-            self._warn(f"torch's precompile cache cannot save it ({why})", again="compiled the usual way")
+            self._warn(
+                f"torch's precompile cache cannot save it ({why})", again="compiled the usual way"
+            )
             self._plain = torch.compile(self._root, **self.compile_kwargs)
             _dynamo.remember_region(self.record())
             return self._plain(*args, **kwargs)
@@ -140,15 +158,23 @@ class PrecompiledRegion:
     def record(self) -> dict[str, Any]:
         """What the artifact's header keeps of this region (and the path it took here)."""
         aliases = _dynamo.module_aliases(self._root.__globals__)
-        return {"label": self.label, "key": self.key, "fields": self.fields, "modules": aliases,
-                "path": self.path}
+        return {
+            "label": self.label,
+            "key": self.key,
+            "fields": self.fields,
+            "modules": aliases,
+            "path": self.path,
+        }
 
     def _compile(self) -> bool:
-        """``torch.compile`` the root (torch looks the saved entry up here); whether it found one."""
+        """``torch.compile`` the root (torch looks the saved entry up here); whether
+        it found one."""
         kwargs = dict(self.compile_kwargs)
         options = dict(kwargs.pop("options", None) or {})
         options["guard_filter_fn"] = _with_class_guards_dropped(options.get("guard_filter_fn"))
-        loaded = next((record for record in _dynamo.loaded_regions() if record["key"] == self.key), None)
+        loaded = next(
+            (record for record in _dynamo.loaded_regions() if record["key"] == self.key), None
+        )
         if loaded is not None:  # names the saved bytecode loads, torch does not restore
             _dynamo.install_module_aliases(self._root.__globals__, loaded.get("modules", {}))
         else:  # torch would load what an earlier run left in its cache dir, unchecked
@@ -160,7 +186,9 @@ class PrecompiledRegion:
         before = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"]
         # a loaded entry brings its kernels built: loading them needs no precompiled C++ header
         # (seconds on a machine that never compiled; _dynamo.loading_built_kernels)
-        loading = _dynamo.loading_built_kernels() if loaded is not None else contextlib.nullcontext()
+        loading = (
+            _dynamo.loading_built_kernels() if loaded is not None else contextlib.nullcontext()
+        )
         with _dynamo.refusals_logged() as refusals, loading:
             try:
                 self._compiled = torch.compile(self._root, options=options, **kwargs)
@@ -173,7 +201,9 @@ class PrecompiledRegion:
                     self._compiled = torch.compile(self._root, **self.compile_kwargs)
         self._refusal = "; ".join(refusals)
         hit = _dynamo.dynamo_cache_counters()["dynamo_cache_hit"] > before
-        if hit:  # the entry installed its globals in the root's module: a later trace must not clash
+        if (
+            hit
+        ):  # the entry installed its globals in the root's module: a later trace must not clash
             _dynamo.step_past_installed_names(self._root.__globals__)
         return hit
 
@@ -185,7 +215,9 @@ class PrecompiledRegion:
         if not traced:
             self.path = "precompiled (no trace)"
         elif self._hit:
-            self.path = f"traced again: torch refused its saved entry ({self._refusal or 'see its log'})"
+            self.path = (
+                f"traced again: torch refused its saved entry ({self._refusal or 'see its log'})"
+            )
             self._warn(f"torch refused that entry ({self._refusal or 'see its log'})")
         else:
             self.path = "traced (saved for the next restart)"
@@ -195,23 +227,32 @@ class PrecompiledRegion:
 
     def _explain_miss(self) -> None:
         same = [r for r in _dynamo.loaded_regions() if r["label"] == self.label]
-        differs = sorted({f for r in same for f, v in r["fields"].items() if self.fields.get(f) != v})
+        differs = sorted(
+            {f for r in same for f, v in r["fields"].items() if self.fields.get(f) != v}
+        )
         if not differs:
             return
         self.path = f"traced again: its {', '.join(differs)} changed since the cache was saved"
-        self._warn(f"it was compiled with another {' and '.join(differs)}; that entry is not used "
-                   "(it could run a stale graph)")
+        self._warn(
+            f"it was compiled with another {' and '.join(differs)}; that entry is not used "
+            "(it could run a stale graph)"
+        )
 
     def _warn(self, why: str, again: str = "traced again") -> None:
-        warnings.warn(f"compile cache: {self.label}: {why}; it is {again} (its kernels may still "
-                      "load from the cache).", CompileCacheWarning, stacklevel=5)
+        warnings.warn(
+            f"compile cache: {self.label}: {why}; it is {again} (its kernels may still "
+            "load from the cache).",
+            CompileCacheWarning,
+            stacklevel=5,
+        )
 
 
 _CREATED: Collector[PrecompiledRegion] = Collector()
 
 
 def regions_created() -> contextlib.AbstractContextManager[list[PrecompiledRegion]]:
-    """The :class:`PrecompiledRegion` objects created inside the block (a compile call's regions)."""
+    """The :class:`PrecompiledRegion` objects created inside the block (a compile call's
+    regions)."""
     return _CREATED.collecting()
 
 
@@ -259,7 +300,8 @@ def _class_source(cls: type) -> str:
     for base in cls.__mro__:
         if base is object or base.__module__.split(".")[0] in ("torch", "builtins"):
             continue
-        parts.append(f"{_class_name(base)}:{_file_digest(getattr(sys.modules.get(base.__module__), '__file__', None))}")
+        source = getattr(sys.modules.get(base.__module__), "__file__", None)
+        parts.append(f"{_class_name(base)}:{_file_digest(source)}")
     return ", ".join(parts)
 
 

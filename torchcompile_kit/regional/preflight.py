@@ -23,8 +23,14 @@ from ..diagnostics import set_recompile_limit
 from .attribute_reads import DECIDES, attribute_uses
 from .plan import BlockGroup, Preflight, RegionalPlan, SharedBudget, predicted_graphs
 
-__all__ = ["GuardFinding", "Preflight", "find_instance_variants", "preflight_group",
-           "requires_grad_variants", "size_recompile_limits"]
+__all__ = [
+    "GuardFinding",
+    "Preflight",
+    "find_instance_variants",
+    "preflight_group",
+    "requires_grad_variants",
+    "size_recompile_limits",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +139,10 @@ def find_instance_variants(
             findings.setdefault(
                 path, GuardFinding(path, kind, shown, cache_only=cache_only, certain=certain)
             )
-        variants = {(tuple(state[path][2] for path in deciding), extra.get(id(block)))
-                    for block, state in zip(blocks, states)}
+        variants = {
+            (tuple(state[path][2] for path in deciding), extra.get(id(block)))
+            for block, state in zip(blocks, states)
+        }
         counts.append((len(blocks), len(variants)))
     return list(findings.values()), counts
 
@@ -153,8 +161,9 @@ def requires_grad_variants(
     in training and under ``no_grad``: ``(training keys, no_grad keys, names of blocks with a frozen
     parameter)``, for :func:`find_instance_variants`."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
-    first_trainable = min((position[id(p)] for p in model.parameters() if p.requires_grad),
-                          default=None)
+    first_trainable = min(
+        (position[id(p)] for p in model.parameters() if p.requires_grad), default=None
+    )
     names = {id(m): n for n, m in model.named_modules()}
     train: list[Hashable] = []
     evaluation: list[Hashable] = []
@@ -165,8 +174,9 @@ def requires_grad_variants(
         # of different widths are different graphs too
         pattern = tuple((tuple(p.shape), p.requires_grad) for p in params)
         starts = min((position[id(p)] for p in params), default=None)
-        fed_by_trainable = (first_trainable is not None and starts is not None
-                            and first_trainable < starts)
+        fed_by_trainable = (
+            first_trainable is not None and starts is not None and first_trainable < starts
+        )
         train.append((pattern, fed_by_trainable))
         evaluation.append(pattern)
         if not all(p.requires_grad for p in params):
@@ -193,54 +203,80 @@ def preflight_group(
     graphs, eval_graphs = variants, variants
     if frozen or (train_keys and len(set(train_keys)) > 1):
         graphs, eval_graphs = (
-            sum(v for _, v in find_instance_variants(instances, cache_disabled=cache_disabled,
-                                                     keys=keys)[1])
+            sum(
+                v
+                for _, v in find_instance_variants(
+                    instances, cache_disabled=cache_disabled, keys=keys
+                )[1]
+            )
             for keys in (train_keys, eval_keys)
         )
     needed = graphs + eval_graphs  # training, and a no_grad evaluation
     maybe = [f for f in findings if not f.certain]
-    result = Preflight(graphs=graphs, eval_graphs=eval_graphs,
-                       may_vary=tuple(f.attribute for f in maybe))
+    result = Preflight(
+        graphs=graphs, eval_graphs=eval_graphs, may_vary=tuple(f.attribute for f in maybe)
+    )
     if maybe:
-        logger.info("%s: %s differ between blocks and are handed on to other functions; the "
-                    "blocks may compile one graph per value if those functions specialize on them "
-                    "(the measured count in RegionalPlan.report() says whether they did).",
-                    class_name, "; ".join(_describe(f) for f in maybe))
+        logger.info(
+            "%s: %s differ between blocks and are handed on to other functions; the "
+            "blocks may compile one graph per value if those functions specialize on them "
+            "(the measured count in RegionalPlan.report() says whether they did).",
+            class_name,
+            "; ".join(_describe(f) for f in maybe),
+        )
     if graphs > variants or eval_graphs > variants:
         shown = ", ".join(frozen[:4]) + (", ..." if len(frozen) > 4 else "")
-        logger.info("%s: dynamo guards parameter shapes and requires_grad, so blocks of other "
-                    "widths, blocks with frozen parameters (%s) and blocks whose input needs no "
-                    "gradient (the first after frozen layers) are graphs of their own: %d in "
-                    "training, %d more under torch.no_grad() (per batch shape).",
-                    class_name, shown or "none", graphs, eval_graphs)
+        logger.info(
+            "%s: dynamo guards parameter shapes and requires_grad, so blocks of other "
+            "widths, blocks with frozen parameters (%s) and blocks whose input needs no "
+            "gradient (the first after frozen layers) are graphs of their own: %d in "
+            "training, %d more under torch.no_grad() (per batch shape).",
+            class_name,
+            shown or "none",
+            graphs,
+            eval_graphs,
+        )
     certain = [f for f in findings if f.certain]
     if certain:
         result = _warn_about_variants(class_name, instances, certain, counts, needed, result)
     return result
 
 
-def _warn_about_variants(class_name: str, instances: Sequence[nn.Module],
-                         certain: list[GuardFinding], counts: list[tuple[int, int]], needed: int,
-                         result: Preflight) -> Preflight:
+def _warn_about_variants(
+    class_name: str,
+    instances: Sequence[nn.Module],
+    certain: list[GuardFinding],
+    counts: list[tuple[int, int]],
+    needed: int,
+    result: Preflight,
+) -> Preflight:
     """Warn (or log) that per-instance state the code uses makes the blocks several graphs."""
     variants = sum(v for _, v in counts)
     described = "; ".join(_describe(f) for f in certain)
-    message = (f"{variants} of {len(instances)} {class_name} blocks differ in state their code "
-               f"uses: {described}. Dynamo specializes on such attributes (ints/strings by value, "
-               f"objects by identity), so the block compiles {variants} graphs instead of 1. Fix: "
-               "pass the value as a forward argument or a tensor buffer, share one object across "
-               "blocks, or select the variants as separate groups with blocks=.")
+    message = (
+        f"{variants} of {len(instances)} {class_name} blocks differ in state their code "
+        f"uses: {described}. Dynamo specializes on such attributes (ints/strings by value, "
+        f"objects by identity), so the block compiles {variants} graphs instead of 1. Fix: "
+        "pass the value as a forward argument or a tensor buffer, share one object across "
+        "blocks, or select the variants as separate groups with blocks=."
+    )
     if any(f.cache_only for f in certain):
-        message += (" `layer_idx` is read only to index a KV cache: call the model with "
-                    "use_cache=False outside generation (compile_regional does so unless "
-                    "keep_kv_cache=True).")
+        message += (
+            " `layer_idx` is read only to index a KV cache: call the model with "
+            "use_cache=False outside generation (compile_regional does so unless "
+            "keep_kv_cache=True)."
+        )
     if len(counts) > 1:
         message += f" ({len(counts)} block structures, each compiled on its own, are counted too.)"
     every_block_its_own = any(n >= 3 and v == n for n, v in counts)
     if every_block_its_own or needed > _dynamo.recompile_limit():
         warnings.warn(message, stacklevel=4)
-        return Preflight(graphs=result.graphs, eval_graphs=result.eval_graphs,
-                         may_vary=result.may_vary, warning=message)
+        return Preflight(
+            graphs=result.graphs,
+            eval_graphs=result.eval_graphs,
+            may_vary=result.may_vary,
+            warning=message,
+        )
     logger.info(message)
     return result
 
@@ -265,30 +301,51 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
         code = _forward_code(group.block_class) or id(group)  # torch.nn's own classes: alone
         by_code.setdefault(code, []).append(group)
     for code, sharing in by_code.items():
-        needed = sum(sum(predicted_graphs(group.preflight.graphs, group.preflight.eval_graphs,
-                                          plan.expected, plan.dynamic))
-                     for group in sharing)
-        set_by_user = [g.compile_kwargs["recompile_limit"] for g in sharing
-                       if "recompile_limit" in g.compile_kwargs]
+        needed = sum(
+            sum(
+                predicted_graphs(
+                    group.preflight.graphs, group.preflight.eval_graphs, plan.expected, plan.dynamic
+                )
+            )
+            for group in sharing
+        )
+        set_by_user = [
+            g.compile_kwargs["recompile_limit"]
+            for g in sharing
+            if "recompile_limit" in g.compile_kwargs
+        ]
         budget = min(set_by_user) if set_by_user else max(limit, needed)
         names = [group.class_name for group in sharing]
-        where = (f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
-                 if hasattr(code, "co_name") else f"{sharing[0].class_name}.forward")
+        where = (
+            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+            if hasattr(code, "co_name")
+            else f"{sharing[0].class_name}.forward"
+        )
         for group in sharing:
             others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
             group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
             if group.region is not None:
                 set_recompile_limit(group.region, None if set_by_user else budget)
         if set_by_user and needed > budget:
-            logger.info("%s: may need %d graphs (training and no_grad evaluation, for the shapes "
-                        "expected), over the recompile_limit=%d given: the last may run eagerly",
-                        " and ".join(names), needed, budget)
+            logger.info(
+                "%s: may need %d graphs (training and no_grad evaluation, for the shapes "
+                "expected), over the recompile_limit=%d given: the last may run eagerly",
+                " and ".join(names),
+                needed,
+                budget,
+            )
         elif len(sharing) > 1:
-            logger.info("%s share one code object (%s) and one recompile limit: %d for up to %d "
-                        "graphs", " and ".join(names), where.split(" (")[0], budget, needed)
+            logger.info(
+                "%s share one code object (%s) and one recompile limit: %d for up to %d graphs",
+                " and ".join(names),
+                where.split(" (")[0],
+                budget,
+                needed,
+            )
     for extra in plan.extra_regions:  # the loss: one variant each
-        set_recompile_limit(extra.region,
-                            max(limit, sum(predicted_graphs(1, 1, plan.expected, plan.dynamic))))
+        set_recompile_limit(
+            extra.region, max(limit, sum(predicted_graphs(1, 1, plan.expected, plan.dynamic)))
+        )
 
 
 def _forward_code(cls: type | None) -> Any:

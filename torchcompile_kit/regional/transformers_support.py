@@ -21,8 +21,14 @@ from .. import _dynamo
 from ..diagnostics import mark_call
 from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
-__all__ = ["cache_calls_compiled", "disable_cache_in_plain_forwards", "fix_loss_function",
-           "has_transformers_model", "no_split_module_names", "run_cache_calls_eagerly"]
+__all__ = [
+    "cache_calls_compiled",
+    "disable_cache_in_plain_forwards",
+    "fix_loss_function",
+    "has_transformers_model",
+    "no_split_module_names",
+    "run_cache_calls_eagerly",
+]
 
 Undo = Callable[[], None]
 
@@ -73,9 +79,14 @@ def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
     return LOSS_MAPPING.get(getattr(module, "loss_type", None), LOSS_MAPPING["ForCausalLM"])
 
 
-def set_explicit_loss_functions(model: nn.Module, *, compile: bool = False, precompile: bool = False,
-                                regions: list[tuple[str, str]] | None = None,
-                                **compile_kwargs: Any) -> list[Undo]:
+def set_explicit_loss_functions(
+    model: nn.Module,
+    *,
+    compile: bool = False,
+    precompile: bool = False,
+    regions: list[tuple[str, str]] | None = None,
+    **compile_kwargs: Any,
+) -> list[Undo]:
     """Pin each transformers model's ``loss_function``; return how to undo it (internal). With
     ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`; with
     ``regions``, each compiled loss is a marked region (``mark_call``) and ``(label, region id)``
@@ -109,11 +120,13 @@ def set_explicit_loss_functions(model: nn.Module, *, compile: bool = False, prec
     return undo
 
 
-def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwargs: Any) -> nn.Module:
+def fix_loss_function(
+    model: nn.Module, *, compile: bool = False, **compile_kwargs: Any
+) -> nn.Module:
     """Pin a transformers model's loss function so it no longer breaks the graph.
 
-    ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and warns when the
-    name does not say (``GPT2LMHeadModel``): a graph break in every compiled training step. This
+    ``PreTrainedModel.loss_function`` picks the loss from the class name in Python and warns when
+    the name does not say (``GPT2LMHeadModel``): a graph break in every compiled training step. This
     resolves it once and pins it, as the reference post recommends.
 
     Args:
@@ -129,12 +142,15 @@ def fix_loss_function(model: nn.Module, *, compile: bool = False, **compile_kwar
 
     Example:
         >>> model = fix_loss_function(GPT2LMHeadModel(config))  # doctest: +SKIP
-        >>> compiled = torch.compile(model, fullgraph=True)  # no break at the loss  # doctest: +SKIP
+        >>> compiled = torch.compile(model,  # doctest: +SKIP
+        ...     fullgraph=True)  # no break at the loss
     """
     if not set_explicit_loss_functions(model, compile=compile, **compile_kwargs):
-        raise ValueError(f"fix_loss_function: {type(model).__name__} contains no transformers "
-                         "PreTrainedModel with a loss_function; for other models compile your "
-                         "loss with torch.compile(loss_fn).")
+        raise ValueError(
+            f"fix_loss_function: {type(model).__name__} contains no transformers "
+            "PreTrainedModel with a loss_function; for other models compile your "
+            "loss with torch.compile(loss_fn)."
+        )
     return model
 
 
@@ -151,8 +167,9 @@ class CacheArguments:
 
     def __init__(self, module: nn.Module) -> None:
         parameters = list(inspect.signature(module.forward).parameters.values())
-        positional = [p.name for p in parameters
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = [
+            p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         self.positions = {name: i for i, name in enumerate(positional)}
         self.cache_names = [p.name for p in parameters if p.name in _CACHE_ARGUMENTS]
         self.takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters)
@@ -219,25 +236,28 @@ class _PlainForwardsWithoutCache:
         if not self.warned and self.arguments.builds_cache(module, args, kwargs):
             self.warned.append(True)
             why = "use_cache=True" if given else "eval mode, and the config's use_cache=True"
-            warnings.warn(f"{type(module).__name__} was called to build a KV cache ({why}): its "
-                          "regionally compiled blocks run such calls eagerly (compiled, the "
-                          "cache's per-layer state would make every block recompile), so the "
-                          "outputs, past_key_values included, are eager's. Pass use_cache=False "
-                          "(or set model.config.use_cache = False) where you need no "
-                          "past_key_values, to run the blocks compiled. Training forwards get "
-                          "use_cache=False unless they pass it.",
-                          stacklevel=2)
+            warnings.warn(
+                f"{type(module).__name__} was called to build a KV cache ({why}): its "
+                "regionally compiled blocks run such calls eagerly (compiled, the "
+                "cache's per-layer state would make every block recompile), so the "
+                "outputs, past_key_values included, are eager's. Pass use_cache=False "
+                "(or set model.config.use_cache = False) where you need no "
+                "past_key_values, to run the blocks compiled. Training forwards get "
+                "use_cache=False unless they pass it.",
+                stacklevel=2,
+            )
         return None
 
 
-def disable_cache_in_plain_forwards(model: nn.Module, *,
-                                    compiled_regions: Iterable[str] = ()) -> list[Undo]:
+def disable_cache_in_plain_forwards(
+    model: nn.Module, *, compiled_regions: Iterable[str] = ()
+) -> list[Undo]:
     """Make transformers training forwards that do not ask for a cache run with ``use_cache=False``.
 
     A default ``DynamicCache`` makes each block guard on its own cache layer and recompile once per
     layer. Eval-mode forwards, ``generate()`` and calls that pass ``use_cache`` are left alone; a
-    transformers model inside a compiled region gets no hook (its parent passes ``use_cache=False``).
-    Returns the hooks' removers.
+    transformers model inside a compiled region gets no hook (its parent passes
+    ``use_cache=False``). Returns the hooks' removers.
     """
     regions = tuple(compiled_regions)
     warned: list[bool] = []
@@ -247,8 +267,9 @@ def disable_cache_in_plain_forwards(model: nn.Module, *,
             continue
         arguments = CacheArguments(module)
         if arguments.takes_use_cache:
-            handle = module.register_forward_pre_hook(_PlainForwardsWithoutCache(arguments, warned),
-                                                      with_kwargs=True)
+            handle = module.register_forward_pre_hook(
+                _PlainForwardsWithoutCache(arguments, warned), with_kwargs=True
+            )
             undo.append(handle.remove)
     return undo
 
@@ -267,8 +288,9 @@ def cache_calls_compiled() -> Iterator[None]:
         _CACHE_CALLS_COMPILED.reset(token)
 
 
-def run_cache_calls_eagerly(modules: Iterable[nn.Module], label: str, *,
-                            builds: bool = False) -> None:
+def run_cache_calls_eagerly(
+    modules: Iterable[nn.Module], label: str, *, builds: bool = False
+) -> None:
     """Make compiled transformers ``modules`` run the calls that pass (or, with ``builds``, would
     build) a KV cache eagerly: compiled, every block would recompile once per cache layer.
     ``uncompile`` removes it with the compiled call."""
@@ -283,8 +305,11 @@ def run_cache_calls_eagerly(modules: Iterable[nn.Module], label: str, *,
                 return compiled(*args, **kwargs)
             if not logged:
                 logged.append(True)
-                logger.info("%s: a call passes a KV cache (generation, or a forward that builds "
-                            "one): run eagerly", label)
+                logger.info(
+                    "%s: a call passes a KV cache (generation, or a forward that builds "
+                    "one): run eagerly",
+                    label,
+                )
             return _dynamo.eager_call(module, *args, **kwargs)
 
         return call

@@ -10,9 +10,13 @@ from .sampler import BucketBatchSampler
 
 __all__ = [
     # planning
-    "estimate_padding", "plan_buckets",
+    "estimate_padding",
+    "plan_buckets",
     # batching
-    "BucketBatchSampler", "PadToBucketCollator", "pad_to_bucket",
+    "BucketBatchSampler",
+    "PadToBucketCollator",
+    "pad_to_bucket",
     # dynamic dims and warm-up
-    "mark_dynamic_batch", "warmup_shapes",
+    "mark_dynamic_batch",
+    "warmup_shapes",
 ]

@@ -1,5 +1,6 @@
 """Dynamic dims and warm-up: shapes decided before training, not during it — one dynamic graph
-(:func:`mark_dynamic_batch`) or one static graph per bucket compiled up front (:func:`warmup_shapes`).
+(:func:`mark_dynamic_batch`) or one static graph per bucket compiled up front
+(:func:`warmup_shapes`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ def _tensors(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tenso
             yield from _tensors(value, f"{path}[{index}]")
 
 
-def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int | None = None,
-                       max: int | None = None, keys: Collection[str] | None = None) -> Any:
+def mark_dynamic_batch(
+    batch: Any,
+    dims: int | Collection[int] = 1,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    keys: Collection[str] | None = None,
+) -> Any:
     """Mark dim(s) ``dims`` dynamic on every tensor of ``batch``, so new lengths reuse one graph.
 
     Every tensor is marked (``labels`` and ``attention_mask`` carry the length too, and the first
@@ -62,39 +69,50 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
 
     Example:
         >>> batch = {"input_ids": torch.ones(4, 16, dtype=torch.long), "labels": torch.ones(4, 16)}
-        >>> batch = mark_dynamic_batch(batch, 1)  # one graph for every length >= 2
+        >>> batch = mark_dynamic_batch(batch,  # doctest: +NORMALIZE_WHITESPACE
+        ...     1)  # one graph for every length >= 2
     """
     dim_list = list(dims) if isinstance(dims, Collection) else [dims]
     if not dim_list or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dim_list):
-        raise BatchShapeError(f"dims={dims!r} must be a dim (int) or a collection of them, e.g. "
-                              "dims=1 for the sequence length of (batch, length) tensors")
+        raise BatchShapeError(
+            f"dims={dims!r} must be a dim (int) or a collection of them, e.g. "
+            "dims=1 for the sequence length of (batch, length) tensors"
+        )
     if min is not None and min < 2:
-        raise BatchShapeError(f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are "
-                              "always specialized), so the bound cannot hold; pass min=None or "
-                              "min>=2, and keep size-1 batches out (drop_last=True)")
+        raise BatchShapeError(
+            f"min={min!r}: dynamo assumes dynamic sizes are >= 2 (0 and 1 are "
+            "always specialized), so the bound cannot hold; pass min=None or "
+            "min>=2, and keep size-1 batches out (drop_last=True)"
+        )
     if min is not None and max is not None and min > max:
         raise BatchShapeError(f"min={min!r} is larger than max={max!r}; swap them")
     if keys is not None:
         if not isinstance(batch, Mapping):
-            raise BatchShapeError(f"keys={sorted(keys)!r} needs a mapping batch, got "
-                                  f"{type(batch).__name__!r}")
+            raise BatchShapeError(
+                f"keys={sorted(keys)!r} needs a mapping batch, got {type(batch).__name__!r}"
+            )
         missing = sorted(set(keys) - set(batch))
         if missing:
-            raise BatchShapeError(f"keys {missing!r} are not in the batch (its keys: "
-                                  f"{sorted(batch)!r})")
+            raise BatchShapeError(
+                f"keys {missing!r} are not in the batch (its keys: {sorted(batch)!r})"
+            )
         batch_view: Any = {key: batch[key] for key in batch if key in keys}
     else:
         batch_view = batch
     specialized = []
     tensors = list(_tensors(batch_view))
     if not tensors:
-        raise BatchShapeError(f"batch holds no tensor to mark (got {type(batch).__name__}: "
-                              f"{batch!r:.60}); pass the batch itself: a tensor, or a mapping, list "
-                              "or tuple of tensors")
+        raise BatchShapeError(
+            f"batch holds no tensor to mark (got {type(batch).__name__}: "
+            f"{batch!r:.60}); pass the batch itself: a tensor, or a mapping, list "
+            "or tuple of tensors"
+        )
     if not any(-tensor.dim() <= dim < tensor.dim() for _, tensor in tensors for dim in dim_list):
         shapes = ", ".join(f"{path} {tuple(tensor.shape)}" for path, tensor in tensors[:4])
-        raise BatchShapeError(f"dims={dims!r}: no tensor of the batch has that dim ({shapes}); "
-                              "pass a dim the tensors have, e.g. dims=1 for (batch, length)")
+        raise BatchShapeError(
+            f"dims={dims!r}: no tensor of the batch has that dim ({shapes}); "
+            "pass a dim the tensors have, e.g. dims=1 for (batch, length)"
+        )
     for path, tensor in tensors:
         for dim in dim_list:
             if not -tensor.dim() <= dim < tensor.dim():
@@ -104,22 +122,27 @@ def mark_dynamic_batch(batch: Any, dims: int | Collection[int] = 1, *, min: int 
                 specialized.append(f"{path} (size {size} at dim {dim})")
                 continue
             if (min is not None and size < min) or (max is not None and size > max):
-                raise BatchShapeError(f"{path} has size {size!r} at dim {dim}, outside "
-                                      f"[min={min!r}, max={max!r}]; dynamo treats the range as a "
-                                      "hard limit, so widen min/max (or pass None)")
+                raise BatchShapeError(
+                    f"{path} has size {size!r} at dim {dim}, outside "
+                    f"[min={min!r}, max={max!r}]; dynamo treats the range as a "
+                    "hard limit, so widen min/max (or pass None)"
+                )
             # torch builds ValueRanges(lower=min, upper=max) and asserts on a None bound ("not
             # simple sympy type None") when only one is given: the other takes dynamo's own
             # assumption for a dynamic size (2 .. unbounded).
             _dynamo.mark_dynamic(
-                tensor, dim % tensor.dim(),
+                tensor,
+                dim % tensor.dim(),
                 min=None if min is None and max is None else (2 if min is None else min),
                 max=max if max is not None or min is None else sys.maxsize,
             )
     if specialized:
-        warnings.warn(f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
-                      "specializes sizes 0 and 1, so this shape compiles its own graph (a "
-                      "recompile). Use drop_last=True, or pad that dim to >= 2.",
-                      stacklevel=2)
+        warnings.warn(
+            f"mark_dynamic_batch left {', '.join(specialized)} unmarked: dynamo always "
+            "specializes sizes 0 and 1, so this shape compiles its own graph (a "
+            "recompile). Use drop_last=True, or pad that dim to >= 2.",
+            stacklevel=2,
+        )
     return batch
 
 
@@ -135,11 +158,12 @@ def warmup_shapes(
 ) -> list[dict[str, tuple[int, ...]]]:
     """Call ``fn`` once per distinct batch shape so every graph is compiled before training.
 
-    Batches with the shapes and dtypes of an earlier batch are skipped. Warm up the step you will run
-    (train/eval and grad mode are guarded too). Every parameter's ``.grad`` is put back as it was,
-    so the first optimizer step sees only its own batch's gradients; the parameters are ``model``'s,
-    or those of the modules ``fn`` reaches (its ``self``, globals and closure variables, through
-    ``torch.compile`` wrappers). Warns when dynamo hit a recompile limit meanwhile.
+    Batches with the shapes and dtypes of an earlier batch are skipped. Warm up the step you will
+    run (train/eval and grad mode are guarded too). Every parameter's ``.grad`` is put back as it
+    was, so the first optimizer step sees only its own batch's gradients; the parameters are
+    ``model``'s, or those of the modules ``fn`` reaches (its ``self``, globals and closure
+    variables, through ``torch.compile`` wrappers). Warns when dynamo hit a recompile limit
+    meanwhile.
 
     Args:
         fn: the compiled callable, called as ``fn(batch)``; it must not update weights.
@@ -152,18 +176,25 @@ def warmup_shapes(
 
     Example:
         >>> step = torch.compile(lambda b: b["x"].sum(), backend="eager", dynamic=False)
-        >>> warmup_shapes(step, [{"x": torch.ones(2, 8)}, {"x": torch.ones(2, 8)}])
+        >>> warmup_shapes(step, [{"x": torch.ones(2, 8)}, {  # doctest: +NORMALIZE_WHITESPACE
+        ...     "x": torch.ones(2, 8)}])
         [{"batch['x']": (2, 8)}]
     """
     if not callable(fn):
-        raise TypeError(f"warmup_shapes: fn={fn!r:.80} is not callable; pass the compiled step, "
-                        "called as fn(batch)")
+        raise TypeError(
+            f"warmup_shapes: fn={fn!r:.80} is not callable; pass the compiled step, "
+            "called as fn(batch)"
+        )
     if isinstance(batches, (Mapping, torch.Tensor)):  # iterating it would call fn on keys or rows
-        raise TypeError(f"warmup_shapes: batches is one batch (a {type(batches).__name__}), not an "
-                        "iterable of batches; pass [batch] for a single one, or a list or generator")
+        raise TypeError(
+            f"warmup_shapes: batches is one batch (a {type(batches).__name__}), not an "
+            "iterable of batches; pass [batch] for a single one, or a list or generator"
+        )
     if isinstance(batches, (str, bytes)) or not hasattr(batches, "__iter__"):
-        raise TypeError(f"warmup_shapes: batches={batches!r:.80} is not an iterable of batches; pass "
-                        "a list or generator of batches, e.g. [batch] for a single one")
+        raise TypeError(
+            f"warmup_shapes: batches={batches!r:.80} is not an iterable of batches; pass "
+            "a list or generator of batches, e.g. [batch] for a single one"
+        )
     params = _parameters_of([model] if model is not None else _modules_reached(fn))
     saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
     hits_before = _dynamo.recompile_limit_hits()
@@ -182,14 +213,16 @@ def warmup_shapes(
         _restore_grads(saved)
     hits = _dynamo.recompile_limit_hits() - hits_before
     if hits:
-        warnings.warn(f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming "
-                      f"up {len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
-                      f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled "
-                      "and runs eagerly. Use fewer buckets (or drop_last=True); with "
-                      "compile_regional, tell the model its shapes first: expect_shapes(model, "
-                      "sampler) sizes the limit of its blocks (and mode='eval' for evaluation); "
-                      f"with torch.compile, pass recompile_limit={len(shapes)} (torch >= 2.13)",
-                      stacklevel=2)
+        warnings.warn(
+            f"warmup_shapes: dynamo hit a recompile limit {hits} time(s) while warming "
+            f"up {len(shapes)} distinct shapes (torch._dynamo.config.recompile_limit is "
+            f"{_dynamo.recompile_limit()}): a frame of those shapes was not compiled "
+            "and runs eagerly. Use fewer buckets (or drop_last=True); with "
+            "compile_regional, tell the model its shapes first: expect_shapes(model, "
+            "sampler) sizes the limit of its blocks (and mode='eval' for evaluation); "
+            f"with torch.compile, pass recompile_limit={len(shapes)} (torch >= 2.13)",
+            stacklevel=2,
+        )
     return shapes
 
 
@@ -219,8 +252,11 @@ def _modules_reached(fn: Any, depth: int = 2) -> list[torch.nn.Module]:
             if not inspect.isfunction(obj):
                 continue
             names = inspect.getclosurevars(obj)
-            following += [v for v in (*names.nonlocals.values(), *names.globals.values())
-                          if isinstance(v, torch.nn.Module) or inspect.isfunction(v)]
+            following += [
+                v
+                for v in (*names.nonlocals.values(), *names.globals.values())
+                if isinstance(v, torch.nn.Module) or inspect.isfunction(v)
+            ]
         todo = [obj for obj in following if obj is not None]
     return list(found.values())
 

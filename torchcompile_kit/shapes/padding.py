@@ -22,18 +22,22 @@ def _as_1d(value: Any, where: str) -> torch.Tensor:
         try:
             tensor = torch.as_tensor(value)
         except (TypeError, ValueError) as err:
-            raise BatchShapeError(f"{where} is not a flat sequence of numbers ({err}); got "
-                                  f"{value!r:.80}") from err
+            raise BatchShapeError(
+                f"{where} is not a flat sequence of numbers ({err}); got {value!r:.80}"
+            ) from err
         if tensor.numel() == 0:
             tensor = tensor.to(torch.long)
     if tensor.dim() != 1:
-        raise BatchShapeError(f"{where} must be 1-D (one sequence), got shape "
-                              f"{tuple(tensor.shape)!r}; pass one list of token ids per sample")
+        raise BatchShapeError(
+            f"{where} must be 1-D (one sequence), got shape "
+            f"{tuple(tensor.shape)!r}; pass one list of token ids per sample"
+        )
     return tensor
 
 
-def _pad_stack(rows: list[torch.Tensor], length: int, pad_value: float,
-               padding_side: str) -> torch.Tensor:
+def _pad_stack(
+    rows: list[torch.Tensor], length: int, pad_value: float, padding_side: str
+) -> torch.Tensor:
     """Stack 1-D ``rows`` (each ``<= length``) into ``(len(rows), length)`` filled with pad."""
     dtype = rows[0].dtype
     out = torch.full((len(rows), length), pad_value, dtype=dtype)
@@ -53,9 +57,13 @@ def _check_padding_side(padding_side: str) -> None:
         raise BatchShapeError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
 
 
-def pad_to_bucket(sequences: Sequence[Sequence[int] | torch.Tensor], buckets: Sequence[int], *,
-                  pad_value: float = 0,
-                  padding_side: Literal["right", "left"] = "right") -> torch.Tensor:
+def pad_to_bucket(
+    sequences: Sequence[Sequence[int] | torch.Tensor],
+    buckets: Sequence[int],
+    *,
+    pad_value: float = 0,
+    padding_side: Literal["right", "left"] = "right",
+) -> torch.Tensor:
     """Pad sequences to the smallest bucket that holds the longest one, as one tensor.
 
     Args:
@@ -85,28 +93,42 @@ def pad_to_bucket(sequences: Sequence[Sequence[int] | torch.Tensor], buckets: Se
     rows = [_as_1d(seq, f"sequences[{i}]") for i, seq in enumerate(sequences)]
     for index, row in enumerate(rows):
         if row.dtype != rows[0].dtype:
-            raise BatchShapeError(f"sequences[{index}] has dtype {row.dtype!r} but sequences[0] "
-                                  f"has {rows[0].dtype!r}; convert them to one dtype first")
+            raise BatchShapeError(
+                f"sequences[{index}] has dtype {row.dtype!r} but sequences[0] "
+                f"has {rows[0].dtype!r}; convert them to one dtype first"
+            )
     index = max(range(len(rows)), key=lambda i: rows[i].numel())
     longest = rows[index].numel()
     length = bucket_for(longest, buckets)
     if length < 0:
-        raise SequenceTooLongError(f"sequences[{index}] has length {longest!r}, longer than the "
-                                   f"last bucket {buckets[-1]!r}; truncate it or plan buckets "
-                                   "that cover it")
+        raise SequenceTooLongError(
+            f"sequences[{index}] has length {longest!r}, longer than the "
+            f"last bucket {buckets[-1]!r}; truncate it or plan buckets "
+            "that cover it"
+        )
     return _pad_stack(rows, length, pad_value, padding_side)
 
 
 # Keys padded as sequences, with the pad value each gets ("pad" = the pad token id, "label" = the
 # label pad id). Every sequence key of a batch is padded to the same (bucket) length.
-_SEQUENCE_KEYS: dict[str, str | int] = {"input_ids": "pad", "attention_mask": 0,
-                                        "token_type_ids": 0, "position_ids": 0,
-                                        "special_tokens_mask": 1, "labels": "label",
-                                        "decoder_input_ids": "pad", "decoder_attention_mask": 0}
+_SEQUENCE_KEYS: dict[str, str | int] = {
+    "input_ids": "pad",
+    "attention_mask": 0,
+    "token_type_ids": 0,
+    "position_ids": 0,
+    "special_tokens_mask": 1,
+    "labels": "label",
+    "decoder_input_ids": "pad",
+    "decoder_attention_mask": 0,
+}
 # key -> the key whose per-sample length it must match
-_SAME_LENGTH_AS = {"attention_mask": "input_ids", "token_type_ids": "input_ids",
-                   "position_ids": "input_ids", "special_tokens_mask": "input_ids",
-                   "decoder_attention_mask": "decoder_input_ids"}
+_SAME_LENGTH_AS = {
+    "attention_mask": "input_ids",
+    "token_type_ids": "input_ids",
+    "position_ids": "input_ids",
+    "special_tokens_mask": "input_ids",
+    "decoder_attention_mask": "decoder_input_ids",
+}
 
 
 def _is_sequence_value(value: Any) -> bool:
@@ -118,10 +140,10 @@ def _is_sequence_value(value: Any) -> bool:
 class PadToBucketCollator:
     """A ``collate_fn`` / HF ``data_collator`` that pads every batch to a bucket length.
 
-    The sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``decoder_*``, ...) are padded to
-    the smallest bucket holding the batch's longest sequence (with ``buckets=None``: that length
-    rounded up to ``multiple_of``); ``labels`` with ``label_pad_token_id``, and ``attention_mask`` is
-    built when absent. Other keys are stacked when they can be, else passed through as lists.
+    The sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``decoder_*``, ...) are padded
+    to the smallest bucket holding the batch's longest sequence (with ``buckets=None``: that length
+    rounded up to ``multiple_of``); ``labels`` with ``label_pad_token_id``, and ``attention_mask``
+    is built when absent. Other keys are stacked when they can be, else passed through as lists.
 
     Args:
         buckets: strictly ascending padding lengths (:func:`plan_buckets`); ``None`` pads to a
@@ -145,42 +167,57 @@ class PadToBucketCollator:
         (torch.Size([2, 8]), [8, -100, -100])
     """
 
-    def __init__(self, *, buckets: Sequence[int] | None = None, multiple_of: int = 8,
-                 pad_token_id: int | None = 0, label_pad_token_id: int = -100,
-                 padding_side: Literal["right", "left"] = "right", max_length: int | None = None,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        buckets: Sequence[int] | None = None,
+        multiple_of: int = 8,
+        pad_token_id: int | None = 0,
+        label_pad_token_id: int = -100,
+        padding_side: Literal["right", "left"] = "right",
+        max_length: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
         self.buckets = None if buckets is None else check_buckets(buckets)
         self.multiple_of = check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
         if tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
             padding_side = getattr(tokenizer, "padding_side", padding_side)
             if pad_token_id is None:
-                raise BatchShapeError(f"tokenizer {type(tokenizer).__name__!r} has no pad token "
-                                      "(pad_token_id is None), so input_ids cannot be padded; "
-                                      "set tokenizer.pad_token = tokenizer.eos_token (causal "
-                                      "LMs) or add a pad token")
+                raise BatchShapeError(
+                    f"tokenizer {type(tokenizer).__name__!r} has no pad token "
+                    "(pad_token_id is None), so input_ids cannot be padded; "
+                    "set tokenizer.pad_token = tokenizer.eos_token (causal "
+                    "LMs) or add a pad token"
+                )
         if pad_token_id is None:
-            raise BatchShapeError("pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be "
-                                  "padded; pass the tokenizer's pad id "
-                                  "(pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer")
+            raise BatchShapeError(
+                "pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be "
+                "padded; pass the tokenizer's pad id "
+                "(pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer"
+            )
         _check_padding_side(padding_side)
         if max_length is not None:
             check_positive_int("max_length", max_length, error=BatchShapeError)
             if self.buckets is not None and max_length > self.buckets[-1]:
-                raise BatchShapeError(f"max_length={max_length!r} exceeds the last bucket "
-                                      f"{self.buckets[-1]!r}: samples up to max_length would fit "
-                                      f"no bucket; pass max_length<={self.buckets[-1]} or add a "
-                                      f"bucket >= {max_length}")
+                raise BatchShapeError(
+                    f"max_length={max_length!r} exceeds the last bucket "
+                    f"{self.buckets[-1]!r}: samples up to max_length would fit "
+                    f"no bucket; pass max_length<={self.buckets[-1]} or add a "
+                    f"bucket >= {max_length}"
+                )
         self.pad_token_id = pad_token_id
         self.label_pad_token_id = label_pad_token_id
         self.padding_side = padding_side
         self.max_length = max_length
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(buckets={self.buckets!r}, "
-                f"multiple_of={self.multiple_of!r}, pad_token_id={self.pad_token_id!r}, "
-                f"label_pad_token_id={self.label_pad_token_id!r}, "
-                f"padding_side={self.padding_side!r}, max_length={self.max_length!r})")
+        return (
+            f"{type(self).__name__}(buckets={self.buckets!r}, "
+            f"multiple_of={self.multiple_of!r}, pad_token_id={self.pad_token_id!r}, "
+            f"label_pad_token_id={self.label_pad_token_id!r}, "
+            f"padding_side={self.padding_side!r}, max_length={self.max_length!r})"
+        )
 
     def target_length(self, longest: int) -> int:
         """The length a batch whose longest (truncated) sequence is ``longest`` pads to, or
@@ -193,14 +230,17 @@ class PadToBucketCollator:
         if self.buckets is not None:
             length = bucket_for(max(longest, 1), self.buckets)
             if length < 0:
-                raise SequenceTooLongError(f"a sequence of length {longest!r} is longer than the "
-                                           f"last bucket {self.buckets[-1]!r}")
+                raise SequenceTooLongError(
+                    f"a sequence of length {longest!r} is longer than the "
+                    f"last bucket {self.buckets[-1]!r}"
+                )
             return length
         length = round_up(max(longest, 1), self.multiple_of)
         return length if self.max_length is None else min(length, self.max_length)
 
-    def batch_shapes(self, features: Sequence[Mapping[str, Any]], batch_size: int, *,
-                     drop_last: bool = False) -> list[tuple[int, int]]:
+    def batch_shapes(
+        self, features: Sequence[Mapping[str, Any]], batch_size: int, *, drop_last: bool = False
+    ) -> list[tuple[int, int]]:
         """The distinct ``(batch size, padded length)`` shapes of batches of ``batch_size``
         consecutive samples: what a loader without shuffling (an evaluation loader) feeds, for
         :func:`~torchcompile_kit.expect_shapes`. Reads each sample's sequence lengths (a
@@ -224,7 +264,7 @@ class PadToBucketCollator:
         ends = range(batch_size, len(lengths) + (0 if drop_last else batch_size), batch_size)
         shapes = {}
         for end in ends:
-            batch = lengths[end - batch_size:end]
+            batch = lengths[end - batch_size : end]
             shapes.setdefault((len(batch), self.target_length(max(batch))), None)
         return list(shapes)
 
@@ -236,19 +276,29 @@ class PadToBucketCollator:
             per_key = [[len(value) for value in features[key]] for key in keys]
             lengths = [max(row) for row in zip(*per_key)] if per_key else []
         else:
-            lengths = [max((len(value) for key, value in feature.items()
-                            if key in _SEQUENCE_KEYS and _is_sequence_value(value)), default=0)
-                       for feature in features]
+            lengths = [
+                max(
+                    (
+                        len(value)
+                        for key, value in feature.items()
+                        if key in _SEQUENCE_KEYS and _is_sequence_value(value)
+                    ),
+                    default=0,
+                )
+                for feature in features
+            ]
         if self.max_length is not None:
             lengths = [min(length, self.max_length) for length in lengths]
         if not lengths or not max(lengths):
-            raise BatchShapeError("batch_shapes: the samples hold no sequence key "
-                                  f"({', '.join(_SEQUENCE_KEYS)}); nothing to pad")
+            raise BatchShapeError(
+                "batch_shapes: the samples hold no sequence key "
+                f"({', '.join(_SEQUENCE_KEYS)}); nothing to pad"
+            )
         return lengths
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate one mapping per sample into a padded batch (tensors, and lists for keys that cannot
-        be stacked); errors name the key and the sample's index.
+        """Collate one mapping per sample into a padded batch (tensors, and lists for keys that
+        cannot be stacked); errors name the key and the sample's index.
 
         Example:
             >>> PadToBucketCollator(multiple_of=4)([{"input_ids": [1, 2, 3, 4, 5]}])["input_ids"]
@@ -261,16 +311,20 @@ class PadToBucketCollator:
             if set(feature.keys()) != set(keys):
                 missing = sorted(set(keys) - set(feature.keys()))
                 extra = sorted(set(feature.keys()) - set(keys))
-                raise BatchShapeError(f"features[{index}] has different keys from features[0]: "
-                                      f"missing {missing!r}, extra {extra!r}; every sample of a "
-                                      "batch needs the same keys")
-        sequence_keys = [k for k in keys if k in _SEQUENCE_KEYS
-                         and _is_sequence_value(features[0][k])]
+                raise BatchShapeError(
+                    f"features[{index}] has different keys from features[0]: "
+                    f"missing {missing!r}, extra {extra!r}; every sample of a "
+                    "batch needs the same keys"
+                )
+        sequence_keys = [
+            k for k in keys if k in _SEQUENCE_KEYS and _is_sequence_value(features[0][k])
+        ]
         rows = {key: self._rows(features, key) for key in sequence_keys}
         self._check_lengths(rows)
         if "input_ids" in rows and "attention_mask" not in rows:
-            rows["attention_mask"] = [torch.ones_like(r, dtype=torch.long)
-                                      for r in rows["input_ids"]]
+            rows["attention_mask"] = [
+                torch.ones_like(r, dtype=torch.long) for r in rows["input_ids"]
+            ]
         longest = max((r.numel() for key_rows in rows.values() for r in key_rows), default=0)
         length = self._length_or_raise(rows, longest)
         batch: dict[str, Any] = {}
@@ -286,9 +340,11 @@ class PadToBucketCollator:
         for index, feature in enumerate(features):
             value = feature[key]
             if not _is_sequence_value(value):
-                raise BatchShapeError(f"features[{index}][{key!r}] is {value!r:.60}, but "
-                                      f"features[0][{key!r}] is a sequence; give every sample the "
-                                      "same kind of value")
+                raise BatchShapeError(
+                    f"features[{index}][{key!r}] is {value!r:.60}, but "
+                    f"features[0][{key!r}] is a sequence; give every sample the "
+                    "same kind of value"
+                )
             row = _as_1d(value, f"features[{index}][{key!r}]")
             if self.max_length is not None:
                 row = row[: self.max_length]
@@ -302,20 +358,28 @@ class PadToBucketCollator:
                 continue
             for index, (row, ref) in enumerate(zip(rows[key], rows[reference])):
                 if row.numel() != ref.numel():
-                    raise BatchShapeError(f"features[{index}][{key!r}] has length {row.numel()!r} "
-                                          f"but features[{index}][{reference!r}] has "
-                                          f"{ref.numel()!r}; they must match")
+                    raise BatchShapeError(
+                        f"features[{index}][{key!r}] has length {row.numel()!r} "
+                        f"but features[{index}][{reference!r}] has "
+                        f"{ref.numel()!r}; they must match"
+                    )
 
     def _length_or_raise(self, rows: dict[str, list[torch.Tensor]], longest: int) -> int:
         try:
             return self.target_length(longest)
         except SequenceTooLongError:
-            key, index = next((key, i) for key, key_rows in rows.items() for i,
-                              r in enumerate(key_rows) if r.numel() == longest)
-            raise SequenceTooLongError(f"features[{index}][{key!r}] has length {longest!r}, "
-                                       f"longer than the last bucket {self.buckets[-1]!r}; pass "
-                                       f"max_length={self.buckets[-1]} to truncate, filter such "
-                                       "samples out, or plan buckets that cover them") from None
+            key, index = next(
+                (key, i)
+                for key, key_rows in rows.items()
+                for i, r in enumerate(key_rows)
+                if r.numel() == longest
+            )
+            raise SequenceTooLongError(
+                f"features[{index}][{key!r}] has length {longest!r}, "
+                f"longer than the last bucket {self.buckets[-1]!r}; pass "
+                f"max_length={self.buckets[-1]} to truncate, filter such "
+                "samples out, or plan buckets that cover them"
+            ) from None
 
     def _pad_value(self, key: str) -> int:
         spec = _SEQUENCE_KEYS[key]
@@ -333,9 +397,11 @@ def _stack_or_list(values: list[Any], key: str) -> Any:
         for index, value in enumerate(values):
             if not isinstance(value, torch.Tensor) or value.shape != first.shape:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
-                raise BatchShapeError(f"features[{index}][{key!r}] has shape {shape!r} but "
-                                      f"features[0][{key!r}] has {tuple(first.shape)!r}; "
-                                      "non-sequence keys are stacked and must match")
+                raise BatchShapeError(
+                    f"features[{index}][{key!r}] has shape {shape!r} but "
+                    f"features[0][{key!r}] has {tuple(first.shape)!r}; "
+                    "non-sequence keys are stacked and must match"
+                )
         return torch.stack(values)
     if isinstance(first, (bool, int, float)) or (
         isinstance(first, (list, tuple)) and all(isinstance(v, (int, float)) for v in first)
@@ -343,7 +409,9 @@ def _stack_or_list(values: list[Any], key: str) -> Any:
         try:
             return torch.tensor(values)
         except (TypeError, ValueError) as err:
-            raise BatchShapeError(f"features[*][{key!r}] cannot be stacked ({err}); give every "
-                                  "sample the same shape for this key, or drop it before "
-                                  "collating") from err
+            raise BatchShapeError(
+                f"features[*][{key!r}] cannot be stacked ({err}); give every "
+                "sample the same shape for this key, or drop it before "
+                "collating"
+            ) from err
     return values

@@ -1,8 +1,9 @@
 """Choose bucket lengths: the fewest padded tokens for a bounded number of shapes.
 
-:func:`plan_buckets` plans for batches grouped by bucket (:class:`~torchcompile_kit.BucketBatchSampler`),
-optionally with the sampler's own batch size and carry rule (:func:`carry_rule`);
-:func:`estimate_padding` says how much padding a plan gives. docs/shapes.md says why.
+:func:`plan_buckets` plans for batches grouped by bucket
+(:class:`~torchcompile_kit.BucketBatchSampler`), optionally with the sampler's own batch size and
+carry rule (:func:`carry_rule`); :func:`estimate_padding` says how much padding a plan gives.
+docs/shapes.md says why.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from .._checks import check_positive_int
 from ..errors import BatchShapeError, SequenceTooLongError
 from .segmentation import MAX_BATCHED_CANDIDATES, carry_rule, segment, segment_batched, thin
 
-__all__ = ["as_lengths", "batch_sizes_for", "bucket_for", "carry_rule", "check_buckets",
-           "check_token_budget", "estimate_padding", "plan_buckets", "round_up"]
+__all__ = [
+    "as_lengths",
+    "batch_sizes_for",
+    "bucket_for",
+    "carry_rule",
+    "check_buckets",
+    "check_token_budget",
+    "estimate_padding",
+    "plan_buckets",
+    "round_up",
+]
+
 
 def round_up(value: int, multiple: int) -> int:
     """``value`` rounded up to a multiple of ``multiple``."""
@@ -28,44 +39,57 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def as_lengths(lengths: Iterable[int] | torch.Tensor) -> list[int]:
-    """``lengths`` (a list, tensor, array, Series, ``datasets`` column or iterable of whole numbers) as
-    a list of positive ints, or ``BatchShapeError`` naming the index and the fix."""
+    """``lengths`` (a list, tensor, array, Series, ``datasets`` column or iterable of whole numbers)
+    as a list of positive ints, or ``BatchShapeError`` naming the index and the fix."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise BatchShapeError("lengths must be one token length per sample (a list, array, "
-                              f"tensor or column), got {type(lengths).__name__} {lengths!r:.80}; "
-                              "e.g. [len(x['input_ids']) for x in dataset]")
+        raise BatchShapeError(
+            "lengths must be one token length per sample (a list, array, "
+            f"tensor or column), got {type(lengths).__name__} {lengths!r:.80}; "
+            "e.g. [len(x['input_ids']) for x in dataset]"
+        )
     shape = getattr(lengths, "shape", None)
     if shape is not None and len(shape) != 1:
-        raise BatchShapeError("lengths must be 1-D (one length per sample), got shape "
-                              f"{tuple(shape)}; for a padded batch of token ids pass its "
-                              "attention mask's row sums, mask.sum(dim=1)")
+        raise BatchShapeError(
+            "lengths must be 1-D (one length per sample), got shape "
+            f"{tuple(shape)}; for a padded batch of token ids pass its "
+            "attention mask's row sums, mask.sum(dim=1)"
+        )
     tolist = getattr(lengths, "tolist", None)
     values = tolist() if callable(tolist) else list(lengths)
     if not values:
-        raise BatchShapeError("lengths is empty: pass the token length of every sample of the "
-                              "dataset, e.g. [len(x['input_ids']) for x in dataset]")
+        raise BatchShapeError(
+            "lengths is empty: pass the token length of every sample of the "
+            "dataset, e.g. [len(x['input_ids']) for x in dataset]"
+        )
     return [_length(index, value) for index, value in enumerate(values)]
 
 
 def _length(index: int, value: object) -> int:
     """One sample's length as a Python int: integers of any library, or a whole float."""
     if isinstance(value, bool):
-        raise BatchShapeError(f"lengths[{index}] is {value!r}, a bool; pass token counts, e.g. "
-                              "len(x['input_ids'])")
-    if isinstance(value, float) or (hasattr(value, "is_integer") and not hasattr(value, "__index__")):
+        raise BatchShapeError(
+            f"lengths[{index}] is {value!r}, a bool; pass token counts, e.g. len(x['input_ids'])"
+        )
+    if isinstance(value, float) or (
+        hasattr(value, "is_integer") and not hasattr(value, "__index__")
+    ):
         number = float(value)  # type: ignore[arg-type]
         if not number.is_integer():
-            raise BatchShapeError(f"lengths[{index}] is {value!r}; a length is a whole number of "
-                                  "tokens (a NaN or a fraction here usually means a missing or "
-                                  "averaged value: drop or recount it)")
+            raise BatchShapeError(
+                f"lengths[{index}] is {value!r}; a length is a whole number of "
+                "tokens (a NaN or a fraction here usually means a missing or "
+                "averaged value: drop or recount it)"
+            )
         length = int(number)
     else:
         try:
             length = operator.index(value)  # Python, numpy and 0-d torch integers
         except TypeError:
-            raise BatchShapeError(f"lengths[{index}] is {value!r} ({type(value).__name__}); every "
-                                  "length must be an int, the sample's token count, e.g. "
-                                  "len(x['input_ids'])") from None
+            raise BatchShapeError(
+                f"lengths[{index}] is {value!r} ({type(value).__name__}); every "
+                "length must be an int, the sample's token count, e.g. "
+                "len(x['input_ids'])"
+            ) from None
     if length < 1:
         raise BatchShapeError(
             f"lengths[{index}] is {length}; every length must be at least 1"
@@ -81,8 +105,10 @@ def check_buckets(buckets: Sequence[int]) -> list[int]:
     ints.
     """
     if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__"):
-        raise BatchShapeError(f"buckets={buckets!r:.80} is not a sequence of lengths; pass the "
-                              "ascending padded lengths, e.g. buckets=plan_buckets(lengths)")
+        raise BatchShapeError(
+            f"buckets={buckets!r:.80} is not a sequence of lengths; pass the "
+            "ascending padded lengths, e.g. buckets=plan_buckets(lengths)"
+        )
     values = list(buckets.tolist() if hasattr(buckets, "tolist") else buckets)
     if not values:
         raise BatchShapeError("buckets is empty; pass e.g. plan_buckets(lengths)")
@@ -94,8 +120,9 @@ def check_buckets(buckets: Sequence[int]) -> list[int]:
         if values[index] is None or values[index] < 1:
             raise BatchShapeError(f"buckets[{index}] is {value!r}; buckets must be positive ints")
     if any(a >= b for a, b in itertools.pairwise(values)):
-        raise BatchShapeError(f"buckets must be strictly ascending, got {values!r}; pass "
-                              "sorted(set(buckets))")
+        raise BatchShapeError(
+            f"buckets must be strictly ascending, got {values!r}; pass sorted(set(buckets))"
+        )
     return values
 
 
@@ -119,25 +146,34 @@ def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller
     if max_tokens is None or buckets[-1] <= max_tokens:
         return
     over = [b for b in buckets if b > max_tokens]
-    raise BatchShapeError(f"{caller}: max_tokens={max_tokens} is smaller than bucket(s) {over}: a "
-                          f"batch of even one sample padded to {over[-1]} holds {over[-1]} "
-                          f"tokens, over the budget. Raise max_tokens to at least {over[-1]}, or "
-                          "cap the buckets at the budget: plan_buckets(lengths, "
-                          f"max_length={max_tokens}, ...) with "
-                          f"PadToBucketCollator(max_length={max_tokens}) to truncate")
+    raise BatchShapeError(
+        f"{caller}: max_tokens={max_tokens} is smaller than bucket(s) {over}: a "
+        f"batch of even one sample padded to {over[-1]} holds {over[-1]} "
+        f"tokens, over the budget. Raise max_tokens to at least {over[-1]}, or "
+        "cap the buckets at the budget: plan_buckets(lengths, "
+        f"max_length={max_tokens}, ...) with "
+        f"PadToBucketCollator(max_length={max_tokens}) to truncate"
+    )
 
 
-def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[int], *,
-                     batch_size: int | None = None, drop_last: bool = False,
-                     max_tokens: int | None = None, max_length: int | None = None) -> float:
+def estimate_padding(
+    lengths: Iterable[int] | torch.Tensor,
+    buckets: Sequence[int],
+    *,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    max_tokens: int | None = None,
+    max_length: int | None = None,
+) -> float:
     """The share of computed tokens that are padding, ``1 - real / computed``, for ``lengths``
     padded to ``buckets``.
 
     Without ``batch_size``, every sample is padded to its own bucket; with it, the batches are
-    exactly those of ``BucketBatchSampler`` with the same ``batch_size``/``drop_last``/``max_tokens``
-    (leftovers carried up; a dropped partial batch's real tokens estimated from its bucket's mean).
-    ``max_length``: longer lengths count as ``max_length`` (the collator truncates them). Raises
-    ``SequenceTooLongError`` past the last bucket, ``ValueError`` for bad lengths, buckets or sizes.
+    exactly those of ``BucketBatchSampler`` with the same
+    ``batch_size``/``drop_last``/``max_tokens`` (leftovers carried up; a dropped partial batch's
+    real tokens estimated from its bucket's mean). ``max_length``: longer lengths count as
+    ``max_length`` (the collator truncates them). Raises ``SequenceTooLongError`` past the last
+    bucket, ``ValueError`` for bad lengths, buckets or sizes.
 
     Example:
         >>> estimate_padding([4, 8, 8, 8], [8])
@@ -151,9 +187,11 @@ def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[in
         check_positive_int("max_length", max_length, error=BatchShapeError)
         values = [min(value, max_length) for value in values]
     if max(values) > bounds[-1]:
-        raise SequenceTooLongError(f"a length of {max(values)!r} exceeds the last bucket "
-                                   f"{bounds[-1]!r}; pass max_length={bounds[-1]} if the collator "
-                                   "truncates to it")
+        raise SequenceTooLongError(
+            f"a length of {max(values)!r} exceeds the last bucket "
+            f"{bounds[-1]!r}; pass max_length={bounds[-1]} if the collator "
+            "truncates to it"
+        )
     counts, sums = [0] * len(bounds), [0] * len(bounds)
     for value in values:
         position = bisect.bisect_left(bounds, value)
@@ -167,8 +205,9 @@ def estimate_padding(lengths: Iterable[int] | torch.Tensor, buckets: Sequence[in
         check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
     computed, last_size = 0, batch_size
     carry: list[list[int]] = []  # [bucket position, samples] waiting, oldest first
-    for position, (count,
-                   size) in enumerate(zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))):
+    for position, (count, size) in enumerate(
+        zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))
+    ):
         if not count:
             continue
         full, used_carried, used = carry_rule(sum(n for _, n in carry), count, size)
@@ -199,9 +238,16 @@ def _take(carry: list[list[int]], count: int) -> list[tuple[int, int]]:
     return taken
 
 
-def plan_buckets(lengths: Iterable[int] | torch.Tensor, *, max_buckets: int = 8,
-                 multiple_of: int = 8, max_length: int | None = None, batch_size: int | None = None,
-                 drop_last: bool = False, max_tokens: int | None = None) -> list[int]:
+def plan_buckets(
+    lengths: Iterable[int] | torch.Tensor,
+    *,
+    max_buckets: int = 8,
+    multiple_of: int = 8,
+    max_length: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+    max_tokens: int | None = None,
+) -> list[int]:
     """Choose at most ``max_buckets`` padding lengths that minimize the padded tokens.
 
     An exact dynamic program over the length histogram, for batches drawn from one bucket each
@@ -236,9 +282,11 @@ def plan_buckets(lengths: Iterable[int] | torch.Tensor, *, max_buckets: int = 8,
     check_positive_int("max_buckets", max_buckets, error=BatchShapeError)
     check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
     if batch_size is None and (drop_last or max_tokens is not None):
-        raise BatchShapeError(f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the "
-                              "sampler's batches; pass its batch_size too, e.g. "
-                              "plan_buckets(lengths, batch_size=64, drop_last=True)")
+        raise BatchShapeError(
+            f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the "
+            "sampler's batches; pass its batch_size too, e.g. "
+            "plan_buckets(lengths, batch_size=64, drop_last=True)"
+        )
     values = as_lengths(lengths)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)

@@ -40,7 +40,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
         buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets` given the same
-            ``batch_size`` (and ``drop_last``, ``max_tokens``); each length must fit the last bucket.
+            ``batch_size`` (and ``drop_last``, ``max_tokens``); each length must fit the last
+            bucket.
         batch_size: samples per batch (with ``max_tokens``: the largest batch size).
         shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
@@ -54,7 +55,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             ``min(batch_size, max(1, max_tokens // b))`` samples.
 
     Attributes:
-        sampler: what accelerate's ``DataLoaderShard.set_epoch`` reaches; forwards to :meth:`set_epoch`.
+        sampler: what accelerate's ``DataLoaderShard.set_epoch`` reaches; forwards to
+            :meth:`set_epoch`.
         batch_size: the size of every batch when all are equal, else ``None``.
         batch_sizes: the batch size of each bucket.
 
@@ -73,10 +75,19 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         [[0, 1, 4], [2, 3, 5]]
     """
 
-    def __init__(self, lengths: Sequence[int] | torch.Tensor, buckets: Sequence[int],
-                 batch_size: int, *, shuffle: bool = True, drop_last: bool = False, seed: int = 0,
-                 num_replicas: int | None = None, rank: int | None = None,
-                 max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        lengths: Sequence[int] | torch.Tensor,
+        buckets: Sequence[int],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
         self.buckets = check_buckets(buckets)
         check_positive_int("batch_size", batch_size, error=BatchShapeError)
         if max_tokens is not None:
@@ -125,10 +136,11 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def deal_with_accelerate(self, num_processes: int, *, split_batches: bool = False) -> None:
         """Say that accelerate's ``BatchSamplerShard`` deals this sampler's batches out to
-        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))``):
-        the sampler then yields the whole epoch, topped up to a multiple of ``num_processes``, and
-        accelerate deals it once. ``prepare_bucket_dataloader`` and ``CompileTrainer`` call it;
-        call it yourself before iterating a loader you prepared with ``accelerator.prepare``.
+        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds,
+        batch_sampler=sampler))``): the sampler then yields the whole epoch, topped up to a multiple
+        of ``num_processes``, and accelerate deals it once. ``prepare_bucket_dataloader`` and
+        ``CompileTrainer`` call it; call it yourself before iterating a loader you prepared with
+        ``accelerator.prepare``.
 
         Example:
             >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7, 29], [8, 32], batch_size=1)
@@ -140,8 +152,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._accelerate = (num_processes, bool(split_batches))
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw the next iteration's order from ``seed + epoch`` (optional: without it each iteration
-        uses the epoch after the previous one). Call it to resume or to pin the order.
+        """Draw the next iteration's order from ``seed + epoch`` (optional: without it each
+        iteration uses the epoch after the previous one). Call it to resume or to pin the order.
 
         Example:
             >>> sampler = BucketBatchSampler([3, 4, 5], [8], batch_size=2)
@@ -170,8 +182,9 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
                 members = [members[i] for i in torch.randperm(len(members), generator=generator)]
             full, n_carried, used = carry_rule(len(carry), len(members), size)
             fill = carry[:n_carried] + members[full:used]
-            batches.extend([members[j], *fill[j * (size - 1) : (j + 1) * (size - 1)]]
-                           for j in range(full))
+            batches.extend(
+                [members[j], *fill[j * (size - 1) : (j + 1) * (size - 1)]] for j in range(full)
+            )
             carry = carry[n_carried:] + members[used:]
         if carry and not self.drop_last:
             batches.extend(carry[i : i + last_size] for i in range(0, len(carry), last_size))
@@ -188,10 +201,12 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         if split_batches:  # accelerate splits each batch across the processes
             return 1, None
         if self._num_replicas not in (None, 1, processes):
-            raise BatchShapeError(f"BucketBatchSampler(num_replicas={self._num_replicas!r}, "
-                                  f"rank={self._rank!r}) is dealt out by accelerate to "
-                                  f"{processes!r} processes; build it with num_replicas=None, "
-                                  "rank=None (accelerate deals the batches, each once)")
+            raise BatchShapeError(
+                f"BucketBatchSampler(num_replicas={self._num_replicas!r}, "
+                f"rank={self._rank!r}) is dealt out by accelerate to "
+                f"{processes!r} processes; build it with num_replicas=None, "
+                "rank=None (accelerate deals the batches, each once)"
+            )
         return processes, None
 
     def _deal(self, batches: list[list[int]], parts: int, rank: int | None) -> list[list[int]]:
@@ -246,10 +261,12 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(batch), self.buckets[max(self._bucket_of[i] for i in batch)]
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(buckets={self.buckets!r}, "
-                f"batch_sizes={self.batch_sizes!r}, shuffle={self.shuffle!r}, "
-                f"drop_last={self.drop_last!r}, seed={self.seed!r}, "
-                f"num_replicas={self.num_replicas!r}, rank={self.rank!r})")
+        return (
+            f"{type(self).__name__}(buckets={self.buckets!r}, "
+            f"batch_sizes={self.batch_sizes!r}, shuffle={self.shuffle!r}, "
+            f"drop_last={self.drop_last!r}, seed={self.seed!r}, "
+            f"num_replicas={self.num_replicas!r}, rank={self.rank!r})"
+        )
 
 
 class _EpochRelay:
@@ -262,10 +279,11 @@ class _EpochRelay:
 
     def deal_with_accelerate(self, num_processes: int, *, split_batches: bool = False) -> None:
         """Say that accelerate's ``BatchSamplerShard`` deals this sampler's batches out to
-        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds, batch_sampler=sampler))``):
-        the sampler then yields the whole epoch, topped up to a multiple of ``num_processes``, and
-        accelerate deals it once. ``prepare_bucket_dataloader`` and ``CompileTrainer`` call it;
-        call it yourself before iterating a loader you prepared with ``accelerator.prepare``.
+        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds,
+        batch_sampler=sampler))``): the sampler then yields the whole epoch, topped up to a multiple
+        of ``num_processes``, and accelerate deals it once. ``prepare_bucket_dataloader`` and
+        ``CompileTrainer`` call it; call it yourself before iterating a loader you prepared with
+        ``accelerator.prepare``.
 
         Example:
             >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7, 29], [8, 32], batch_size=1)
@@ -314,10 +332,13 @@ def _resolve_replicas(num_replicas: int | None, rank: int | None) -> tuple[int, 
     check_positive_int("num_replicas", num_replicas, error=BatchShapeError)
     world = torch.distributed.get_world_size() if distributed else 1
     if world > 1 and num_replicas not in (1, world):
-        raise BatchShapeError(f"num_replicas={num_replicas!r}, but torch.distributed runs {world} "
-                              f"processes: pass num_replicas={world} (or None), or 1 for a "
-                              "sampler another dealer shards")
+        raise BatchShapeError(
+            f"num_replicas={num_replicas!r}, but torch.distributed runs {world} "
+            f"processes: pass num_replicas={world} (or None), or 1 for a "
+            "sampler another dealer shards"
+        )
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
-        raise BatchShapeError(f"rank must be an int in [0, num_replicas={num_replicas}), got "
-                              f"{rank!r}")
+        raise BatchShapeError(
+            f"rank must be an int in [0, num_replicas={num_replicas}), got {rank!r}"
+        )
     return num_replicas, rank

@@ -1,6 +1,6 @@
-"""The exact segmentation behind :func:`~torchcompile_kit.plan_buckets`: dynamic programs that choose
-bucket boundaries among the candidate lengths for the fewest padded tokens (per sample, and on
-the sampler's batches), with a convex-hull speed-up of the per-sample one.
+"""The exact segmentation behind :func:`~torchcompile_kit.plan_buckets`: dynamic programs that
+choose bucket boundaries among the candidate lengths for the fewest padded tokens (per sample, and
+on the sampler's batches), with a convex-hull speed-up of the per-sample one.
 """
 
 from __future__ import annotations
@@ -41,8 +41,14 @@ def thin(candidates: list[int], counts: list[int], *, keep: list[int]) -> list[i
     return sorted(chosen)
 
 
-def segment_batched(candidates: list[int], counts: list[int], lengths_sum: list[int],
-                    sizes: list[int], max_buckets: int, drop_last: bool) -> list[int]:
+def segment_batched(
+    candidates: list[int],
+    counts: list[int],
+    lengths_sum: list[int],
+    sizes: list[int],
+    max_buckets: int,
+    drop_last: bool,
+) -> list[int]:
     """Exact DP on the sampler's batches: the state also holds how many samples are carried up.
 
     Positions ``1..n`` stand for ``candidates[0..n-1]``; position 0 is the start (nothing covered,

@@ -3,7 +3,6 @@
 The topic's API; :mod:`.tuner` is the entry point and its docstring names the other modules.
 """
 
-
 from .arithmetic import Cost, break_even_steps, predicted_total
 from .candidates import CANDIDATES
 from .ranking import rank_candidates
@@ -13,7 +12,16 @@ from .tuner import STEADY_S, tune
 
 __all__ = [
     # top level UX
-    "STEADY_S", "CandidateResult", "TuneResult", "format_table", "tune", "prediction_line",
+    "STEADY_S",
+    "CandidateResult",
+    "TuneResult",
+    "format_table",
+    "tune",
+    "prediction_line",
     # candidates and arithmetic
-    "CANDIDATES", "Cost", "break_even_steps", "predicted_total", "rank_candidates",
+    "CANDIDATES",
+    "Cost",
+    "break_even_steps",
+    "predicted_total",
+    "rank_candidates",
 ]

@@ -39,14 +39,22 @@ class Cost:
         return self.compile_s + self.recompile_s
 
 
-def cost_from_metrics(*, warmup_s: float, warmup_steps: int, step_s: float,
-                      step_times_s: Sequence[float] = (), recompiles: int | None = None,
-                      step_tokens: Sequence[int] = (), plan_tokens: float | None = None) -> Cost:
+def cost_from_metrics(
+    *,
+    warmup_s: float,
+    warmup_steps: int,
+    step_s: float,
+    step_times_s: Sequence[float] = (),
+    recompiles: int | None = None,
+    step_tokens: Sequence[int] = (),
+    plan_tokens: float | None = None,
+) -> Cost:
     """The :class:`Cost` of a recipe from the bench runner's metrics.
 
-    Steady steps over ``_SPIKE`` times ``step_s`` (the median) are recompiles, at most ``recompiles``
-    of them (``None``: all); the mean of the others is the step, or, with ``step_tokens`` and
-    ``plan_tokens``, the timed steps' line read at the planned tokens (:func:`step_for_tokens`).
+    Steady steps over ``_SPIKE`` times ``step_s`` (the median) are recompiles, at most
+    ``recompiles`` of them (``None``: all); the mean of the others is the step, or, with
+    ``step_tokens`` and ``plan_tokens``, the timed steps' line read at the planned tokens
+    (:func:`step_for_tokens`).
 
     Example:
         >>> cost_from_metrics(warmup_s=12.0, warmup_steps=5, step_s=0.1).compile_s
@@ -60,10 +68,12 @@ def cost_from_metrics(*, warmup_s: float, warmup_steps: int, step_s: float,
     steady = ranked[len(spikes) :]
     mean = sum(t for t, _ in steady) / len(steady) if steady else step_s
     planned = step_for_tokens(steady, plan_tokens) if plan_tokens else None
-    return Cost(compile_s=max(0.0, warmup_s - warmup_steps * mean),
-                recompile_s=sum(t - mean for t in spikes),
-                step_s=planned if planned is not None else mean,
-                measured_step_s=mean if planned is not None else None)
+    return Cost(
+        compile_s=max(0.0, warmup_s - warmup_steps * mean),
+        recompile_s=sum(t - mean for t in spikes),
+        step_s=planned if planned is not None else mean,
+        measured_step_s=mean if planned is not None else None,
+    )
 
 
 def step_for_tokens(steps: Sequence[tuple[float, int]], tokens: float) -> float | None:
@@ -96,14 +106,18 @@ def predicted_total(cost: Cost, steps_planned: int) -> float:
         >>> predicted_total(Cost(compile_s=30.0, recompile_s=0.0, step_s=0.1), 1000)
         130.0
         >>> predicted_total(Cost(compile_s=0.5, recompile_s=0.0, step_s=0.1, eager_steps=100,
-        ...                      eager_step_s=0.2), 1000)
+        ...                      eager_step_s=0.2), 1000)  # doctest: +NORMALIZE_WHITESPACE
         110.5
     """
     if cost.eager_steps is None:
         return cost.overhead_s + steps_planned * cost.step_s
     if steps_planned <= cost.eager_steps:
         return steps_planned * cost.eager_step_s
-    return cost.eager_steps * cost.eager_step_s + cost.overhead_s + (steps_planned - cost.eager_steps) * cost.step_s
+    return (
+        cost.eager_steps * cost.eager_step_s
+        + cost.overhead_s
+        + (steps_planned - cost.eager_steps) * cost.step_s
+    )
 
 
 def break_even_steps(cost: Cost, eager: Cost) -> float:

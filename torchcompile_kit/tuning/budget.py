@@ -48,10 +48,12 @@ def budget_shortfall(results: list[CandidateResult], budget: Budget) -> str | No
         if not stopped:
             return None
         need = float(stopped["after_s"])
-        return (f"the budget ({budget.budget_s / 60:.3g} min) ended {need:.0f} s into eager's "
-                "run, the baseline and the cheapest run; eager and then a compiled candidate "
-                f"each need more than that: re-run with --budget {math.ceil(2 * need / 60)} or "
-                f"more (budget_s={math.ceil(2 * need)})")
+        return (
+            f"the budget ({budget.budget_s / 60:.3g} min) ended {need:.0f} s into eager's "
+            "run, the baseline and the cheapest run; eager and then a compiled candidate "
+            f"each need more than that: re-run with --budget {math.ceil(2 * need / 60)} or "
+            f"more (budget_s={math.ceil(2 * need)})"
+        )
     by_budget = [r for r in compiled if (r.reason or "").startswith("budget:")]
     if not by_budget:
         return None
@@ -96,5 +98,6 @@ def _after_compile_s(eager: CandidateResult | None) -> float:
 
 def _phase(stopped: dict) -> str:
     phase = stopped.get("phase") or "starting"
-    return {"build": "building the model", "compile": "compiling",
-            "warm-up": "compiling"}.get(phase, "starting")
+    return {"build": "building the model", "compile": "compiling", "warm-up": "compiling"}.get(
+        phase, "starting"
+    )

@@ -7,7 +7,18 @@ from __future__ import annotations
 
 __all__ = ["CANDIDATES"]
 
-CANDIDATES: tuple[str, ...] = ("eager", "regional", "full", "eager-longest", "fused-adam",
-                               "compile-optimizer", "mark-dynamic", "buckets",
-                               "full-warm", "regional-warm", "regional-background")
-"""The recipes ``tune`` considers, in the order it runs them (each a key of the bench's ``RECIPES``)."""
+CANDIDATES: tuple[str, ...] = (
+    "eager",
+    "regional",
+    "full",
+    "eager-longest",
+    "fused-adam",
+    "compile-optimizer",
+    "mark-dynamic",
+    "buckets",
+    "full-warm",
+    "regional-warm",
+    "regional-background",
+)
+"""The recipes ``tune`` considers, in the order it runs them (each a key of the bench's
+``RECIPES``)."""

@@ -30,8 +30,8 @@ def tiny_llama() -> tuple[Any, Any, list[int]]:
 
 
 def tiny_llama_32k() -> tuple[Any, Any, list[int]]:
-    """:func:`tiny_llama` with Llama 2's 32,000-token vocabulary and batches of 16: the LM head and the
-    loss are most of a step, as in real models (the captioner's 1024 tokens cannot show it)."""
+    """:func:`tiny_llama` with Llama 2's 32,000-token vocabulary and batches of 16: the LM head and
+    the loss are most of a step, as in real models (the captioner's 1024 tokens cannot show it)."""
     return _llama(32_000, 16)
 
 
@@ -40,10 +40,20 @@ def _llama(vocab: int, batch_size: int) -> tuple[Any, Any, list[int]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, use_cache=False, attention_dropout=0.0,
-                         pad_token_id=PAD_ID, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        use_cache=False,
+        attention_dropout=0.0,
+        pad_token_id=PAD_ID,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = LlamaForCausalLM(config)
     lengths = caption_length_mix(DATASET_SIZE)
 
@@ -61,7 +71,8 @@ def _llama(vocab: int, batch_size: int) -> tuple[Any, Any, list[int]]:
 
 
 def captioner_tiny() -> tuple[Any, Any]:
-    """``(model, make_batch)``: the bench's tiny captioner; ``make_batch(step)`` is its ``step``-th batch."""
+    """``(model, make_batch)``: the bench's tiny captioner; ``make_batch(step)`` is its ``step``-th
+    batch."""
     sizes = PRESETS["tiny"]
     model = build_captioner(sizes)
     spec = ModelSpec(source="captioner:tiny", model=model, make_batch=None)

@@ -49,9 +49,16 @@ class GateVerdict:
         return asdict(self)
 
 
-def check_candidate(candidate: Recipe, *, model: Any, reference: Any, batch: dict[str, Any],
-                    optimizer: Any, backend: str,
-                    overrides: dict[str, Any] | None = None) -> GateVerdict:
+def check_candidate(
+    candidate: Recipe,
+    *,
+    model: Any,
+    reference: Any,
+    batch: dict[str, Any],
+    optimizer: Any,
+    backend: str,
+    overrides: dict[str, Any] | None = None,
+) -> GateVerdict:
     """Check a run's compiled model (and compiled optimizer) against eager, compiling nothing new.
 
     ``model`` is the model the run compiled and trained (its weights are set to ``reference``'s, the
@@ -80,25 +87,39 @@ def check_candidate(candidate: Recipe, *, model: Any, reference: Any, batch: dic
     return verdict
 
 
-def check_in_run(ctx: RecipeContext, *, reference: Any, batch: dict[str, Any],
-                 recipe: str) -> dict[str, Any]:
-    """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process, on the
-    run's first batch; returns :meth:`GateVerdict.to_dict` (stored as ``metrics.check``)."""
-    verdict = check_candidate(RECIPES[recipe], model=ctx.model, reference=reference, batch=batch,
-                              optimizer=ctx.optimizer, backend=ctx.backend, overrides=ctx.overrides)
+def check_in_run(
+    ctx: RecipeContext, *, reference: Any, batch: dict[str, Any], recipe: str
+) -> dict[str, Any]:
+    """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process, on
+    the run's first batch; returns :meth:`GateVerdict.to_dict` (stored as ``metrics.check``)."""
+    verdict = check_candidate(
+        RECIPES[recipe],
+        model=ctx.model,
+        reference=reference,
+        batch=batch,
+        optimizer=ctx.optimizer,
+        backend=ctx.backend,
+        overrides=ctx.overrides,
+    )
     return verdict.to_dict()
 
 
 def _peft_refusal(model: Any, backend: str, overrides: dict[str, Any]) -> GateVerdict | None:
     if not hasattr(model, "peft_config"):
         return None
-    findings = check_peft_compile_safety(model, fullgraph=bool(overrides.get("fullgraph", False)),
-                                         training=True, backend=backend, on_violation="ignore")
+    findings = check_peft_compile_safety(
+        model,
+        fullgraph=bool(overrides.get("fullgraph", False)),
+        training=True,
+        backend=backend,
+        on_violation="ignore",
+    )
     refusals = [f for f in findings if f.severity == "refuse"]
     if not refusals:
         return None
-    return GateVerdict(ok=False, offending=str(refusals[0]),
-                       summary="check_peft_compile_safety refused")
+    return GateVerdict(
+        ok=False, offending=str(refusals[0]), summary="check_peft_compile_safety refused"
+    )
 
 
 def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str) -> GateVerdict:
@@ -108,17 +129,22 @@ def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str
         model.load_state_dict(start.state_dict())
         return model
 
-    steps = [EquivalenceStep.train(batch, name="train"),
-             EquivalenceStep.train(batch, name="train after the step")]
-    report = check_compile_equivalence(reference, steps=steps, backend=backend,
-                                       compile_fn=the_runs_model)
+    steps = [
+        EquivalenceStep.train(batch, name="train"),
+        EquivalenceStep.train(batch, name="train after the step"),
+    ]
+    report = check_compile_equivalence(
+        reference, steps=steps, backend=backend, compile_fn=the_runs_model
+    )
     offending = None
     if report.failures:
         offending = max(report.failures, key=lambda d: d.ratio).explain()
     return GateVerdict(ok=report.ok, offending=offending, summary=report.summary())
 
 
-def _optimizer(model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateVerdict) -> GateVerdict:
+def _optimizer(
+    model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateVerdict
+) -> GateVerdict:
     """The run's compiled optimizer against an eager one of its class from the same state and
     gradients, judged by the comparator (a third one stepping float64 copies is the reference,
     when a parameter is not rounding-level near eager's)."""
@@ -135,10 +161,17 @@ def _optimizer(model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateV
         clones = []
         for param, start in zip(params, starts):
             clone = start.to(dtype or param.dtype, copy=True).requires_grad_(param.requires_grad)
-            clone.grad = None if param.grad is None else param.grad.detach().to(clone.dtype, copy=True)
+            clone.grad = (
+                None if param.grad is None else param.grad.detach().to(clone.dtype, copy=True)
+            )
             clones.append(clone)
-        groups = [{**{k: v for k, v in group.items() if k != "params"},
-                   "params": [clones[i] for i in group["params"]]} for group in saved["param_groups"]]
+        groups = [
+            {
+                **{k: v for k, v in group.items() if k != "params"},
+                "params": [clones[i] for i in group["params"]],
+            }
+            for group in saved["param_groups"]
+        ]
         stepping = type(optimizer)(groups)
         stepping.load_state_dict(saved)  # the state takes each clone's dtype
         for _ in range(_OPTIMIZER_STEPS):
@@ -162,7 +195,9 @@ def _optimizer(model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateV
     if failures:
         verdict.ok = False
         verdict.offending = failures[0].explain()
-    verdict.summary += (f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} "
-                        "steps of the run's compiled optimizer compared with an eager "
-                        f"{type(optimizer).__name__} from the same state ({against})")
+    verdict.summary += (
+        f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} "
+        "steps of the run's compiled optimizer compared with an eager "
+        f"{type(optimizer).__name__} from the same state ({against})"
+    )
     return verdict

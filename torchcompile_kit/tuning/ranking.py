@@ -17,12 +17,15 @@ def cost_of(result: CandidateResult) -> Cost:
     """The cost model of a measured candidate, from the bench runner's metrics."""
     metrics = result.metrics
     # a warm restart loads its cache before the first step: part of what the restart costs
-    return cost_from_metrics(warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
-                             warmup_steps=metrics.warmup_steps or 0,
-                             step_s=1.0 / float(metrics.steps_per_s),
-                             step_times_s=metrics.step_times_s, recompiles=metrics.recompiles,
-                             step_tokens=metrics.step_tokens,
-                             plan_tokens=metrics.plan_tokens_per_step)
+    return cost_from_metrics(
+        warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
+        warmup_steps=metrics.warmup_steps or 0,
+        step_s=1.0 / float(metrics.steps_per_s),
+        step_times_s=metrics.step_times_s,
+        recompiles=metrics.recompiles,
+        step_tokens=metrics.step_tokens,
+        plan_tokens=metrics.plan_tokens_per_step,
+    )
 
 
 def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None) -> Cost:
@@ -32,12 +35,14 @@ def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None
     if record.get("stall_s") is None:
         raise ValueError(f"its background compile did not switch ({record.get('state')})")
     if compiled is None:  # its own compiled steps, after the switching one
-        after = result.metrics.step_times_s[-max(1, len(result.metrics.step_times_s) // 4):]
+        after = result.metrics.step_times_s[-max(1, len(result.metrics.step_times_s) // 4) :]
         compiled = Cost(compile_s=0.0, recompile_s=0.0, step_s=sorted(after)[len(after) // 2])
     return Cost(
-        compile_s=max(0.0, record["stall_s"] - compiled.step_s), recompile_s=0.0,
+        compile_s=max(0.0, record["stall_s"] - compiled.step_s),
+        recompile_s=0.0,
         # eager until the worker started (start_after_s in) and was seen done
-        step_s=compiled.step_s, eager_steps=(record.get("start_after_s", 0.0) + record["worker_s"]) / eager.step_s,
+        step_s=compiled.step_s,
+        eager_steps=(record.get("start_after_s", 0.0) + record["worker_s"]) / eager.step_s,
         eager_step_s=eager.step_s,
     )
 
@@ -51,16 +56,33 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
             continue
         try:
             if result.metrics.background is not None and eager_cost is not None:
-                same = next((r for r in results if r.name == result.name.removesuffix("-background")
-                             and r.status == "ok" and r.step_s), None)
-                cost = _background_cost(result, eager_cost, None if same is None else Cost(
-                    compile_s=0.0, recompile_s=0.0, step_s=same.step_s))
+                same = next(
+                    (
+                        r
+                        for r in results
+                        if r.name == result.name.removesuffix("-background")
+                        and r.status == "ok"
+                        and r.step_s
+                    ),
+                    None,
+                )
+                cost = _background_cost(
+                    result,
+                    eager_cost,
+                    None
+                    if same is None
+                    else Cost(compile_s=0.0, recompile_s=0.0, step_s=same.step_s),
+                )
             else:
                 cost = cost_of(result)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
             result.status, result.reason = "failed", f"no timing in the run's metrics ({err!r})"
             continue
-        ratio = paired_ratio(result.metrics) if eager_cost is not None and cost.eager_steps is None else None
+        ratio = (
+            paired_ratio(result.metrics)
+            if eager_cost is not None and cost.eager_steps is None
+            else None
+        )
         slow = fast = None
         if ratio is not None:
             # the planned run's tokens against the timed steps', as the run's own line says
@@ -70,8 +92,11 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
                 slow = eager_cost.step_s * scale / ratio["low"]
                 fast = eager_cost.step_s * scale / ratio["high"]
             result.paired = True
-        result.compile_s, result.recompile_s, result.step_s = (cost.compile_s, cost.recompile_s,
-                                                               cost.step_s)
+        result.compile_s, result.recompile_s, result.step_s = (
+            cost.compile_s,
+            cost.recompile_s,
+            cost.step_s,
+        )
         result.measured_step_s = cost.measured_step_s
         result.predicted_total_s = predicted_total(cost, steps_planned)
         if fast is not None:
@@ -80,9 +105,14 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
         if eager_cost is not None:
             result.speedup = eager_cost.step_s / cost.step_s
             if fast is not None:
-                result.speedup_low, result.speedup_high = eager_cost.step_s / slow, eager_cost.step_s / fast
+                result.speedup_low, result.speedup_high = (
+                    eager_cost.step_s / slow,
+                    eager_cost.step_s / fast,
+                )
             result.break_even_steps = break_even_steps(cost, eager_cost)
-    _mark_indistinguishable([r for r in results if r.status == "ok" and r.predicted_total_s is not None])
+    _mark_indistinguishable(
+        [r for r in results if r.status == "ok" and r.predicted_total_s is not None]
+    )
 
 
 def _total_interval(result: CandidateResult) -> tuple[float, float]:
@@ -96,10 +126,14 @@ def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
     """Each candidate's ``indistinguishable_from``: the others whose total intervals overlap it."""
     for result in measured:
         low, high = _total_interval(result)
-        result.indistinguishable_from = [other.name for other in measured if other is not result
-                                         and (result.paired or other.paired)
-                                         and _total_interval(other)[0] <= high
-                                         and low <= _total_interval(other)[1]]
+        result.indistinguishable_from = [
+            other.name
+            for other in measured
+            if other is not result
+            and (result.paired or other.paired)
+            and _total_interval(other)[0] <= high
+            and low <= _total_interval(other)[1]
+        ]
 
 
 def rank_candidates(

@@ -13,7 +13,13 @@ from ..bench import render_table
 from ..shapes import estimate_padding, plan_buckets
 from .result import CandidateResult, TuneResult
 
-__all__ = ["bucket_notes", "format_table", "prediction_line", "recommendation_reason", "write_chart"]
+__all__ = [
+    "bucket_notes",
+    "format_table",
+    "prediction_line",
+    "recommendation_reason",
+    "write_chart",
+]
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -44,10 +50,14 @@ def _margin(c: CandidateResult) -> str:
     return text
 
 
-def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult], steps_planned: int) -> str:
+def _indistinguishable(
+    chosen: CandidateResult, candidates: list[CandidateResult], steps_planned: int
+) -> str:
     """The candidates the measurement cannot tell from the recommendation, with their totals."""
     by_name = {c.name: c for c in candidates}
-    others = [by_name[n] for n in chosen.indistinguishable_from if n in by_name and by_name[n].eligible]
+    others = [
+        by_name[n] for n in chosen.indistinguishable_from if n in by_name and by_name[n].eligible
+    ]
     if not others:
         return ""
 
@@ -57,7 +67,8 @@ def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult
         return f"{c.name} {c.predicted_total_low_s:,.0f}–{c.predicted_total_high_s:,.0f} s"
 
     return (
-        f"; not distinguishable from {', '.join(c.name for c in others)} at {steps_planned:,} steps "
+        f"; not distinguishable from {', '.join(c.name for c in others)} at {steps_planned:,} "
+        "steps "
         f"(predicted {', '.join(total(c) for c in [chosen, *others])}: the intervals overlap, "
         "so either will do; --steps or --steady-seconds narrow them)"
     )
@@ -65,8 +76,22 @@ def _indistinguishable(chosen: CandidateResult, candidates: list[CandidateResult
 
 def format_table(result: TuneResult) -> str:
     """The ranked table as fixed-width text, the recommendation marked with ``*``."""
-    header = ["#", "candidate", "status", "check", "compile s", "step ms", "x eager", "95% interval",
-              "break-even", f"total s @{result.steps_planned:,}", "graphs", "recomp", "breaks", "note"]
+    header = [
+        "#",
+        "candidate",
+        "status",
+        "check",
+        "compile s",
+        "step ms",
+        "x eager",
+        "95% interval",
+        "break-even",
+        f"total s @{result.steps_planned:,}",
+        "graphs",
+        "recomp",
+        "breaks",
+        "note",
+    ]
     rows = []
     for rank, c in enumerate(result.candidates, 1):
         mark = "*" if c.name == result.recommendation else ""
@@ -76,40 +101,77 @@ def format_table(result: TuneResult) -> str:
         if c.indistinguishable_from:
             note = f"≈ {', '.join(c.indistinguishable_from)}" + (f"; {note}" if note else "")
         step_ms = None if c.step_s is None else c.step_s * 1e3
-        rows.append([f"{rank}{mark}", c.name, c.status, c.verdict, _num(c.compile_s, ".1f"),
-                     _num(step_ms, ".2f"), _num(c.speedup, ".2f"), _interval(c),
-                     _steps(c.break_even_steps), _num(c.predicted_total_s, ".1f"), _num(c.graphs, "d"),
-                     _num(c.recompiles, "d"), _num(c.graph_breaks, "d"), note[:90]])
+        rows.append(
+            [
+                f"{rank}{mark}",
+                c.name,
+                c.status,
+                c.verdict,
+                _num(c.compile_s, ".1f"),
+                _num(step_ms, ".2f"),
+                _num(c.speedup, ".2f"),
+                _interval(c),
+                _steps(c.break_even_steps),
+                _num(c.predicted_total_s, ".1f"),
+                _num(c.graphs, "d"),
+                _num(c.recompiles, "d"),
+                _num(c.graph_breaks, "d"),
+                note[:90],
+            ]
+        )
     return render_table(header, rows)
 
 
-def recommendation_reason(chosen: CandidateResult | None, candidates: list[CandidateResult],
-                          steps_planned: int, *, shortfall: str | None = None) -> str:
+def recommendation_reason(
+    chosen: CandidateResult | None,
+    candidates: list[CandidateResult],
+    steps_planned: int,
+    *,
+    shortfall: str | None = None,
+) -> str:
     """One or two sentences: why ``chosen`` (``None``: nothing measured) wins a run of
     ``steps_planned`` steps, with ``shortfall`` appended when the budget ran out.
 
     Example:
-        >>> recommendation_reason(None, [], 100)
+        >>> recommendation_reason(None, [], 100)  # doctest: +NORMALIZE_WHITESPACE
         'nothing could be measured: no candidate ran (see the table for the reasons)'
     """
     if chosen is None:
         text = "nothing could be measured: no candidate ran (see the table for the reasons)"
         return f"{text}; {shortfall}" if shortfall else text
     compiled_ran = any(c.status == "ok" and c.verdict != "eager" for c in candidates)
-    losers = [c for c in candidates if c is not chosen and c.eligible and (c.speedup or 0) > 1
-              and c.break_even_steps is not None and c.break_even_steps > steps_planned]
+    losers = [
+        c
+        for c in candidates
+        if c is not chosen
+        and c.eligible
+        and (c.speedup or 0) > 1
+        and c.break_even_steps is not None
+        and c.break_even_steps > steps_planned
+    ]
     wrong = [c for c in candidates if c.verdict == "fail"]
     faster_unchecked = sorted(
-        (c for c in candidates if c is not chosen and c.verdict == "unchecked"
-         and c.predicted_total_s is not None and chosen.predicted_total_s is not None
-         and c.predicted_total_s < chosen.predicted_total_s),
-        key=lambda c: c.predicted_total_s)
+        (
+            c
+            for c in candidates
+            if c is not chosen
+            and c.verdict == "unchecked"
+            and c.predicted_total_s is not None
+            and chosen.predicted_total_s is not None
+            and c.predicted_total_s < chosen.predicted_total_s
+        ),
+        key=lambda c: c.predicted_total_s,
+    )
     if chosen.verdict == "eager" and faster_unchecked:
-        text = f"{chosen.name}: the lowest predicted total among the recipes checked for correctness"
+        text = (
+            f"{chosen.name}: the lowest predicted total among the recipes checked for correctness"
+        )
     elif chosen.verdict == "eager" and not compiled_ran and shortfall:
         text = f"{chosen.name}: the only recipe measured"
-    elif chosen.verdict == "eager" and not compiled_ran and not any(
-        c.status == "pruned" for c in candidates
+    elif (
+        chosen.verdict == "eager"
+        and not compiled_ran
+        and not any(c.status == "pruned" for c in candidates)
     ):
         text = f"{chosen.name}: no compiled recipe ran (see the table for the reasons)"
     elif chosen.verdict == "eager":
@@ -118,10 +180,15 @@ def recommendation_reason(chosen: CandidateResult | None, candidates: list[Candi
             f"{steps_planned:,} steps"
         )
     elif chosen.speedup is None:  # eager itself did not run: nothing to compare with
-        text = f"{chosen.name}: the lowest predicted total for {steps_planned:,} steps (eager not measured)"
+        text = (
+            f"{chosen.name}: the lowest predicted total for {steps_planned:,} steps (eager "
+            "not measured)"
+        )
     elif not chosen.break_even_steps:
-        text = (f"{chosen.name}: {_margin(chosen)}, and its one-off cost is no more "
-                "than eager's: ahead from the first step")
+        text = (
+            f"{chosen.name}: {_margin(chosen)}, and its one-off cost is no more "
+            "than eager's: ahead from the first step"
+        )
     else:
         text = (
             f"{chosen.name}: {_margin(chosen)}, pays back its "
@@ -129,8 +196,10 @@ def recommendation_reason(chosen: CandidateResult | None, candidates: list[Candi
             f"(of {steps_planned:,} planned)"
         )
     for c in sorted(losers, key=lambda c: c.break_even_steps)[:2]:
-        text += (f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} "
-                 "steps to pay back its compile time")
+        text += (
+            f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} "
+            "steps to pay back its compile time"
+        )
     if faster_unchecked:
         best = faster_unchecked[0]
         text += (
@@ -147,8 +216,8 @@ def recommendation_reason(chosen: CandidateResult | None, candidates: list[Candi
 
 
 def write_chart(result: TuneResult, path: str | Path) -> Path | None:
-    """Predicted wall time against steps for every measured candidate, as a PNG at ``path`` (``None``
-    without matplotlib or a measured candidate); lines cross at the break-even points."""
+    """Predicted wall time against steps for every measured candidate, as a PNG at ``path``
+    (``None`` without matplotlib or a measured candidate); lines cross at the break-even points."""
     measured = [c for c in result.candidates if c.status == "ok" and c.step_s is not None]
     if not measured:
         return None
@@ -162,14 +231,23 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     for c in measured:
         style = "--" if c.restart else ("-" if c.verdict != "fail" else ":")
         overhead = (c.compile_s or 0.0) + (c.recompile_s or 0.0)
-        (line,) = ax.plot([0, horizon], [overhead, overhead + horizon * c.step_s], style,
-                          lw=2.5 if c.name == result.recommendation else 1.2,
-                          label=c.name + (" (wrong results)" if c.verdict == "fail" else ""))
+        (line,) = ax.plot(
+            [0, horizon],
+            [overhead, overhead + horizon * c.step_s],
+            style,
+            lw=2.5 if c.name == result.recommendation else 1.2,
+            label=c.name + (" (wrong results)" if c.verdict == "fail" else ""),
+        )
         if c.speedup_low is not None and c.speedup:  # the 95% interval of its paired ratio
             fast, slow = c.step_s * c.speedup / c.speedup_high, c.step_s * c.speedup / c.speedup_low
-            ax.fill_between([0, horizon], [overhead, overhead + horizon * fast],
-                            [overhead, overhead + horizon * slow], color=line.get_color(),
-                            alpha=0.15, lw=0)
+            ax.fill_between(
+                [0, horizon],
+                [overhead, overhead + horizon * fast],
+                [overhead, overhead + horizon * slow],
+                color=line.get_color(),
+                alpha=0.15,
+                lw=0,
+            )
     ax.axvline(result.steps_planned, color="grey", ls="--", lw=1)
     ax.set_xlabel("training steps")
     ax.set_ylabel("predicted wall time, s")
@@ -180,10 +258,11 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     return Path(path)
 
 
-def bucket_notes(lengths: list[int] | None, batch_size: int,
-                 measured_buckets: list[int] | None = None) -> list[str]:
-    """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings), and what
-    the timed ``buckets`` row padded to (``measured_buckets``); no note without lengths.
+def bucket_notes(
+    lengths: list[int] | None, batch_size: int, measured_buckets: list[int] | None = None
+) -> list[str]:
+    """What the user's own lengths say about buckets vs pad-to-longest (counts, not timings), and
+    what the timed ``buckets`` row padded to (``measured_buckets``); no note without lengths.
 
     Example:
         >>> bucket_notes(None, 64)
@@ -207,19 +286,23 @@ def bucket_notes(lengths: list[int] | None, batch_size: int,
         "from counts"
     )
     if measured_buckets is not None:
-        note += (f"; the timed 'buckets' row is your make_batch batches each padded up to the "
-                 f"smallest of {measured_buckets} that fits (no sampler groups lengths there, so "
-                 "it pads more than BucketBatchSampler batches would)")
+        note += (
+            f"; the timed 'buckets' row is your make_batch batches each padded up to the "
+            f"smallest of {measured_buckets} that fits (no sampler groups lengths there, so "
+            "it pads more than BucketBatchSampler batches would)"
+        )
     return [note]
 
 
 def prediction_line(check: dict[str, Any]) -> str:
-    """One line for ``TuneResult.prediction_check``: predicted against measured, and how steady the run was.
+    """One line for ``TuneResult.prediction_check``: predicted against measured, and how steady the
+    run was.
 
     Example:
         >>> prediction_line({"status": "ok", "recipe": "eager", "steps": 100, "predicted_s": 9.0,
-        ...                    "measured_s": 10.0, "ratio": 0.9})
-        'prediction check: eager for 100 steps: predicted 9.0 s, measured 10.0 s (predicted ÷ measured 0.90)'
+        ...                    "measured_s": 10.0, "ratio": 0.9})  # doctest: +NORMALIZE_WHITESPACE
+        'prediction check: eager for 100 steps: predicted 9.0 s, measured 10.0 s (predicted ÷
+        measured 0.90)'
     """
     if check.get("status") != "ok":
         return f"prediction check: {check.get('status')}: {check.get('error')}"
@@ -233,4 +316,3 @@ def prediction_line(check: dict[str, Any]) -> str:
     if check.get("cpu_steal") is not None:
         line += f"; the hypervisor took {check['cpu_steal']:.0%} of the CPU time meanwhile (steal)"
     return line
-

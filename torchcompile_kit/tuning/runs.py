@@ -45,25 +45,40 @@ class RunPlan:
     """The runner's ``out_dir``."""
 
 
-def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
-                      emit: Callable[[dict], None], done: list[CandidateResult]) -> CandidateResult:
+def measure_candidate(
+    candidate: Recipe,
+    plan: RunPlan,
+    budget: Budget,
+    emit: Callable[[dict], None],
+    done: list[CandidateResult],
+) -> CandidateResult:
     """Run one candidate in its own process (or say why not), checked against eager at the end of
     its run, and append its result to ``done`` (``ok``, ``failed``, ``skipped`` or ``pruned``;
     ``metrics.stopped`` says how far a run the budget stopped had got)."""
-    result = CandidateResult(name=candidate.name, description=candidate.description,
-                             status="skipped", restart=candidate.cache_from is not None,
-                             verdict="eager" if candidate.compile == "none" else "unchecked")
+    result = CandidateResult(
+        name=candidate.name,
+        description=candidate.description,
+        status="skipped",
+        restart=candidate.cache_from is not None,
+        verdict="eager" if candidate.compile == "none" else "unchecked",
+    )
     done.append(result)
     result.reason = _cannot_run(candidate, plan, done)
     eager = next((r for r in done if r.name == "eager" and r.status == "ok"), None)
     floor = eager.wall_s if eager is not None else 0.0
     if result.reason is None and budget.left() <= floor:
-        result.reason = (f"budget: {max(budget.left(), 0):.0f} s left, and one run takes at least "
-                         f"~{floor:.0f} s here (eager's run)")
+        result.reason = (
+            f"budget: {max(budget.left(), 0):.0f} s left, and one run takes at least "
+            f"~{floor:.0f} s here (eager's run)"
+        )
     if result.reason is not None:
         emit(
-            {"event": "candidate", "name": candidate.name, "status": "skipped",
-             "reason": result.reason}
+            {
+                "event": "candidate",
+                "name": candidate.name,
+                "status": "skipped",
+                "reason": result.reason,
+            }
         )
         return result
     timeout, bound = budget.left(), None
@@ -88,8 +103,11 @@ def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
         on_event=progress,
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
         # (a background compile's steps change speed at its switch: timed alone)
-        pair_with="eager" if plan.measure.paired and candidate.name != "eager"
-        and "background" not in candidate.compile_kwargs else None,
+        pair_with="eager"
+        if plan.measure.paired
+        and candidate.name != "eager"
+        and "background" not in candidate.compile_kwargs
+        else None,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
@@ -107,8 +125,12 @@ def measure_candidate(candidate: Recipe, plan: RunPlan, budget: Budget,
     result.graphs, result.recompiles = result.metrics.graphs, result.metrics.recompiles
     result.graph_breaks = result.metrics.graph_breaks
     emit(
-        {"event": "candidate", "name": candidate.name, "status": result.status,
-         "reason": result.reason}
+        {
+            "event": "candidate",
+            "name": candidate.name,
+            "status": result.status,
+            "reason": result.reason,
+        }
     )
     if result.status == "ok" and candidate.compile != "none":
         _read_check(result, emit)
@@ -148,10 +170,14 @@ def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
 
 def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -> str | None:
     if candidate.compile == "none" and candidate.data != "max" and plan.spec is not None:
-        return "same batches as 'eager' for a --model spec (it differs only in the captioner's padding)"
+        return (
+            "same batches as 'eager' for a --model spec (it differs only in the captioner's "
+            "padding)"
+        )
     # found here, not in a process started to find it: a start-up saved from the budget
-    missing = missing_requirement(candidate, device_type=plan.device_type, spec=plan.spec,
-                                  backend=plan.measure.backend)
+    missing = missing_requirement(
+        candidate, device_type=plan.device_type, spec=plan.spec, backend=plan.measure.backend
+    )
     if missing is not None:
         return missing
     source = candidate.cache_from
@@ -160,8 +186,9 @@ def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -
     return None
 
 
-def _best_so_far(done: list[CandidateResult], steps_planned: int,
-                 warm_start: bool) -> tuple[str, float] | None:
+def _best_so_far(
+    done: list[CandidateResult], steps_planned: int, warm_start: bool
+) -> tuple[str, float] | None:
     """(name, predicted total) of the cheapest measured candidate so far (before any check)."""
     best = None
     for result in done:
@@ -173,7 +200,9 @@ def _best_so_far(done: list[CandidateResult], steps_planned: int,
     return best
 
 
-def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path) -> dict[str, Any]:
+def run_planned(
+    chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path
+) -> dict[str, Any]:
     """Run the recommendation for the planned steps: ``status`` and, when ok, ``predicted_s``,
     ``measured_s`` (warm-up, cache load and every steady step) and their ``ratio``."""
     warmup = chosen.metrics.warmup_steps or 1
@@ -181,7 +210,10 @@ def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs:
         candidate.name,
         spec=plan.spec,
         config=dataclasses.replace(
-            plan.measure, steps=max(1, plan.steps_planned - warmup), warmup_steps=warmup, steady_s=0.0
+            plan.measure,
+            steps=max(1, plan.steps_planned - warmup),
+            warmup_steps=warmup,
+            steady_s=0.0,
         ),
         out_dir=runs,
         compile_overrides=OVERRIDES if candidate.compile != "none" else None,
@@ -190,28 +222,39 @@ def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs:
         return {"status": run.status, "error": run.error or run.reason}
     times = run.metrics.step_times_s
     measured = float(run.metrics.warmup_s) + (run.metrics.cache_load_s or 0.0) + sum(times)
-    return {"status": "ok", "recipe": chosen.name, "steps": plan.steps_planned,
-            "predicted_s": chosen.predicted_total_s, "measured_s": measured,
-            "ratio": chosen.predicted_total_s / measured if measured else None,
-            "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
-            "cpu_steal": run.metrics.cpu_steal, **run_steadiness(times)}
+    return {
+        "status": "ok",
+        "recipe": chosen.name,
+        "steps": plan.steps_planned,
+        "predicted_s": chosen.predicted_total_s,
+        "measured_s": measured,
+        "ratio": chosen.predicted_total_s / measured if measured else None,
+        "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
+        "cpu_steal": run.metrics.cpu_steal,
+        **run_steadiness(times),
+    }
 
 
-def run_steadiness(step_times_s: list[float], *, windows: int = 20, limit: float = 1.5) -> dict[str, Any]:
+def run_steadiness(
+    step_times_s: list[float], *, windows: int = 20, limit: float = 1.5
+) -> dict[str, Any]:
     """Whether a long run kept one speed: its steps cut into ``windows`` spans, the slowest span's
     median step at most ``limit`` times the median span's (the same batches come back in every span,
     so a slow span means the machine changed). Returns ``window_ms``, ``steady`` and
     ``steady_note``, or ``{}`` for runs too short to cut.
 
     Example:
-        >>> run_steadiness([0.01] * 100 + [0.05] * 10, windows=10)["steady"]
+        >>> run_steadiness([0.01] * 100 + [0.05] * 10,  # doctest: +NORMALIZE_WHITESPACE
+        ...     windows=10)["steady"]
         False
     """
     if len(step_times_s) < 10 * windows:
         return {}
     size = len(step_times_s) // windows
     # medians: a few recompile spikes (part of the prediction) do not make a span slow
-    medians = [1e3 * statistics.median(step_times_s[i * size : (i + 1) * size]) for i in range(windows)]
+    medians = [
+        1e3 * statistics.median(step_times_s[i * size : (i + 1) * size]) for i in range(windows)
+    ]
     typical = sorted(medians)[len(medians) // 2]
     fastest, slowest = min(medians), max(medians)
     steady = slowest <= limit * typical

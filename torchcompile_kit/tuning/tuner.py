@@ -38,11 +38,18 @@ STEADY_S = 30.0
 """Seconds of steady steps ``tune`` times per candidate unless its ``measure`` says otherwise."""
 
 
-def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
-         budget_s: float | None = None, out_dir: str | Path | None = None,
-         candidates: Sequence[str] | None = None, warm_start: bool = False, check_prediction: bool = False,
-         measure: MeasureConfig | None = None,
-         on_event: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+def tune(
+    model: str | Callable[[], Any] | None = None,
+    *,
+    steps_planned: int,
+    budget_s: float | None = None,
+    out_dir: str | Path | None = None,
+    candidates: Sequence[str] | None = None,
+    warm_start: bool = False,
+    check_prediction: bool = False,
+    measure: MeasureConfig | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
 
     Args:
@@ -57,12 +64,13 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
         candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         warm_start: rank the warm restarts for the planned run; otherwise they are shown as what a
             restart would cost.
-        check_prediction: afterwards run the recommendation for ``steps_planned`` steps and record predicted
-            vs measured (``TuneResult.prediction_check``), outside the budget.
-        measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``); ``None``:
-            inductor, the tiny preset's steps, at least :data:`STEADY_S` seconds of steady steps,
-            paired with an eager copy.
-        on_event: progress callback (``{"event": "candidate" | "check", "name": ..., "status": ...}``).
+        check_prediction: afterwards run the recommendation for ``steps_planned`` steps and record
+            predicted vs measured (``TuneResult.prediction_check``), outside the budget.
+        measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``);
+            ``None``: inductor, the tiny preset's steps, at least :data:`STEADY_S` seconds of steady
+            steps, paired with an eager copy.
+        on_event: progress callback (``{"event": "candidate" | "check", "name": ..., "status":
+            ...}``).
 
     Returns:
         The :class:`TuneResult` (ranked candidates, recommendation, reason, snippet).
@@ -95,8 +103,14 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
 
         device = torch.device(measure.device_or_default())
         emit = on_event or (lambda event: None)
-        plan = RunPlan(spec=spec, measure=measure, device_type=device.type,
-                       steps_planned=steps_planned, warm_start=warm_start, runs=out / "runs")
+        plan = RunPlan(
+            spec=spec,
+            measure=measure,
+            device_type=device.type,
+            steps_planned=steps_planned,
+            warm_start=warm_start,
+            runs=out / "runs",
+        )
         results: list[CandidateResult] = []
         for name in (n for n in CANDIDATES if n in names):
             measure_candidate(RECIPES[name], plan, budget, emit, results)
@@ -112,8 +126,9 @@ def tune(model: str | Callable[[], Any] | None = None, *, steps_planned: int,
             notes=_notes(loaded, measure.preset, results),
         )
         if check_prediction and recommended is not None:
-            result.prediction_check = run_planned(recommended, RECIPES[recommended.name], plan,
-                                             out / "check-prediction")
+            result.prediction_check = run_planned(
+                recommended, RECIPES[recommended.name], plan, out / "check-prediction"
+            )
         result.elapsed_s = budget.elapsed()
         if out_dir is not None:
             result.write_json(out / "tune.json")
@@ -144,10 +159,12 @@ def _spec_string(model: str | Callable[[], Any] | None) -> str | None:
         or "." in qualname
         or "<" in qualname
     ):
-        raise ModelSpecError("tune needs the model factory by name, because every candidate runs "
-                             f"in a fresh process that calls it again; {model!r} is not a "
-                             "module-level function of an importable module. Define it at the "
-                             "top level of a module and pass it (or 'module:function').")
+        raise ModelSpecError(
+            "tune needs the model factory by name, because every candidate runs "
+            f"in a fresh process that calls it again; {model!r} is not a "
+            "module-level function of an importable module. Define it at the "
+            "top level of a module and pass it (or 'module:function')."
+        )
     return f"{module}:{qualname}"
 
 
@@ -159,22 +176,34 @@ def _snippet(chosen: CandidateResult | None, plan: RunPlan, loaded: ModelSpec | 
         return ""
     # the snippet runs as a script from any directory: a file by its absolute path, a module
     # with the sys.path entry it was imported from here
-    spec, sys_path = portable_model_spec(plan.spec
-                                         or "torchcompile_kit.tuning.examples:captioner_tiny")
-    return make_snippet(RECIPES[chosen.name], spec=spec, sys_path=sys_path,
-                        backend=plan.measure.backend, fullgraph=chosen.graph_breaks == 0,
-                        steps_planned=plan.steps_planned,
-                        batch_size=PRESETS[plan.measure.preset].batch_size,
-                        spec_optimizer=loaded is not None and loaded.optimizer is not None)
+    spec, sys_path = portable_model_spec(
+        plan.spec or "torchcompile_kit.tuning.examples:captioner_tiny"
+    )
+    return make_snippet(
+        RECIPES[chosen.name],
+        spec=spec,
+        sys_path=sys_path,
+        backend=plan.measure.backend,
+        fullgraph=chosen.graph_breaks == 0,
+        steps_planned=plan.steps_planned,
+        batch_size=PRESETS[plan.measure.preset].batch_size,
+        spec_optimizer=loaded is not None and loaded.optimizer is not None,
+    )
 
 
 def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, Any]:
-    versions = {name: str(package_version(name) or "-")
-                for name in ("torch", "transformers", "peft")}
-    return {"model": plan.spec or f"captioner:{plan.measure.preset}", **plan.measure.to_dict(),
-            "budget_s": budget_s, "warm_start": plan.warm_start, "device": str(device),
-            "versions": versions,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    versions = {
+        name: str(package_version(name) or "-") for name in ("torch", "transformers", "peft")
+    }
+    return {
+        "model": plan.spec or f"captioner:{plan.measure.preset}",
+        **plan.measure.to_dict(),
+        "budget_s": budget_s,
+        "warm_start": plan.warm_start,
+        "device": str(device),
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def _notes(loaded: ModelSpec | None, preset: str, results: list[CandidateResult]) -> list[str]:
