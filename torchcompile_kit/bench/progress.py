@@ -4,13 +4,11 @@ per phase and a step line at most every ``interval_s`` seconds, and an estimate 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._compat import is_package_available
 

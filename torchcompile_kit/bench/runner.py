@@ -162,8 +162,9 @@ def _run_children(
 ) -> RecipeResult:
     port = _free_port() if world_size > 1 else 0
     command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
+    # one log per rank, open while its process runs and closed below once every process ended
     logs = [
-        open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w")
+        open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w")  # noqa: SIM115
         for r in range(world_size)
     ]
     procs = [

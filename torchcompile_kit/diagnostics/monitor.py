@@ -7,13 +7,11 @@ configuration raised torch's trace logger above DEBUG, it is lowered while recor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,15 +22,15 @@ from .monitor_text import format_summary
 from .recorder import TraceRecorder
 from .selection import classes_of, frame_selector
 from .trace_records import (
-
-if TYPE_CHECKING:  # Python 3.11's typing.Self, for the annotation only
-    from typing import Self
     CompiledFrame,
     GraphBreak,
     LimitHit,
     Recompile,
     owner_of,
 )
+
+if TYPE_CHECKING:  # Python 3.11's typing.Self, for the annotation only
+    from typing import Self
 
 __all__ = [
     "CompileMonitor",
