@@ -19,16 +19,11 @@ from .._checks import check_flag, check_module
 from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import VERIFY_MEANING, FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
-from .discovery import BlocksArg, find_repeated_blocks
-from .plan import PENDING_ATTR, PLAN_ATTR, ExtraRegion, get_regional_plan
+from .discovery import BlocksArg
+from .plan import PENDING_ATTR, PLAN_ATTR, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
-from .preflight import preflight_group, requires_grad_variants, size_recompile_limits
-from .transformers_support import (
-    disable_cache_in_plain_forwards,
-    has_transformers_model,
-    run_cache_calls_eagerly,
-    set_explicit_loss_functions,
-)
+from .preflight import plan_regional, size_recompile_limits
+from .transformers_support import prepare_transformers, set_explicit_loss_functions
 
 __all__ = [
     "already_compiled",
@@ -110,56 +105,36 @@ def compile_regional(
     check_compile_kwargs(compile_kwargs, caller="compile_regional")
     if already_compiled(model):
         return model
-    plan = find_repeated_blocks(model, blocks)
-    # refused before anything compiles when the model is on CUDA already
+    # decide: the whole plan, before anything compiles
+    plan = plan_regional(model, blocks, compile_kwargs, keep_kv_cache=keep_kv_cache)
+    # refused here when the model is on CUDA already, else checked at its first call
     checking = check_cuda_graphs_at_first_call(
         model,
         [compile_kwargs, *(group.compile_kwargs for group in plan.groups)],
         caller="compile_regional",
         per_region=True,
     )
-    if checking is not None:
-        register_undo(model, checking)
-    plan.dynamic = compile_kwargs.get("dynamic")
+    # apply: each group compiled, then what a transformers model needs around the blocks
     for group in plan.groups:
-        group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
         instances = [model.get_submodule(name) for name in group.names]
-        group.preflight = preflight_group(
-            group.class_name,
-            instances,
-            cache_disabled=not keep_kv_cache,
-            requires_grad=requires_grad_variants(model, instances),
-        )
-        group.block_class = type(instances[0])  # for the measured report (plan.report)
-    cache_calls_eager = not keep_kv_cache and has_transformers_model(model)
-    labels = [g.class_name for g in plan.groups]
-    for index, group in enumerate(plan.groups):
-        instances = [model.get_submodule(name) for name in group.names]
-        unique = labels.count(group.class_name) == 1
-        label = group.class_name if unique else f"{group.class_name}{index}"
         group.precompile = _compile_modules(
-            instances, label, precompile, group.preflight, **group.compile_kwargs
+            instances, group.label, precompile, group.preflight, **group.compile_kwargs
         )
         # the measured report credits the group with what dynamo compiles inside these calls
         group.region = mark_region(instances, group.class_name, names=group.names)
-        if cache_calls_eager:
-            run_cache_calls_eagerly(instances, group.class_name)
-    if compile_loss:
-        loss_regions: list[tuple[str, str]] = []
-        for undo in set_explicit_loss_functions(
-            model, compile=True, precompile=precompile, regions=loss_regions, **compile_kwargs
-        ):
+    prepared = prepare_transformers(
+        model,
+        plan,
+        compile_loss=compile_loss,
+        keep_kv_cache=keep_kv_cache,
+        precompile=precompile,
+        compile_kwargs=compile_kwargs,
+    )
+    plan.extra_regions = prepared.loss_regions
+    size_recompile_limits(plan)  # one code object, one limit: sized for all its groups
+    for undo in (checking, prepared.undo, _warn_when_traced_whole(model, plan)):
+        if undo is not None:
             register_undo(model, undo)
-        plan.extra_regions += [
-            ExtraRegion(label=label, kind="function", region=region)
-            for label, region in loss_regions
-        ]
-    # one code object, one limit: sized for all its groups (again by expect_shapes)
-    size_recompile_limits(plan)
-    if not keep_kv_cache:
-        for undo in disable_cache_in_plain_forwards(model, compiled_regions=plan.blocks):
-            register_undo(model, undo)
-    register_undo(model, _warn_when_traced_whole(model, plan))
     if verify:
         install_first_call_check(model, "compile_regional", compile_kwargs)
     setattr(model, PLAN_ATTR, plan)

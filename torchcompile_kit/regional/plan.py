@@ -46,13 +46,16 @@ class BlockGroup:
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``module.compile()`` for this group."""
     block_class: type | None = None
-    """The blocks' class, set by ``compile_regional``."""
+    """The blocks' class, set when the plan is made (:func:`plan_regional`)."""
+    label: str = ""
+    """The group's name in a restart's precompiled regions: the class name, with the group's
+    position when two groups share a class."""
     region: str | None = None
     """The group's compiled region (``diagnostics.mark_region``), set by ``compile_regional``:
     the measured report credits the group with every frame dynamo compiled while one of its
     blocks' compiled calls ran (:meth:`RegionalPlan.report`)."""
     preflight: Preflight | None = None
-    """What the guard preflight predicts for the group, set by ``compile_regional``."""
+    """What the guard preflight predicts for the group, set when the plan is made."""
     budget: SharedBudget | None = None
     """The recompile budget the group shares with the groups that run its code object."""
     precompile: Any = None

@@ -21,9 +21,11 @@ from torch import nn
 from .. import _dynamo
 from ..diagnostics import set_recompile_limit
 from .attribute_reads import DECIDES, attribute_uses
+from .discovery import BlocksArg, find_repeated_blocks
 from .plan import BlockGroup, Preflight, RegionalPlan, SharedBudget, predicted_graphs
 
 __all__ = [
+    "plan_regional",
     "GuardFinding",
     "Preflight",
     "find_instance_variants",
@@ -95,6 +97,37 @@ def _instance_state(block: nn.Module) -> dict[str, tuple[type, str, tuple[str, H
 
 def _structure(block: nn.Module) -> tuple[tuple[str, type], ...]:
     return tuple((name, type(sub)) for name, sub in block.named_modules())
+
+
+def plan_regional(
+    model: nn.Module, blocks: BlocksArg, compile_kwargs: dict[str, Any], *, keep_kv_cache: bool
+) -> RegionalPlan:
+    """The whole plan of a regional compile, made before anything compiles: the block groups
+    (discovered, or chosen by ``blocks``), each with its compile options (the call's, then the
+    group's own), its class, its label and what the guard preflight predicts for it (warned where
+    its blocks would recompile).
+
+    Example:
+        >>> plan = plan_regional(model, None, {}, keep_kv_cache=False)  # doctest: +SKIP
+        >>> plan.groups[0].preflight.graphs  # doctest: +SKIP
+        1
+    """
+    plan = find_repeated_blocks(model, blocks)
+    plan.dynamic = compile_kwargs.get("dynamic")
+    names = [group.class_name for group in plan.groups]
+    for index, group in enumerate(plan.groups):
+        instances = [model.get_submodule(name) for name in group.names]
+        group.compile_kwargs = {**compile_kwargs, **group.compile_kwargs}
+        group.block_class = type(instances[0])
+        unique = names.count(group.class_name) == 1
+        group.label = group.class_name if unique else f"{group.class_name}{index}"
+        group.preflight = preflight_group(
+            group.class_name,
+            instances,
+            cache_disabled=not keep_kv_cache,
+            requires_grad=requires_grad_variants(model, instances),
+        )
+    return plan
 
 
 def find_instance_variants(

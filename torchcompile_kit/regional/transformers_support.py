@@ -13,15 +13,19 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from .. import _dynamo
 from ..diagnostics import mark_call
+from .plan import ExtraRegion, RegionalPlan
 from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
 __all__ = [
+    "TransformersPreparation",
+    "prepare_transformers",
     "cache_calls_compiled",
     "disable_cache_in_plain_forwards",
     "fix_loss_function",
@@ -318,3 +322,51 @@ def run_cache_calls_eagerly(
         arguments, compiled = CacheArguments(module), _dynamo.get_compiled_call(module)
         if compiled is not None and arguments.may_pass_cache:
             _dynamo.set_compiled_call(module, dispatch(module, compiled, arguments))
+
+
+@dataclass(frozen=True, slots=True)
+class TransformersPreparation:
+    """What :func:`prepare_transformers` did: how to undo it, and the loss's compiled regions."""
+
+    undo: Undo
+    """Restores the loss functions and removes the ``use_cache`` hooks (last first)."""
+    loss_regions: list[ExtraRegion]
+    """The compiled loss functions, a measured report row each."""
+
+
+def prepare_transformers(
+    model: nn.Module,
+    plan: RegionalPlan,
+    *,
+    compile_loss: bool,
+    keep_kv_cache: bool,
+    precompile: bool,
+    compile_kwargs: dict[str, Any],
+) -> TransformersPreparation:
+    """Everything a transformers model needs around its compiled blocks, in one call: the blocks'
+    calls that pass a KV cache run eagerly and plain training forwards run with
+    ``use_cache=False`` (unless ``keep_kv_cache``), and the loss function is pinned and compiled
+    (``compile_loss``; precompiled with ``precompile``). Nothing happens to a model without
+    transformers parts. Returns the undo and the loss's regions (internal: ``compile_regional``).
+    """
+    undo: list[Undo] = []
+    if not keep_kv_cache and has_transformers_model(model):
+        for group in plan.groups:
+            instances = [model.get_submodule(name) for name in group.names]
+            run_cache_calls_eagerly(instances, group.class_name)
+    regions: list[tuple[str, str]] = []
+    if compile_loss:
+        undo += set_explicit_loss_functions(
+            model, compile=True, precompile=precompile, regions=regions, **compile_kwargs
+        )
+    if not keep_kv_cache:
+        undo += disable_cache_in_plain_forwards(model, compiled_regions=plan.blocks)
+
+    def undo_all() -> None:
+        for step in reversed(undo):
+            step()
+
+    loss_regions = [
+        ExtraRegion(label=label, kind="function", region=region) for label, region in regions
+    ]
+    return TransformersPreparation(undo=undo_all, loss_regions=loss_regions)
