@@ -413,7 +413,7 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
 
     started = now()
     settings = {
-        **config.to_dict(),
+        **config.as_dict(),
         "steps": config.steps_or_preset(),
         "warmup_steps": config.warmup_steps_or_preset(),
         "model": args.model or f"captioner:{config.preset}",

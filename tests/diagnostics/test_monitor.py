@@ -72,7 +72,7 @@ def test_print_in_forward_is_one_break_at_the_test_line(capsys):
     assert counts["graph_breaks"] == 1 and counts["graphs"] == 2  # before and after the print
     assert f"{__file__}:{found.line}" in mon.summary()
     # both frames (forward, and forward resumed after the print) belong to the module
-    assert mon.record_for(model)["counts"]["graphs"] == 2
+    assert mon.record_for(model).counts.graphs == 2
     assert [f.owner for f in mon.frames] == ["Printing", "Printing"]
     json.dumps(mon.as_dict())  # JSON-serialisable
 
@@ -85,8 +85,8 @@ def test_new_sizes_recompile_with_the_guard_text():
     assert [r.function for r in mon.recompiles] == ["_summed"]
     assert "tensor 'x' size mismatch at index 0. expected 4, actual 6" in mon.recompiles[0].reason
     assert mon.snapshot()["recompiles"] == 1 and mon.snapshot()["frames"] == 2
-    assert mon.record_for(_summed)["counts"]["recompiles"] == 1
-    assert mon.record_for(lambda x: x)["counts"]["frames"] == 0
+    assert mon.record_for(_summed).counts.recompiles == 1
+    assert mon.record_for(lambda x: x).counts.frames == 0
 
 
 def test_recompile_limit_hit_names_the_function_and_the_last_guard(caplog):
@@ -276,9 +276,9 @@ def test_record_for_optimizer_shows_the_compiled_step():
             opt.step()
             opt.zero_grad()
     record = mon.record_for(opt)
-    assert record["counts"]["graphs"] >= 1
-    assert record["counts"]["recompiles"] == 0
-    assert all("torch/optim" in f["file"] for f in record["frames"])
+    assert record.counts.graphs >= 1
+    assert record.counts.recompiles == 0
+    assert all("torch/optim" in f.file for f in record.frames)
 
 
 @pytest.mark.slow

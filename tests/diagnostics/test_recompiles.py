@@ -82,11 +82,11 @@ def test_tour_combination_trains_inside_no_recompiles():
         with no_recompiles():
             train(model, loader, optimizer)
     assert len(sampler) >= 3  # the optimizer's first compiled step is inside the block
-    optimizer_counts = mon.record_for(optimizer)["counts"]
-    assert optimizer_counts["frames"] > 0, mon.summary()  # its step did compile
-    assert optimizer_counts["recompiles"] == 0, mon.summary()
+    optimizer_counts = mon.record_for(optimizer).counts
+    assert optimizer_counts.frames > 0, mon.summary()  # its step did compile
+    assert optimizer_counts.recompiles == 0, mon.summary()
     # the model compiled nothing new inside the block: only the optimizer's frames were added
-    assert mon.snapshot()["frames"] == warmed["frames"] + optimizer_counts["frames"], mon.summary()
+    assert mon.snapshot()["frames"] == warmed["frames"] + optimizer_counts.frames, mon.summary()
 
 
 def test_optimizer_first_compile_is_allowed_once_then_recompiles_name_the_optimizer():

@@ -40,7 +40,7 @@ def test_a_region_is_current_only_inside_its_compiled_call_and_goes_with_uncompi
         b(torch.ones(3, 4))  # one code object: a new shape is a recompile, inside b's region
     assert (a.seen, b.seen, current_region()) == ([first], [second], None)
     assert [f.region for f in mon.frames if f.graphs] == [first, second]
-    assert mon.record_for_region(second)["counts"]["recompiles"] == len(mon.recompiles) == 1
+    assert mon.record_for_region(second).counts.recompiles == len(mon.recompiles) == 1
     uncompile(a)
     a(torch.ones(2, 4))
     assert a.seen[-1] is None and not _dynamo.is_compiled_module(a)

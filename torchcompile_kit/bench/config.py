@@ -127,6 +127,6 @@ class MeasureConfig:
         """``warmup_steps``, or the preset's."""
         return self.warmup_steps or PRESETS[self.preset].warmup_steps
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (recorded in ``results.json`` and ``tune.json``)."""
         return asdict(self)

@@ -396,7 +396,7 @@ def _child_main(request_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     result = execute_request(request)
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(request["result_path"]).write_text(json.dumps(result.to_dict(), indent=2, default=str))
+        Path(request["result_path"]).write_text(json.dumps(result.as_dict(), indent=2, default=str))
     return 0
 
 

@@ -24,7 +24,7 @@ class Metrics:
     """What one recipe run measured (in its process), and how it compares with the other rows.
 
     ``None`` is "not measured" (a skipped row, a metric this run could not take). Round-trips
-    through JSON: :meth:`to_dict`, :meth:`from_dict` (keys it does not know are ignored).
+    through JSON: :meth:`as_dict`, :meth:`from_dict` (keys it does not know are ignored).
     """
 
     # the run (:func:`.metrics.measure_training`)
@@ -108,7 +108,7 @@ class Metrics:
     """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's
     ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""
     check: dict[str, Any] | None = None
-    """``tune``'s correctness check of the run (``GateVerdict.to_dict()``)."""
+    """``tune``'s correctness check of the run (``GateVerdict.as_dict()``)."""
     first_call_checks: list[dict[str, Any]] | None = None
     """``verify=True`` rows: the recipe's first-call checks (``FirstCallCheck.as_dict()``: status,
     ``check_seconds`` against ``compiled_seconds``, what they were judged against)."""
@@ -140,13 +140,13 @@ class Metrics:
     not_quotable: list[str] | None = None
     """Why the row's timings should not be quoted (empty: they can be)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """The metrics as JSON-ready data."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics:
-        """Rebuild from :meth:`to_dict` data (unknown keys are ignored)."""
+        """Rebuild from :meth:`as_dict` data (unknown keys are ignored)."""
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
@@ -174,13 +174,13 @@ class RecipeResult:
     settings: dict[str, Any] = field(default_factory=dict)
     """What it ran with: preset, steps, backend, compile kwargs, device, model source."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """The result as JSON-ready data."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RecipeResult:
-        """Rebuild a result from :meth:`to_dict` data (unknown keys are ignored)."""
+        """Rebuild a result from :meth:`as_dict` data (unknown keys are ignored)."""
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in data.items() if k in known}
         return cls(**{**fields, "metrics": Metrics.from_dict(data.get("metrics"))})

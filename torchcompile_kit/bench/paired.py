@@ -385,7 +385,7 @@ def merge_repeats(results: Sequence[Any]) -> Any:
     ok = [r for r in results if r.status == "ok"]
     if len(results) == 1 or not ok:
         return results[-1]
-    merged = type(ok[0]).from_dict(ok[0].to_dict())
+    merged = type(ok[0]).from_dict(ok[0].as_dict())
     metrics = merged.metrics
     for key in _MEDIAN_KEYS:
         values = [getattr(r.metrics, key) for r in ok if getattr(r.metrics, key) is not None]

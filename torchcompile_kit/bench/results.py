@@ -59,7 +59,7 @@ class BenchResults:
     schema: str = SCHEMA
     """The file format."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready data (the file's content)."""
         return {
             "schema": self.schema,
@@ -68,12 +68,12 @@ class BenchResults:
             "started": self.started,
             "finished": self.finished,
             "complete": self.complete,
-            "rows": [row.to_dict() for row in self.rows],
+            "rows": [row.as_dict() for row in self.rows],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchResults:
-        """Rebuild from :meth:`to_dict` data."""
+        """Rebuild from :meth:`as_dict` data."""
         return cls(
             rows=[RecipeResult.from_dict(row) for row in data["rows"]],
             environment=dict(data.get("environment") or {}),
@@ -131,7 +131,7 @@ def build_results(
     """The results document of a run, the cross-recipe comparisons filled in (on copies of
     ``results``); ``complete=False`` while rows are still to come (``report`` says what is
     missing)."""
-    rows = [RecipeResult.from_dict(result.to_dict()) for result in results]
+    rows = [RecipeResult.from_dict(result.as_dict()) for result in results]
     for row in rows:
         recipe = RECIPES.get(row.name)
         row.description = recipe.description if recipe else ""
@@ -155,7 +155,7 @@ def write_results(out_dir: str | os.PathLike[str], document: BenchResults) -> Pa
     path = Path(out_dir) / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(document.to_dict(), indent=2, default=str) + "\n")
+    partial.write_text(json.dumps(document.as_dict(), indent=2, default=str) + "\n")
     os.replace(partial, path)
     return path
 

@@ -21,7 +21,15 @@ from .regions import (
     set_recompile_limit,
     was_called,
 )
-from .trace_records import CompiledFrame, FirstCallCheck, GraphBreak, LimitHit, Recompile
+from .trace_records import (
+    CompileCounts,
+    CompiledFrame,
+    FirstCallCheck,
+    GraphBreak,
+    LimitHit,
+    MonitorRecord,
+    Recompile,
+)
 
 __all__ = [
     # top level UX
@@ -30,7 +38,9 @@ __all__ = [
     "explain_graph_breaks",
     "no_recompiles",
     # the records
+    "CompileCounts",
     "CompiledFrame",
+    "MonitorRecord",
     "EquivalenceReport",
     "EquivalenceStep",
     "FirstCallCheck",

@@ -22,9 +22,11 @@ from .monitor_text import format_summary
 from .recorder import TraceRecorder
 from .selection import classes_of, frame_selector
 from .trace_records import (
+    CompileCounts,
     CompiledFrame,
     GraphBreak,
     LimitHit,
+    MonitorRecord,
     Recompile,
     owner_of,
 )
@@ -192,7 +194,7 @@ class CompileMonitor:
         """
         return self._counts(
             self.frames, self.graph_breaks, self.recompiles, self.limit_hits, self.compile_seconds()
-        )
+        ).as_dict()
 
     def compile_seconds(self) -> float:
         """Seconds spent compiling, forward and backward, as torch measured them.
@@ -231,7 +233,7 @@ class CompileMonitor:
         hits, seconds by function, cache, notes, first-call checks)."""
         record = self._record(
             range(len(self.frames)), self.graph_breaks, self.recompiles, self.limit_hits
-        )
+        ).as_dict()
         record["first_call_checks"] = [c.as_dict() for c in self._first_call_checks]
         return record
 
@@ -264,13 +266,13 @@ class CompileMonitor:
 
     def record_for(
         self, target: nn.Module | type | torch.optim.Optimizer | Callable[..., Any]
-    ) -> dict[str, Any]:
-        """The part of :meth:`as_dict` belonging to a model or module class (its attributed frames),
+    ) -> MonitorRecord:
+        """The part of the record belonging to a model or module class (its attributed frames),
         an optimizer (frames of ``torch/optim`` and its class's file) or a function (with its
         resumed frames).
 
         Example:
-            >>> mon.record_for(optimizer)["counts"]["recompiles"]  # doctest: +SKIP
+            >>> mon.record_for(optimizer).counts.recompiles  # doctest: +SKIP
             0
         """
         if not isinstance(target, torch.optim.Optimizer) and isinstance(target, (nn.Module, type)):
@@ -289,8 +291,8 @@ class CompileMonitor:
             [h for h in self.limit_hits if keep(h.function, h.file, h.line, h.owner)],
         )
 
-    def record_for_region(self, region: str) -> dict[str, Any]:
-        """The part of :meth:`as_dict` dynamo compiled while a marked region's call ran (its frames,
+    def record_for_region(self, region: str) -> MonitorRecord:
+        """The part of the record dynamo compiled while a marked region's call ran (its frames,
         resumed code and callees, breaks, recompiles and limit hits;
         :func:`~torchcompile_kit.diagnostics.mark_region`)."""
         frames = [i for i, frame in enumerate(self.frames) if frame.region == region]
@@ -317,19 +319,19 @@ class CompileMonitor:
         breaks: list[GraphBreak],
         recompiles: list[Recompile],
         hits: list[LimitHit],
-    ) -> dict[str, Any]:
+    ) -> MonitorRecord:
         chosen = [self.frames[i] for i in frames]
         by_function = _seconds_by_function(chosen)
-        return {
-            "counts": self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
-            "frames": [f.as_dict() for f in chosen],
-            "graph_breaks": [b.as_dict() for b in breaks],
-            "recompiles": [r.as_dict() for r in recompiles],
-            "limit_hits": [h.as_dict() for h in hits],
-            "compile_seconds_by_function": {k: round(v, 6) for k, v in by_function.items()},
-            "cache": self.cache(),
-            "notes": self.notes,
-        }
+        return MonitorRecord(
+            counts=self._counts(chosen, breaks, recompiles, hits, sum(by_function.values())),
+            frames=chosen,
+            graph_breaks=breaks,
+            recompiles=recompiles,
+            limit_hits=hits,
+            compile_seconds_by_function={k: round(v, 6) for k, v in by_function.items()},
+            cache=self.cache(),
+            notes=self.notes,
+        )
 
     def _counts(
         self,
@@ -338,20 +340,20 @@ class CompileMonitor:
         recompiles: list[Recompile],
         hits: list[LimitHit],
         seconds: float,
-    ) -> dict[str, Any]:
+    ) -> CompileCounts:
         """The flat counts of :meth:`snapshot`, for any part of the record."""
         cache = self.cache()
-        return {
-            "frames": len(frames),
-            "graphs": sum(f.graphs for f in frames),
-            "graph_breaks": len(breaks),
-            "graph_breaks_met": sum(b.count for b in breaks),
-            "recompiles": len(recompiles),
-            "compile_seconds": round(seconds, 6),
-            "recompile_limit_hits": len(hits),
-            "cache_hits": sum(cache.get(k, 0) for k in _CACHE_HITS),
-            "cache_misses": sum(cache.get(k, 0) for k in _CACHE_MISSES),
-        }
+        return CompileCounts(
+            frames=len(frames),
+            graphs=sum(f.graphs for f in frames),
+            graph_breaks=len(breaks),
+            graph_breaks_met=sum(b.count for b in breaks),
+            recompiles=len(recompiles),
+            compile_seconds=round(seconds, 6),
+            recompile_limit_hits=len(hits),
+            cache_hits=sum(cache.get(k, 0) for k in _CACHE_HITS),
+            cache_misses=sum(cache.get(k, 0) for k in _CACHE_MISSES),
+        )
 
     def _cache_delta(self) -> dict[str, int]:
         now = _dynamo.compile_cache_counters()

@@ -134,7 +134,7 @@ def mark_region(
 
     Example:
         >>> region = mark_region(blocks, "GPT2Block")  # doctest: +SKIP
-        >>> monitor.record_for_region(region)["counts"]["graphs"]  # doctest: +SKIP
+        >>> monitor.record_for_region(region).counts.graphs  # doctest: +SKIP
         1
     """
     region = f"{label}#{next(_NUMBERS)}"

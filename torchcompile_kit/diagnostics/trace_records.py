@@ -13,10 +13,12 @@ from typing import Any
 
 __all__ = [
     "RESUME_PREFIX",
+    "CompileCounts",
     "CompiledFrame",
     "FirstCallCheck",
     "GraphBreak",
     "LimitHit",
+    "MonitorRecord",
     "Recompile",
     "code_label",
     "graph_sources",
@@ -461,3 +463,55 @@ def owner_of(
     if inside:  # resumed code: the innermost forward that contains the line
         return min(inside, key=lambda item: item[1][2] - item[1][1])[0].__name__
     return None
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class CompileCounts:
+    """The flat counts of a record, or of a part of it (:meth:`CompileMonitor.snapshot`)."""
+
+    frames: int
+    graphs: int
+    graph_breaks: int
+    """Distinct graph breaks."""
+    graph_breaks_met: int
+    """Graph breaks, each time it was met."""
+    recompiles: int
+    compile_seconds: float
+    recompile_limit_hits: int
+    cache_hits: int
+    cache_misses: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable fields."""
+        return asdict(self)
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class MonitorRecord:
+    """A part of a :class:`CompileMonitor`'s record: what belongs to a model, a module class, an
+    optimizer or a function (:meth:`CompileMonitor.record_for`), or what dynamo compiled while a
+    marked region ran (:meth:`CompileMonitor.record_for_region`)."""
+
+    counts: CompileCounts
+    frames: list[CompiledFrame]
+    graph_breaks: list[GraphBreak]
+    recompiles: list[Recompile]
+    limit_hits: list[LimitHit]
+    compile_seconds_by_function: dict[str, float]
+    """Compile seconds per ``label @ file:line``, forward and backward, largest first."""
+    cache: dict[str, int]
+    """The whole monitor's compile-cache counters (not split by part)."""
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: each event as its own ``as_dict``."""
+        return {
+            "counts": self.counts.as_dict(),
+            "frames": [f.as_dict() for f in self.frames],
+            "graph_breaks": [b.as_dict() for b in self.graph_breaks],
+            "recompiles": [r.as_dict() for r in self.recompiles],
+            "limit_hits": [h.as_dict() for h in self.limit_hits],
+            "compile_seconds_by_function": dict(self.compile_seconds_by_function),
+            "cache": dict(self.cache),
+            "notes": list(self.notes),
+        }

@@ -139,7 +139,7 @@ class _Doctor:
 
     def save(self) -> None:
         path = self.folder / "doctor.json"
-        path.write_text(json.dumps(self.diagnosis.to_dict(), indent=1, default=str))
+        path.write_text(json.dumps(self.diagnosis.as_dict(), indent=1, default=str))
 
     def run(self, user: Trial, model: Any, batch: Any) -> None:
         diagnosis = self.diagnosis

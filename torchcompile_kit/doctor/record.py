@@ -54,14 +54,14 @@ class Trial:
     ``"model"``: ``compile_model``, ``"peft"``: ``compile_peft``) instead of ``model.compile``;
     trials of parts (``modules``, ``exclude``) compile plainly."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
 
     def variant(self, label: str, **changes: Any) -> Trial:
         """This trial under another label, with ``changes``, without the monitor (only the
         triage records breaks and recompiles)."""
-        return Trial(**{**self.to_dict(), "label": label, "monitor": False, **changes})
+        return Trial(**{**self.as_dict(), "label": label, "monitor": False, **changes})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -110,13 +110,13 @@ class TrialOutcome:
         """The compiled run failed in a way the eager one did not."""
         return self.status in ("miscompute", "compile-error", "runtime-error", "crashed", "timeout")
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
-        """Read back what :meth:`to_dict` wrote."""
+        """Read back what :meth:`as_dict` wrote."""
         return cls(**data)
 
 
@@ -175,7 +175,7 @@ class Diagnosis:
     complete: bool = False
     """``False`` while it runs (an interrupted run leaves a readable record)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready (``doctor.json``)."""
         return asdict(self)
 

@@ -56,7 +56,7 @@ class TrialRunner:
         """The request the trial's process reads (also what a repro script replays)."""
         return {
             **self.inputs,
-            "trial": trial.to_dict(),
+            "trial": trial.as_dict(),
             "stage": str(self.folder / f"{name}.stage"),
             "out": str(self.folder / f"{name}.json"),
         }

@@ -155,7 +155,7 @@ def _autocast(model: Any, dtype: str | None) -> Any:
 
 def _done(outcome: Any, start: float) -> dict[str, Any]:
     outcome.seconds = round(time.perf_counter() - start, 3)
-    return outcome.to_dict()
+    return outcome.as_dict()
 
 
 def _first_line(err: BaseException) -> str:

@@ -58,7 +58,7 @@ def compile_optimizer(
     and your scheduler put there, so checkpoints load into plain ``torch.optim`` objects and back.
     The first step (and any step that initialises state) runs eagerly; the step compiles at the next
     call, and inside :func:`~torchcompile_kit.no_recompiles` that first compile is allowed.
-    ``monitor.record_for( optimizer)`` of a :class:`~torchcompile_kit.CompileMonitor` shows what the
+    ``monitor.record_for(optimizer)`` of a :class:`~torchcompile_kit.CompileMonitor` shows what the
     step compiled.
 
     Args:

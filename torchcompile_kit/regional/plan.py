@@ -11,7 +11,7 @@ from torch import nn
 from ..diagnostics import compile_failure, grad_modes, was_called
 
 if TYPE_CHECKING:
-    from ..diagnostics import CompileMonitor
+    from ..diagnostics import CompileMonitor, MonitorRecord
 
 __all__ = [
     "BlockGroup",
@@ -299,10 +299,10 @@ def _predicted(region: str | None, variants: tuple[int, int], plan: RegionalPlan
 
 
 def _group_report(
-    group: BlockGroup, record: dict[str, Any], monitor: Any, plan: RegionalPlan
+    group: BlockGroup, record: MonitorRecord, monitor: Any, plan: RegionalPlan
 ) -> GroupReport:
     preflight = group.preflight  # set with block_class by compile_regional
-    graphs = record["counts"]["graphs"]
+    graphs = record.counts.graphs
     predicted = _predicted(group.region, (preflight.graphs, preflight.eval_graphs), plan)
     precompiled = (group.precompile_path or "").startswith("precompiled")
     nothing = (
@@ -313,9 +313,6 @@ def _group_report(
             "the monitor recorded, or dynamo skipped them)"
         )
     )
-    measured = _measured(
-        record, group.region, predicted, where="the blocks or their callees", nothing=nothing
-    )
     withdrawn = None
     if preflight.warning and 0 < graphs < predicted:
         # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
@@ -325,13 +322,20 @@ def _group_report(
             f"is withdrawn: dynamo compiled {graphs} graph(s) for the group"
         )
         monitor.add_note(withdrawn)
-    return GroupReport(
-        class_name=group.class_name,
-        blocks=len(group.names),
-        withdrawn=withdrawn,
-        shares_budget_with=list(group.budget.shared_with) if group.budget else [],
-        precompile=group.precompile_path,
-        **measured,
+    return _fill_measured(
+        record,
+        group.region,
+        predicted,
+        where="the blocks or their callees",
+        nothing=nothing,
+        row=GroupReport(
+            class_name=group.class_name,
+            blocks=len(group.names),
+            predicted_graphs=predicted,
+            withdrawn=withdrawn,
+            shares_budget_with=list(group.budget.shared_with) if group.budget else [],
+            precompile=group.precompile_path,
+        ),
     )
 
 
@@ -339,41 +343,46 @@ def _extra_report(extra: ExtraRegion, monitor: Any, plan: RegionalPlan) -> Group
     """An extra region's row: a graph per shape expected and per grad mode it ran in."""
     record = monitor.record_for_region(extra.region)
     predicted = _predicted(extra.region, (1, 1), plan)
-    measured = _measured(record, extra.region, predicted, where=f"the {extra.kind}", nothing=None)
-    return GroupReport(class_name=extra.label, blocks=0, kind=extra.kind, **measured)
+    row = GroupReport(class_name=extra.label, blocks=0, kind=extra.kind, predicted_graphs=predicted)
+    return _fill_measured(
+        record, extra.region, predicted, where=f"the {extra.kind}", nothing=None, row=row
+    )
 
 
-def _measured(
-    record: dict[str, Any], region: str | None, predicted: int, *, where: str, nothing: str | None
-) -> dict[str, Any]:
-    """The measured fields of a report row, its flags included: a compile that raised, ``nothing``
-    (when given) for no graph, more graphs than ``predicted``, breaks inside ``where``, limit
-    hits."""
-    counts = record["counts"]
+def _fill_measured(
+    record: MonitorRecord,
+    region: str | None,
+    predicted: int,
+    *,
+    where: str,
+    nothing: str | None,
+    row: GroupReport,
+) -> GroupReport:
+    """``row`` with its measured fields filled from ``record``, its flags included: a compile that
+    raised, ``nothing`` (when given) for no graph, more graphs than ``predicted``, breaks inside
+    ``where``, limit hits."""
+    counts = record.counts
     failure = compile_failure(region)
     flags = []
     if failure is not None:
         flags.append(f"failed to compile: {failure}")
-    elif nothing is not None and counts["graphs"] == 0:
+    elif nothing is not None and counts.graphs == 0:
         flags.append(nothing)
-    elif counts["graphs"] > predicted:
-        flags.append(f"{counts['graphs']} graphs where {predicted} were predicted")
-    if counts["graph_breaks"]:
-        flags.append(f"{counts['graph_breaks_met']} graph break(s) inside {where}")
-    if counts["recompile_limit_hits"]:
+    elif counts.graphs > predicted:
+        flags.append(f"{counts.graphs} graphs where {predicted} were predicted")
+    if counts.graph_breaks:
+        flags.append(f"{counts.graph_breaks_met} graph break(s) inside {where}")
+    if counts.recompile_limit_hits:
         flags.append("hit the recompile limit: later variants run eagerly")
-    return {
-        "predicted_graphs": predicted,
-        "graphs": counts["graphs"],
-        "frames": counts["frames"],
-        "recompiles": [r["guard"] for r in record["recompiles"]],
-        "graph_breaks": [f"{b['location']}: {b['reason']}" for b in record["graph_breaks"]],
-        "graph_break_count": counts["graph_breaks_met"],
-        "limit_hits": [str(h["last_reason"]) for h in record["limit_hits"]],
-        "compile_seconds": counts["compile_seconds"],
-        "flags": flags,
-        "failure": str(failure) if failure is not None else None,
-    }
+    row.graphs, row.frames = counts.graphs, counts.frames
+    row.recompiles = [r.guard for r in record.recompiles]
+    row.graph_breaks = [f"{b.location}: {b.reason}" for b in record.graph_breaks]
+    row.graph_break_count = counts.graph_breaks_met
+    row.limit_hits = [str(h.last_reason) for h in record.limit_hits]
+    row.compile_seconds = counts.compile_seconds
+    row.flags = flags
+    row.failure = str(failure) if failure is not None else None
+    return row
 
 
 @dataclass(kw_only=True, slots=True)

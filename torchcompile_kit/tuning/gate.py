@@ -44,7 +44,7 @@ class GateVerdict:
     seconds: float = 0.0
     """Wall seconds the check took."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (what the candidate's process reports)."""
         return asdict(self)
 
@@ -91,7 +91,7 @@ def check_in_run(
     ctx: RecipeContext, *, reference: Any, batch: dict[str, Any], recipe: str
 ) -> dict[str, Any]:
     """The bench runner's ``check=`` hook: :func:`check_candidate` in the candidate's process, on
-    the run's first batch; returns :meth:`GateVerdict.to_dict` (stored as ``metrics.check``)."""
+    the run's first batch; returns :meth:`GateVerdict.as_dict` (stored as ``metrics.check``)."""
     verdict = check_candidate(
         RECIPES[recipe],
         model=ctx.model,
@@ -101,7 +101,7 @@ def check_in_run(
         backend=ctx.backend,
         overrides=ctx.overrides,
     )
-    return verdict.to_dict()
+    return verdict.as_dict()
 
 
 def _peft_refusal(model: Any, backend: str, overrides: dict[str, Any]) -> GateVerdict | None:

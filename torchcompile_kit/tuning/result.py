@@ -84,7 +84,7 @@ class CandidateResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CandidateResult:
-        """Rebuild from :meth:`TuneResult.to_dict` data (``"inf"`` back to ``inf``)."""
+        """Rebuild from :meth:`TuneResult.as_dict` data (``"inf"`` back to ``inf``)."""
         known = set(cls.__dataclass_fields__)
         fields = {k: _finite(v) for k, v in data.items() if k in known}
         return cls(**{**fields, "metrics": Metrics.from_dict(data.get("metrics"))})
@@ -126,13 +126,13 @@ class TuneResult:
                 return result
         raise KeyError(f"no candidate {name!r}; have {[c.name for c in self.candidates]!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready data (``inf`` becomes the string ``"inf"``)."""
         return _jsonable(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneResult:
-        """Rebuild from :meth:`to_dict` data (what ``tune.json`` holds)."""
+        """Rebuild from :meth:`as_dict` data (what ``tune.json`` holds)."""
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in data.items() if k in known}
         fields["candidates"] = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
@@ -144,9 +144,9 @@ class TuneResult:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def write_json(self, path: str | Path) -> Path:
-        """Write :meth:`to_dict` to ``path`` and return it."""
+        """Write :meth:`as_dict` to ``path`` and return it."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        path.write_text(json.dumps(self.as_dict(), indent=2, default=str))
         return path
 
 

@@ -197,7 +197,7 @@ def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, A
     }
     return {
         "model": plan.spec or f"captioner:{plan.measure.preset}",
-        **plan.measure.to_dict(),
+        **plan.measure.as_dict(),
         "budget_s": budget_s,
         "warm_start": plan.warm_start,
         "device": str(device),
