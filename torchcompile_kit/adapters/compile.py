@@ -104,7 +104,9 @@ def compile_peft(
 
     Compiling in place (regionally by default) keeps ``state_dict()`` keys free of ``_orig_mod.``,
     so ``save_pretrained``, ``load_adapter`` and ``set_adapter`` keep working. The compiled regions
-    guard on module hooks (PEFT's ``adapter_names=`` pre-hooks) and dynamo guards adapter state, so
+    guard on module hooks (PEFT's ``adapter_names=`` pre-hooks; experimental: a private dynamo
+    switch, ``_dynamo/hook_guards.py``, until dynamo guards hooks by default) and dynamo guards
+    adapter state, so
     no call runs a stale graph. After compiling, the model re-checks the rules when adapters are
     added or deleted, refuses ``adapter_names=`` under ``fullgraph=True``, warns once when it has
     run in more adapter states than ``recompile_limit``, and runs ``generate()`` as ``generate=``

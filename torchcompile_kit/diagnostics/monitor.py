@@ -80,7 +80,9 @@ class CompileMonitor:
     """Record every frame compiled, graph break, recompile and recompile-limit hit while active.
 
     A context manager, or :meth:`start`/:meth:`stop` around a training loop; it may be read while it
-    runs (:meth:`snapshot` for a training log).
+    runs (:meth:`snapshot` for a training log). Experimental: it reads torch's structured trace
+    (a private API whose texts may change, ``_dynamo/trace.py``); the label can go when
+    ``torch.compiler`` offers a public compile-event API.
 
     Example:
         >>> f = torch.compile(lambda x: x.sin() + 1, backend="eager")

@@ -41,7 +41,8 @@ def diagnose(
 ) -> Diagnosis:
     """Diagnose ``torch.compile(model)`` (or one of this library's recipes) on one batch: does it
     compile, run and compute what eager computes, and if not, at which backend, under which
-    settings and in which module.
+    settings and in which module. Experimental: its bisection rests on torch's private compiler
+    bisector and backend registry (``_dynamo/doctor.py``); the label can go when those are public.
 
     Args:
         model: a builder spec ``"mypkg.models:build"`` or ``"file.py:build"`` (the ``bench --model``

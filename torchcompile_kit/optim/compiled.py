@@ -66,7 +66,9 @@ def compile_optimizer(
             off); ``impl="foreach_map"`` takes Adam/AdamW without ``amsgrad``/``maximize``.
             accelerate's ``AcceleratedOptimizer`` is unwrapped (its ``.optimizer`` is compiled).
         impl: ``"step"`` compiles the optimizer's own ``step``; ``"foreach_map"`` compiles
-            :func:`torchcompile_kit.optim.foreach_map_adam_step`, one horizontally fused update.
+            :func:`torchcompile_kit.optim.foreach_map_adam_step`, one horizontally fused update
+            (experimental: ``foreach_map`` is a private torch API; the label can go when it is
+            public).
         scheduler: the LR scheduler driving ``optimizer``, if any; checked to be bound to it.
         static_grads: mark every gradient as a static address so CUDA graphs do not copy them;
             useful only when gradients keep their storage (:func:`zero_grads_in_place`).

@@ -81,6 +81,7 @@ def foreach_map_adam_step(
     decoupled: bool,
 ) -> None:
     """One Adam (``decoupled=False``) or AdamW (``decoupled=True``) step, horizontally fused.
+    Experimental: ``foreach_map`` is a private torch API; the label can go when it is public.
 
     Updates ``params``, ``exp_avgs``, ``exp_avg_sqs`` and ``steps`` in place with ``torch.optim``'s
     arithmetic (bias correction; no ``amsgrad``/``maximize``) in one ``foreach_map`` call, which
