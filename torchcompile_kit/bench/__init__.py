@@ -6,7 +6,7 @@ batches, the isolated runner and what its process runs and measures, the typed r
 ratios, results, report, charts, progress). Only the command line and ``tune`` import it.
 """
 
-from .batches import batch_stream, spec_buckets
+from .batches import SEQUENCE_KEYS, batch_stream, spec_buckets
 from .captioner import PRESETS, build_captioner, caption_length_mix
 from .config import MeasureConfig
 from .model_spec import (
@@ -35,7 +35,9 @@ __all__ = [
     "RecipeResult",
     "apply_recipe",
     "setup_source",
-    # also used by tune: the captioner and its batches for the correctness check, the loss
+    # also used by tune: the captioner and its batches for the correctness check, the loss, the
+    # keys whose dim 1 is the sequence (its snippet marks them dynamic)
+    "SEQUENCE_KEYS",
     "batch_stream",
     "build_captioner",
     "load_model_spec",

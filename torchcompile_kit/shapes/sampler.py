@@ -277,23 +277,6 @@ class _EpochRelay:
     def __init__(self, owner: BucketBatchSampler) -> None:
         self._owner = owner
 
-    def deal_with_accelerate(self, num_processes: int, *, split_batches: bool = False) -> None:
-        """Say that accelerate's ``BatchSamplerShard`` deals this sampler's batches out to
-        ``num_processes`` processes (``accelerator.prepare(DataLoader(ds,
-        batch_sampler=sampler))``): the sampler then yields the whole epoch, topped up to a multiple
-        of ``num_processes``, and accelerate deals it once. ``prepare_bucket_dataloader`` and
-        ``CompileTrainer`` call it; call it yourself before iterating a loader you prepared with
-        ``accelerator.prepare``.
-
-        Example:
-            >>> sampler = BucketBatchSampler([5, 6, 30, 31, 7, 29], [8, 32], batch_size=1)
-            >>> sampler.deal_with_accelerate(4)
-            >>> len(sampler)  # 6 batches topped up to 8, for accelerate to deal 2 to each process
-            8
-        """
-        check_positive_int("num_processes", num_processes, error=BatchShapeError)
-        self._accelerate = (num_processes, bool(split_batches))
-
     def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
 

@@ -4,19 +4,9 @@ any directory), the very lines the bench ran (:func:`~torchcompile_kit.bench.set
 
 from __future__ import annotations
 
-from ..bench import Recipe, setup_source
+from ..bench import SEQUENCE_KEYS, Recipe, setup_source
 
 __all__ = ["make_snippet"]
-
-_SEQ_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "labels",
-    "token_type_ids",
-    "position_ids",
-    "decoder_input_ids",
-    "decoder_attention_mask",
-)
 
 
 def make_snippet(
@@ -90,7 +80,7 @@ def make_snippet(
         ]
     body += [*setup, "", "", "def train_step(batch):"]
     if recipe.mark_dynamic:
-        body.append(f"    keys = [k for k in {_SEQ_KEYS!r} if k in batch]")
+        body.append(f"    keys = [k for k in {SEQUENCE_KEYS!r} if k in batch]")
         body.append("    batch = mark_dynamic_batch(batch, 1, keys=keys)  # one dynamic graph")
     body += [
         "    optimizer.zero_grad(set_to_none=True)",
