@@ -214,8 +214,9 @@ def install_first_call_check(
         backend=compile_kwargs.get("backend", "inductor"),
         grads_checked=grads_checked,
     )
-    if _dynamo.get_compiled_call(model) is not None:
-        _dynamo.set_compiled_call(model, verifier.wrap(_dynamo.get_compiled_call(model)))
+    compiled = _dynamo.get_compiled_call(model)
+    if compiled is not None:
+        _dynamo.set_compiled_call(model, verifier.wrap(compiled))
     else:
         register_undo(model, verifier.install_hooks())
 
