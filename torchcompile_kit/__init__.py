@@ -31,7 +31,7 @@ _EXPORTS: dict[str, str] = {
         (
             "shapes",
             (
-                "BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
+                "Batching BucketBatchSampler PadToBucketCollator mark_dynamic_batch pad_to_bucket "
                 "plan_buckets warmup_shapes"
             ),
         ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import shlex
 import sys
@@ -409,7 +410,7 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
     from .bench.progress import BenchProgress
     from .bench.report import format_results
     from .bench.results import build_results, now, write_results
-    from .bench.runner import run_recipe_isolated
+    from .bench.runner import RunRequest, run_recipe_isolated
 
     started = now()
     settings = {
@@ -437,14 +438,14 @@ def _run_bench(args: argparse.Namespace, names: list[str], config: Any) -> int:
             for name in names:
                 label = name if args.repeat == 1 else f"{name} ({round_ + 1}/{args.repeat})"
                 on_event = progress.start(label)
-                result = run_recipe_isolated(
-                    name,
+                request = RunRequest(
+                    recipe=name,
                     spec=args.model,
                     config=config,
-                    out_dir=args.out,
-                    timeout_s=args.timeout,
-                    on_event=on_event,
                     pair_with=RECIPES[name].baseline if config.paired else None,
+                )
+                result = run_recipe_isolated(
+                    request, out_dir=args.out, timeout_s=args.timeout, on_event=on_event
                 )
                 runs[name].append(result)
                 progress.finish(label, _summary(result))
@@ -552,10 +553,10 @@ def _doctor(args: argparse.Namespace) -> int:
         diagnosis = diagnose(
             args.model,
             recipe=args.recipe,
-            compile_kwargs=kwargs,
             autocast=args.autocast,
             out=args.out,
             timeout_s=args.timeout,
+            **kwargs,
         )
     except (ValueError, TypeError) as err:
         return _error(str(err))
@@ -566,20 +567,24 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from .bench.config import MeasureConfig
-    from .tuning import STEADY_S, format_table, prediction_line, tune
+    from .tuning import (
+        STEADY_S,
+        check_prediction,
+        format_table,
+        prediction_line,
+        save_result,
+        tune,
+    )
 
     problem = _check_out_dir(args.out)
     if problem:
         return _error(problem)
-
-    def show(event: dict) -> None:
-        reason = f" - {event['reason']}" if event.get("reason") else ""
-        print(
-            f"[tune] {event['event']} {event['name']}: {event['status']}{reason}",
-            file=sys.stderr,
-            flush=True,
-        )
-
+    progress = logging.StreamHandler(sys.stderr)  # tune's progress: a line per candidate
+    progress.setFormatter(logging.Formatter("[tune] %(message)s"))
+    logger = logging.getLogger("torchcompile_kit.tuning")
+    logger.addHandler(progress)
+    level = logger.level
+    logger.setLevel(logging.INFO)
     try:
         measure = MeasureConfig(
             preset=args.preset,
@@ -593,16 +598,19 @@ def _tune(args: argparse.Namespace) -> int:
         result = tune(
             args.model,
             steps_planned=args.steps_planned,
-            budget_s=60 * args.budget,
-            out_dir=args.out,
-            candidates=args.candidates,
             warm_start=args.warm_start,
-            check_prediction=args.check_prediction,
+            candidates=args.candidates,
+            budget_s=60 * args.budget,
             measure=measure,
-            on_event=show,
         )
+        if args.check_prediction and result.recommendation is not None:
+            result.prediction_check = check_prediction(result)
     except ValueError as err:
         return _error(str(err))
+    finally:
+        logger.removeHandler(progress)
+        logger.setLevel(level)
+    save_result(result, args.out)
     print(format_table(result), "", f"recommendation: {result.reason}", *result.notes, sep="\n")
     if result.prediction_check:
         print(prediction_line(result.prediction_check))

@@ -14,7 +14,7 @@ import pytest
 from torchcompile_kit.bench.config import MeasureConfig
 from torchcompile_kit.bench.report import restart_path
 from torchcompile_kit.bench.results import load_results
-from torchcompile_kit.bench.runner import INPROCESS_ENV, run_recipe_isolated
+from torchcompile_kit.bench.runner import INPROCESS_ENV, RunRequest, run_recipe_isolated
 from torchcompile_kit.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -213,13 +213,12 @@ def test_recipe_runs_in_its_own_process_with_its_own_inductor_cache(tmp_path, mo
     monkeypatch.setenv("TCK_TEST_NOTE", str(tmp_path / "temp-dir.txt"))
     events = []
     spec = "tests.bench.user_models:tiny_lm_noting_its_temp_dir"
-    result = run_recipe_isolated(
-        "mark-dynamic",
+    request = RunRequest(
+        recipe="mark-dynamic",
         spec=spec,
         config=MeasureConfig(steps=2, warmup_steps=1, backend="eager"),
-        out_dir=tmp_path,
-        on_event=events.append,
     )
+    result = run_recipe_isolated(request, out_dir=tmp_path, on_event=events.append)
     assert result.status == "ok", result.error
     assert result.metrics.graphs == 1 and result.metrics.recompiles == 0
     assert result.settings["model"] == spec
@@ -267,12 +266,14 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
     spec = "tests.bench.user_models:tiny_lm"
     cold = run_recipe_isolated(
-        "full", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path
+        RunRequest(recipe="full", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1)),
+        out_dir=tmp_path,
     )
     assert cold.status == "ok", cold.error
     assert cold.metrics.cache_saved is True
     warm = run_recipe_isolated(
-        "full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1), out_dir=tmp_path
+        RunRequest(recipe="full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1)),
+        out_dir=tmp_path,
     )
     assert warm.status == "ok", warm.error
     assert warm.metrics.cache_loaded is True
@@ -292,10 +293,14 @@ def test_the_regional_restart_runs_its_blocks_without_a_trace(tmp_path, monkeypa
     """compile_regional(precompile=True) for real: the warm row's blocks load dynamo's entries."""
     monkeypatch.delenv(INPROCESS_ENV, raising=False)
     spec, config = "tests.bench.user_models:tiny_blocks_lm", MeasureConfig(steps=2, warmup_steps=1)
-    cold = run_recipe_isolated("regional", spec=spec, config=config, out_dir=tmp_path)
+    cold = run_recipe_isolated(
+        RunRequest(recipe="regional", spec=spec, config=config), out_dir=tmp_path
+    )
     assert cold.status == "ok", cold.error
     assert cold.metrics.regions == {"_Block": "traced (saved for the next restart)"}
-    warm = run_recipe_isolated("regional-warm", spec=spec, config=config, out_dir=tmp_path)
+    warm = run_recipe_isolated(
+        RunRequest(recipe="regional-warm", spec=spec, config=config), out_dir=tmp_path
+    )
     assert warm.status == "ok", warm.error
     assert warm.metrics.regions == {"_Block": "precompiled (no trace)"}
     assert warm.metrics.monitor["frames"] == 0  # nothing else is compiled in this model
@@ -314,11 +319,11 @@ def test_an_interrupted_run_leaves_results_that_report_renders(
     real = runner.run_recipe_isolated
     calls = []
 
-    def interrupted_at_the_third(name, **kwargs):  # the user presses Ctrl-C during recipe 3
-        calls.append(name)
+    def interrupted_at_the_third(request, **kwargs):  # the user presses Ctrl-C during recipe 3
+        calls.append(request.recipe)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(name, **kwargs)
+        return real(request, **kwargs)
 
     monkeypatch.setattr(runner, "run_recipe_isolated", interrupted_at_the_third)
     out = tmp_path / "run"

@@ -31,10 +31,8 @@ def main(out: str) -> None:
     start = time.perf_counter()
     diagnosis = diagnose(
         "tests.doctor.measure_cost:build",
-        compile_kwargs={
-            "backend": "inductor",
-            "options": {"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
-        },
+        backend="inductor",
+        options={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
         out=out,
     )
     inductor = [t for t in diagnosis.trials if not t.label.startswith("ladder: ")]

@@ -42,7 +42,7 @@ def test_the_parts_of_a_model_group_repeated_blocks_and_split_them_by_class():
 
 
 def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
-    diagnosis = diagnose(SPEC, compile_kwargs={"backend": "aot_eager"}, out=tmp_path)
+    diagnosis = diagnose(SPEC, backend="aot_eager", out=tmp_path)
     assert diagnosis.result == "ok" and [t.label for t in diagnosis.trials] == ["triage"]
     assert diagnosis.culprits is None and diagnosis.first_bad_backend is None
     # whether it pays: both sides timed, the compile seconds, a payback or none (never a guess)
@@ -57,9 +57,7 @@ def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
 
 
 def test_a_model_whose_only_problem_is_a_graph_break_is_ok_with_the_break_named(tmp_path, capfd):
-    diagnosis = diagnose(
-        "tests.doctor.patients:build_chatty", compile_kwargs={"backend": "aot_eager"}, out=tmp_path
-    )
+    diagnosis = diagnose("tests.doctor.patients:build_chatty", backend="aot_eager", out=tmp_path)
     assert diagnosis.result == "ok" and diagnosis.culprits is None
     found = [b for b in diagnosis.graph_breaks if not b["in_torch"]]
     text = Path(patients.__file__).read_text().splitlines()
@@ -78,7 +76,7 @@ def test_a_wrong_backward_in_one_module_is_found_confirmed_and_reproduced(tmp_pa
     diagnosis = diagnose(
         SPEC,
         recipe="regional",
-        compile_kwargs={"backend": "tests.doctor.patients:wrong_sigmoid_grads"},
+        backend="tests.doctor.patients:wrong_sigmoid_grads",
         out=tmp_path,
     )
     assert diagnosis.result == "miscompute" and diagnosis.differs == ["gradients", "step"]
@@ -122,6 +120,12 @@ def test_a_timeout_must_be_positive(tmp_path):
         diagnose(SPEC, out=tmp_path, timeout_s=0)
 
 
+def test_a_misspelt_compile_keyword_is_refused_before_any_trial(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected keyword bakend=.*torch.compile takes"):
+        diagnose(SPEC, out=tmp_path, bakend="eager")
+    assert not (tmp_path / "doctor.json").exists()
+
+
 def test_the_summary_names_the_rungs_and_the_culprit():
     diagnosis = Diagnosis(
         result="miscompute",
@@ -153,7 +157,8 @@ def test_inductors_planted_relu_bugs_are_found_in_the_head(tmp_path, mode, resul
     options = {"cpp.inject_relu_bug_TESTING_ONLY": mode}
     diagnosis = diagnose(
         "tests.doctor.patients:build_relu_mlp",
-        compile_kwargs={"backend": "inductor", "options": options},
+        backend="inductor",
+        options=options,
         out=tmp_path,
     )
     assert diagnosis.result == result, diagnosis.summary()
@@ -171,9 +176,7 @@ def test_inductors_planted_relu_bugs_are_found_in_the_head(tmp_path, mode, resul
 def test_a_module_and_its_batch_are_diagnosed_like_a_builder(tmp_path):
     """diagnose(model, batch): the module is pickled for the trials (its class importable)."""
     model = Patient()
-    diagnosis = diagnose(
-        model, patients.make_batch(0), compile_kwargs={"backend": "aot_eager"}, out=tmp_path
-    )
+    diagnosis = diagnose(model, patients.make_batch(0), backend="aot_eager", out=tmp_path)
     assert diagnosis.result == "ok" and (tmp_path / "model.pt").is_file()
     assert diagnosis.trials[0].status == "ok"
 
@@ -188,7 +191,7 @@ def test_a_healthy_model_under_bf16_autocast_is_not_called_a_miscompute(tmp_path
     not inductor). Checked by hand on 2.10.0 and 2.13.0; 2.11 and 2.12 not run here."""
     diagnosis = diagnose(
         SPEC,
-        compile_kwargs={"backend": "aot_eager_decomp_partition"},
+        backend="aot_eager_decomp_partition",
         autocast="bfloat16",
         out=tmp_path,
     )
@@ -256,7 +259,7 @@ def test_the_librarys_recipes_are_diagnosed_as_they_compile(tmp_path, recipe):
     an Identity) recompiles on that guard (the whole model compiled has none: the command's
     test below)."""
     spec = "tests.doctor.patients:build_lora" if recipe == "peft" else SPEC
-    diagnosis = diagnose(spec, recipe=recipe, compile_kwargs={"backend": "aot_eager"}, out=tmp_path)
+    diagnosis = diagnose(spec, recipe=recipe, backend="aot_eager", out=tmp_path)
     assert diagnosis.result == "ok", diagnosis.summary()
     request = json.loads((tmp_path / "trials" / "01.request.json").read_text())
     assert request["trial"]["recipe"] == recipe
@@ -277,7 +280,7 @@ def test_random_ops_and_non_contiguous_inputs_are_not_a_miscompute(tmp_path):
     compiled side with eager's random numbers, this was called a miscompute in the gate."""
     diagnosis = diagnose(
         "tests.doctor.patients:build_random_strided",
-        compile_kwargs={"backend": "inductor"},
+        backend="inductor",
         out=tmp_path,
     )
     assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
@@ -290,9 +293,7 @@ def test_random_ops_and_non_contiguous_inputs_are_not_a_miscompute(tmp_path):
 def test_a_healthy_transformers_model_is_ok_with_inductor(tmp_path):
     """Control: a one-layer GPT-2 built from its config, compiled whole with inductor: ok after
     the triage alone, with the second length's recompile reported."""
-    diagnosis = diagnose(
-        "tests.doctor.patients:build_gpt2", compile_kwargs={"backend": "inductor"}, out=tmp_path
-    )
+    diagnosis = diagnose("tests.doctor.patients:build_gpt2", backend="inductor", out=tmp_path)
     assert diagnosis.result in ("ok", "numerics"), diagnosis.summary()
     assert diagnosis.culprits is None and len(diagnosis.trials) == 1
     assert diagnosis.trials[0].graphs and diagnosis.pays is not None
@@ -321,7 +322,7 @@ def test_a_real_gradient_bug_is_found_in_its_module_and_bisected_to_a_decomposit
     and this model's class only) fails. On 2.10.0 and 2.15.0 the same model is healthy."""
     diagnosis = diagnose(
         "tests.doctor.real_bugs:build_channels_last_pool",
-        compile_kwargs={"backend": "inductor"},
+        backend="inductor",
         out=tmp_path,
     )
     if _release() != (2, 13):
@@ -351,7 +352,7 @@ def test_a_real_crash_is_a_finding_in_its_module_and_the_doctor_goes_on(tmp_path
         pytest.skip(f"torch {torch.__version__}: the verdict is pinned for 2.13 (2.10 dies too)")
     diagnosis = diagnose(
         "tests.doctor.real_bugs:build_pad_matmul",
-        compile_kwargs={"backend": "inductor"},
+        backend="inductor",
         out=tmp_path,
     )
     assert diagnosis.result == "crashed" and diagnosis.trials[0].signal == 6, diagnosis.summary()

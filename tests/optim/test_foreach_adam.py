@@ -65,8 +65,7 @@ def test_functional_matches_torch_optim(cls, decoupled, weight_decay, backend):
             exp_avg_sqs,
             steps,
             lr=lr,
-            beta1=0.8,
-            beta2=0.95,
+            betas=(0.8, 0.95),
             eps=1e-6,
             weight_decay=weight_decay,
             decoupled=decoupled,
@@ -94,8 +93,7 @@ def test_functional_per_tensor_hyperparameters():
         exp_avg_sqs,
         steps,
         lr=lrs,
-        beta1=0.9,
-        beta2=0.999,
+        betas=(0.9, 0.999),
         eps=1e-8,
         weight_decay=0.0,
         decoupled=True,
@@ -106,7 +104,7 @@ def test_functional_per_tensor_hyperparameters():
 
 def test_functional_errors():
     t = [torch.zeros(2)]
-    kwargs = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    kwargs = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
     kwargs["decoupled"] = False
     with pytest.raises(ValueError, match=r"same length; got \[1, 1, 1, 1, 0\]"):
         foreach_map_adam_step(t, t, t, t, [], **kwargs)

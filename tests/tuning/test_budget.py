@@ -31,7 +31,8 @@ def runner(monkeypatch):
     monkeypatch.setattr(runs_module, "time", clock)
     calls: list[str] = []
 
-    def run(recipe, *, timeout_s, on_event, check, **_):
+    def run(request, *, timeout_s, on_event, **_):
+        recipe, check = request.recipe, request.check
         calls.append(recipe)
         compiled_at = START_S + COMPILE_S[recipe]
         total = compiled_at + STEADY_S

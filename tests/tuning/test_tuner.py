@@ -13,7 +13,13 @@ import torch
 
 from torchcompile_kit import _dynamo
 from torchcompile_kit.bench import MeasureConfig, ModelSpecError
-from torchcompile_kit.tuning import format_table, tune
+from torchcompile_kit.tuning import (
+    TuneResult,
+    check_prediction,
+    format_table,
+    save_result,
+    tune,
+)
 
 from . import models
 
@@ -26,9 +32,9 @@ def test_the_budget_is_respected_and_skips_say_why(tmp_path):
         steps_planned=1000,
         budget_s=0.5,
         candidates=["eager", "regional", "full"],
-        out_dir=tmp_path,
         measure=MeasureConfig(backend="eager"),
     )
+    save_result(result, tmp_path)
     assert result.recommendation is None
     assert {c.status for c in result.candidates} == {"skipped"}
     assert all(c.reason.startswith("budget:") for c in result.candidates), format_table(result)
@@ -60,7 +66,6 @@ def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_plann
         f"{MODELS}:build",
         steps_planned=40,
         candidates=["eager"],
-        out_dir=tmp_path / "short",
         measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=60.0),
     )
     eager = short.candidate("eager")
@@ -69,7 +74,6 @@ def test_each_candidate_is_timed_over_the_steady_window_but_never_past_the_plann
         f"{MODELS}:build",
         steps_planned=10**6,
         candidates=["eager"],
-        out_dir=tmp_path / "window",
         measure=MeasureConfig(backend="eager", steps=3, warmup_steps=1, steady_s=0.5),
     )
     metrics = window.candidate("eager").metrics
@@ -87,20 +91,38 @@ def test_the_bucket_note_describes_the_timed_buckets_row_only_when_it_ran(tmp_pa
         "steps_planned": 100,
         "measure": MeasureConfig(backend="eager", steps=2, warmup_steps=1),
     }
-    without = tune(
-        f"{MODELS}:build_with_lengths", candidates=["eager"], out_dir=tmp_path / "a", **kwargs
-    )
+    without = tune(f"{MODELS}:build_with_lengths", candidates=["eager"], **kwargs)
     (note,) = without.notes
-    assert "plan_buckets(batch_size=" in note and "timed 'buckets' row" not in note
+    assert "plan_buckets(batching=Batching(" in note and "timed 'buckets' row" not in note
     both = tune(
         f"{MODELS}:build_with_lengths",
         candidates=["eager", "buckets"],
-        out_dir=tmp_path / "b",
         **kwargs,
     )
     assert both.candidate("buckets").status == "ok", format_table(both)
     (note,) = both.notes
     assert "timed 'buckets' row is your make_batch batches" in note
+
+
+def test_check_prediction_runs_the_recommendation_from_a_saved_result(tmp_path, monkeypatch):
+    from torchcompile_kit.bench.runner import INPROCESS_ENV
+
+    monkeypatch.setenv(INPROCESS_ENV, "1")
+    measure = MeasureConfig(backend="eager", steps=2, warmup_steps=1, steady_s=0)
+    result = tune(f"{MODELS}:build", steps_planned=12, candidates=["eager"], measure=measure)
+    save_result(result, tmp_path)
+    saved = TuneResult.read_json(tmp_path / "tune.json")  # later, from the file alone
+    check = check_prediction(saved)
+    assert check["status"] == "ok" and check["recipe"] == "eager" and check["steps"] == 12
+    assert (
+        check["measured_s"] > 0
+        and check["predicted_s"] == result.candidate("eager").predicted_total_s
+    )
+    nothing = TuneResult(
+        recommendation=None, reason="nothing fit", snippet="", steps_planned=1, candidates=[]
+    )
+    with pytest.raises(ValueError, match="no recommendation"):
+        check_prediction(nothing)
 
 
 @pytest.mark.slow
@@ -110,9 +132,9 @@ def test_a_wrong_compiled_variant_is_never_recommended(tmp_path):
         f"{MODELS}:build",
         steps_planned=10**9,
         candidates=["eager", "full", "regional"],
-        out_dir=tmp_path,
         measure=MeasureConfig(backend=models.PERTURB_BACKEND, steady_s=0),
     )
+    save_result(result, tmp_path)
     assert result.recommendation == "eager", format_table(result)
     for name in ("full", "regional"):
         candidate = result.candidate(name)
@@ -136,9 +158,9 @@ def test_graph_breaks_are_shown_and_the_printed_snippet_reproduces_the_setup(tmp
         f"{MODELS}:build_with_break",
         steps_planned=10**6,
         candidates=["eager", "full"],
-        out_dir=tmp_path,
         measure=MeasureConfig(backend="eager", steady_s=0),
     )
+    save_result(result, tmp_path)
     full = result.candidate("full")
     assert full.status == "ok" and full.verdict == "pass"
     assert full.graph_breaks >= 1  # ranked, with its breaks
@@ -204,7 +226,6 @@ def test_a_small_budget_ends_with_a_compiled_candidate_checked_in_its_own_run(
         steps_planned=10**6,
         budget_s=300,
         candidates=["full", "regional", "eager"],
-        out_dir=tmp_path,
         measure=MeasureConfig(backend="aot_eager", steps=3, warmup_steps=1, steady_s=0),
     )
     started = sorted(
@@ -271,11 +292,11 @@ def test_recommended_py_runs_as_a_script_from_anywhere_with_the_factorys_optimiz
             "tck_user_models:build",
             steps_planned=3,
             candidates=["eager", "full"],
-            out_dir=out,
             measure=MeasureConfig(backend="eager", steps=2, warmup_steps=1, steady_s=0),
         )
     finally:
         sys.modules.pop("tck_user_models", None)
+    save_result(result, out)
     assert result.recommendation in ("eager", "full"), format_table(result)
     script = (out / "recommended.py").read_text()
     assert "CountingSGD" not in script and "Adam" not in script
@@ -306,9 +327,9 @@ def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_
         steps_planned=10**6,
         candidates=["eager", "full", "full-warm"],
         warm_start=True,
-        out_dir=tmp_path,
         measure=MeasureConfig(backend="eager", steps=60, warmup_steps=2, steady_s=0),
     )
+    save_result(result, tmp_path)
     full, warm = result.candidate("full"), result.candidate("full-warm")
     assert full.status == warm.status == "ok", format_table(result)
     assert full.paired and warm.paired and full.speedup_low is not None

@@ -21,7 +21,7 @@ from .outcome import Metrics
 from .paired import paired_ratio, ratio_interval
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .report import render_table
-from .runner import RecipeResult, run_recipe_isolated
+from .runner import RecipeResult, RunRequest, run_recipe_isolated
 
 __all__ = [
     "PRESETS",
@@ -49,6 +49,7 @@ __all__ = [
     "parse_model_spec",
     "portable_model_spec",
     "render_table",
+    "RunRequest",
     "run_recipe_isolated",
     "caption_length_mix",
     "spec_buckets",

@@ -130,3 +130,9 @@ class MeasureConfig:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (recorded in ``results.json`` and ``tune.json``)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MeasureConfig:
+        """Rebuild from :meth:`as_dict` data (other keys, e.g. the rest of ``tune.json``'s
+        settings, are ignored)."""
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})

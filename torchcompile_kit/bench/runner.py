@@ -17,72 +17,92 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import MeasureConfig
 from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
 
-__all__ = ["EVENT_PREFIX", "INPROCESS_ENV", "RecipeResult", "emit_event", "run_recipe_isolated"]
+__all__ = [
+    "EVENT_PREFIX",
+    "INPROCESS_ENV",
+    "RecipeResult",
+    "RunRequest",
+    "emit_event",
+    "run_recipe_isolated",
+]
 
 INPROCESS_ENV = "TORCHCOMPILE_KIT_BENCH_INPROCESS"
 """Test switch: ``=1`` runs recipes in the calling process (no isolation, fresh dynamo state and
 inductor cache only), which saves the 5-10 s start-up of a process per recipe in tests."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """What one recipe's run measures (the child process gets it as JSON; checked when built).
+
+    Raises:
+        ValueError: an unknown recipe, or a ``pair_with`` that is not a baseline recipe.
+    """
+
+    recipe: str
+    """A name from :data:`torchcompile_kit.bench.recipes.RECIPES`."""
+    spec: str | None = None
+    """``None`` for the post's captioner, or a ``"module:function"`` model spec, loaded again in
+    the child."""
+    config: MeasureConfig = MeasureConfig()
+    """Preset, backend, steps, warm-up steps and the steady seconds to time."""
+    compile_overrides: dict[str, Any] = field(default_factory=dict)
+    """JSON-able ``torch.compile`` kwargs merged over the recipe's own."""
+    plan_steps: int | None = None
+    """Also report ``plan_tokens_per_step`` for a run of this many steps; it also caps the steady
+    steps."""
+    check: str | None = None
+    """``"module:function"`` called in the child on the recipe's compiled model after the
+    measurement (``tune``'s gate; see :func:`~torchcompile_kit.bench.execute.execute_request`)."""
+    pair_with: str | None = None
+    """An eager baseline recipe whose eager copy steps beside the recipe's in alternating blocks
+    (:mod:`torchcompile_kit.bench.paired`); ``None`` or the recipe itself: not paired."""
+
+    def __post_init__(self) -> None:
+        from .recipes import RECIPES, check_recipe_names
+
+        check_recipe_names([self.recipe] + ([self.pair_with] if self.pair_with else []))
+        if self.pair_with and RECIPES[self.pair_with].baseline != self.pair_with:
+            raise ValueError(
+                f"pair_with={self.pair_with!r} is not a baseline recipe (nothing compiled); "
+                f"pass one of {sorted({r.baseline for r in RECIPES.values()})!r}, or None"
+            )
+
+
 def run_recipe_isolated(
-    recipe: str,
+    request: RunRequest,
     *,
-    spec: str | None = None,
-    config: MeasureConfig = MeasureConfig(),
     out_dir: str | os.PathLike[str],
     timeout_s: float | None = None,
-    compile_overrides: Mapping[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
-    plan_steps: int | None = None,
-    check: str | None = None,
-    pair_with: str | None = None,
 ) -> RecipeResult:
-    """Run ``recipe`` in a fresh Python process with an empty inductor cache and return its result.
+    """Run a recipe in a fresh Python process with an empty inductor cache and return its result.
 
     Args:
-        recipe: a name from :data:`torchcompile_kit.bench.recipes.RECIPES`.
-        spec: ``None`` for the post's captioner, or a ``"module:function"`` model spec, loaded again
-            in the child.
-        config: preset, backend, steps, warm-up steps and the steady seconds to time.
+        request: the recipe and how it is measured.
         out_dir: the run's directory (``caches/``, ``logs/`` and ``_work/`` go under it).
         timeout_s: kill the child after this many seconds (a ``failed`` result); ``None``: never.
-        compile_overrides: JSON-able ``torch.compile`` kwargs merged over the recipe's own.
         on_event: called with each progress event of the child.
-        plan_steps: also report ``plan_tokens_per_step`` for a run of this many steps; it also caps
-            the steady steps.
-        check: ``"module:function"`` called in the child on the recipe's compiled model after the
-            measurement (``tune``'s gate; see
-            :func:`~torchcompile_kit.bench.execute.execute_request`).
-        pair_with: an eager baseline recipe whose eager copy steps beside the recipe's in
-            alternating blocks (:mod:`torchcompile_kit.bench.paired`); ``None`` or the recipe
-            itself: not paired.
 
     Returns:
         The :class:`RecipeResult`; never raises for a failure inside the recipe.
 
-    Raises:
-        ValueError: ``recipe`` is unknown (checked before starting anything).
-
     Example:
-        >>> r = run_recipe_isolated("eager", out_dir="/tmp/b",  # doctest: +SKIP
-        ...     config=MeasureConfig(steps=2))
+        >>> r = run_recipe_isolated(RunRequest(recipe="eager", config=MeasureConfig(steps=2)),
+        ...                         out_dir="/tmp/b")  # doctest: +SKIP
         >>> r.status, r.metrics.steps_per_s  # doctest: +SKIP
     """
-    from .recipes import RECIPES, check_recipe_names
+    from .recipes import RECIPES
 
-    check_recipe_names([recipe] + ([pair_with] if pair_with else []))
-    if pair_with and RECIPES[pair_with].baseline != pair_with:
-        raise ValueError(
-            f"pair_with={pair_with!r} is not a baseline recipe (nothing compiled); "
-            f"pass one of {sorted({r.baseline for r in RECIPES.values()})!r}, or None"
-        )
+    recipe, config = request.recipe, request.config
     out = Path(out_dir)
     work = out / "_work" / recipe
     shutil.rmtree(work, ignore_errors=True)
@@ -90,31 +110,31 @@ def run_recipe_isolated(
     (work / "tmp").mkdir()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / "caches").mkdir(parents=True, exist_ok=True)
-    request = {
+    data = {  # the child's request.json
         "recipe": recipe,
-        "spec": spec,
+        "spec": request.spec,
         "preset": config.preset,
         "steps": config.steps_or_preset(),
         "warmup_steps": config.warmup_steps_or_preset(),
         "backend": config.backend_or_default(),
         "device": config.device_or_default(),
-        "compile_overrides": dict(compile_overrides or {}),
-        "plan_steps": plan_steps,
+        "compile_overrides": dict(request.compile_overrides),
+        "plan_steps": request.plan_steps,
         "steady_s": config.steady_s,
         "pin": config.pinned_cpus(),
-        "check": check,
-        "pair_with": pair_with,
+        "check": request.check,
+        "pair_with": request.pair_with,
         "cache_dir": str((out / "caches").resolve()),
         "result_path": str((work / "result.json").resolve()),
     }
-    (work / "request.json").write_text(json.dumps(request, indent=2))
+    (work / "request.json").write_text(json.dumps(data, indent=2))
     ranks = RECIPES[recipe].world_size
     started = time.perf_counter()
     if os.environ.get(INPROCESS_ENV) == "1":
-        result = _run_in_process(request, ranks, on_event)
+        result = _run_in_process(data, ranks, on_event)
     else:
         result = _run_children(
-            request, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event
+            data, work, out / "logs" / f"{recipe}.log", ranks, timeout_s, on_event
         )
     result.wall_s = time.perf_counter() - started
     shutil.rmtree(work / "tmp", ignore_errors=True)

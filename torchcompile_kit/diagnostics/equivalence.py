@@ -33,6 +33,7 @@ __all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_
 
 _PERTURB_SCALE = 0.1  # adapter weights get N(0, 0.1^2) noise: far from identity, still stable
 _SGD_LR = 1e-2
+SEED = 0  # every run starts from it, so eager, compiled and reference draw alike
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,7 +109,7 @@ class EquivalenceStep:
         (or ``*args``)."""
 
         def run(model: nn.Module) -> Any:
-            _set_mode(model, training=False, dropout=False)
+            _set_mode(model, training=False)
             with torch.no_grad():
                 return _call(model, example_inputs, **call_kwargs)
 
@@ -125,7 +126,7 @@ class EquivalenceStep:
         """
 
         def run(model: nn.Module) -> Any:
-            _set_mode(model, training=True, dropout=False)
+            _set_mode(model, training=True)
             model.zero_grad(set_to_none=True)
             loss = _loss(_call(model, example_inputs))
             loss.backward()
@@ -135,7 +136,7 @@ class EquivalenceStep:
             grads = {n: p.grad.detach().clone() for n, p in trainable.items()}
             torch.optim.SGD(list(trainable.values()), lr=lr).step()
             model.zero_grad(set_to_none=True)
-            _set_mode(model, training=False, dropout=False)
+            _set_mode(model, training=False)
             return {
                 "loss": loss.detach(),
                 "grad": grads,
@@ -150,26 +151,22 @@ def check_compile_equivalence(
     example_inputs: torch.Tensor | tuple[Any, ...] | Mapping[str, Any] | None = None,
     *,
     steps: Sequence[Any] | None = None,
-    backend: Any = "inductor",
-    compile_kwargs: dict[str, Any] | None = None,
-    check_grads: bool = True,
-    rtol: float | None = None,
-    atol: float | None = None,
     compile_fn: Callable[..., nn.Module] | None = None,
-    dropout: bool = False,
-    seed: int = 0,
+    tolerance: tuple[float, float] | None = None,
+    check_grads: bool = True,
+    **compile_kwargs: Any,
 ) -> EquivalenceReport:
     """Run ``model`` eagerly and compiled on the same inputs and compare everything that matters.
 
-    Deep copies are made (``model`` is not touched) and run from the same seed with dropout off
-    (unless ``dropout=True``), under the autocast the call is made in. Compared tensor by tensor:
-    eval outputs; with ``check_grads``, the loss, every trainable gradient, every parameter after
-    one SGD step and the eval outputs after it. Each tensor is judged by the comparator
-    (docs/diagnostics.md, "What equal to eager means"): a third copy runs the same at higher
-    precision (float64; float32 for a bf16/fp16 or autocast run) with autocast off, and a tensor is
-    wrong when the compiled run is more than 3x farther from it than eager is (plus a rounding
-    floor, and the run-to-run noise, measured when something fails). PEFT adapters are first
-    perturbed from their identity initialisation, so ignoring them cannot pass.
+    Deep copies are made (``model`` is not touched) and run from the same seed (0) with dropout
+    off (compiled random numbers need not match eager's), under the autocast the call is made in.
+    Compared tensor by tensor: eval outputs; with ``check_grads``, the loss, every trainable
+    gradient, every parameter after one SGD step and the eval outputs after it. Each tensor is
+    judged by the comparator (docs/diagnostics.md, "What equal to eager means"): a third copy runs
+    the same at higher precision (float64; float32 for a bf16/fp16 or autocast run) with autocast
+    off, and a tensor is wrong when the compiled run is more than 3x farther from it than eager is
+    (plus a rounding floor, and the run-to-run noise, measured when something fails). PEFT adapters
+    are first perturbed from their identity initialisation, so ignoring them cannot pass.
 
     Args:
         model: any uncompiled ``nn.Module``.
@@ -177,18 +174,13 @@ def check_compile_equivalence(
         steps: instead, a sequence run on both copies and compared after each step: batches,
             callables ``fn(model)`` and :class:`EquivalenceStep` objects (copies start in eval
             mode).
-        backend: ``torch.compile`` backend for the compiled copy.
-        compile_kwargs: further ``torch.compile`` keyword arguments.
+        compile_fn: how the copy is compiled, ``compile_fn(copy, **compile_kwargs)``; default
+            ``copy.compile(...)``. Pass ``compile_peft`` or ``compile_regional`` to check those.
+        tolerance: ``(rtol, atol)``, a fixed tolerance instead of the comparator's rule: a tensor
+            passes when ``|compiled - eager| <= atol + rtol * |eager|`` elementwise.
         check_grads: also compare the loss, gradients, one optimizer step and the outputs after it.
-        rtol: a fixed relative tolerance instead of the comparator's rule: a tensor passes when
-            ``|compiled - eager| <= atol + rtol * |eager|`` elementwise (the other one, if not
-            given, is the dtype's default: fp32 rtol 1e-4, atol 1e-5).
-        atol: a fixed absolute tolerance instead of the comparator's rule (see ``rtol``).
-        compile_fn: how the copy is compiled, ``compile_fn(copy, backend=, **compile_kwargs)``;
-            default ``copy.compile(...)``. Pass ``compile_peft`` or ``compile_regional`` to check
-            those.
-        dropout: keep dropout active in train mode (compiled RNG may differ from eager).
-        seed: the RNG seed both runs start from.
+        **compile_kwargs: ``torch.compile``'s keywords (``backend``, default ``"inductor"``,
+            ``mode``, ``dynamic``, ...) or ``compile_fn``'s.
 
     Returns:
         An :class:`EquivalenceReport`: ``.ok``, per-tensor ``.diffs``, ``.worst``, ``.reference``,
@@ -216,22 +208,23 @@ def check_compile_equivalence(
             f"example_inputs={type(example_inputs).__name__}, "
             f"steps={type(steps).__name__}."
         )
-    kwargs = {"backend": backend, **(compile_kwargs or {})}
-    report = EquivalenceReport(ok=True, backend=_backend_name(backend))
+    tolerance = _check_tolerance(tolerance)
+    kwargs = {"backend": "inductor", **compile_kwargs}
+    report = EquivalenceReport(ok=True, backend=_backend_name(kwargs["backend"]))
+    seed = SEED
     start = copy.deepcopy(model)
     perturbed = _perturb_adapters(start, seed) if hasattr(model, "peft_config") else []
     if perturbed:
         report.notes.append(f"perturbed {len(perturbed)} adapter parameters away from identity")
     eager = copy.deepcopy(start)
     compiled = (compile_fn or _compile_in_place)(copy.deepcopy(start), **kwargs)
-    tolerance = (rtol, atol) if rtol is not None or atol is not None else None
     precision = reference_dtype(start, autocast=autocast_active(start))
     if steps is not None:
         sequence = [_as_step(s) for s in steps]
         run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
     else:
-        run = lambda m: _one_batch(m, example_inputs, seed, check_grads, dropout)
-    random = steps is None and check_grads and _draws_random(start, example_inputs, seed, dropout)
+        run = lambda m: _one_batch(m, example_inputs, seed, check_grads)
+    random = steps is None and check_grads and _draws_random(start, example_inputs, seed)
     eager_result = run(eager)
     with _dynamo.inductor_settings({"fallback_random": True} if random else {}):
         compiled_result = run(compiled)
@@ -246,6 +239,7 @@ def check_compile_equivalence(
     report.diffs = judge_all(eager_result, compiled_result, None, "", tolerance)
     exact = None
     if tolerance is not None:
+        rtol, atol = tolerance
         report.reference = Reference(dtype=None, note=f"rtol={rtol}, atol={atol} given")
     elif needs_reference(report.diffs):  # not rounding-level near eager: ask the reference
         exact, report.reference = _reference_run(start, precision, run)
@@ -261,12 +255,7 @@ def check_compile_equivalence(
     if steps is None and any(
         isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
     ):
-        report.notes.append(
-            f"dropout: on in training, every run from seed {seed} (the same masks "
-            "where the backend draws as eager does)"
-            if dropout
-            else "dropout: off in every run (eval dropout)"
-        )
+        report.notes.append("dropout: off in every run (eval dropout)")
     if perturbed and steps is None:
         effect = max_abs_difference(
             _run_eval(copy.deepcopy(model), example_inputs, seed), eager_result["output"]
@@ -292,7 +281,7 @@ def _check_uncompiled(model: object) -> None:
         raise ValueError(
             f"model is a torch.compile wrapper ({type(model).__name__}); pass the "
             "uncompiled module (model._orig_mod) and the compile settings via "
-            "backend=/compile_kwargs=/compile_fn=."
+            "torch.compile's keywords or compile_fn=."
         )
     compiled = [n or "<model>" for n in _dynamo.compiled_module_names(model)]
     if compiled:
@@ -302,6 +291,21 @@ def _check_uncompiled(model: object) -> None:
             "compiling (torchcompile_kit.uncompile (model)) and say how to compile "
             "it with compile_fn=, e.g. compile_fn=compile_peft."
         )
+
+
+def _check_tolerance(tolerance: tuple[float, float] | None) -> tuple[float, float] | None:
+    if tolerance is None:
+        return None
+    if (
+        not isinstance(tolerance, tuple)
+        or len(tolerance) != 2
+        or not all(isinstance(t, (int, float)) and t >= 0 for t in tolerance)
+    ):
+        raise ValueError(
+            f"tolerance={tolerance!r}: pass (rtol, atol), two numbers >= 0, e.g. (1e-4, 1e-5), "
+            "or None for the comparator's rule"
+        )
+    return float(tolerance[0]), float(tolerance[1])
 
 
 def _backend_name(backend: Any) -> str:
@@ -329,21 +333,23 @@ def _as_step(item: Any) -> EquivalenceStep:
     return EquivalenceStep.forward(item)
 
 
-def _set_mode(model: nn.Module, *, training: bool, dropout: bool) -> None:
+def _set_mode(model: nn.Module, *, training: bool) -> None:
+    """Train or eval mode, dropout modules off either way (compiled random numbers need not be
+    eager's)."""
     model.train(training)
-    if training and not dropout:
+    if training:
         for module in model.modules():
             if isinstance(module, nn.modules.dropout._DropoutNd):
                 module.eval()  # an eval dropout is the identity
 
 
-def _draws_random(model: nn.Module, example_inputs: Any, seed: int, dropout: bool) -> bool:
+def _draws_random(model: nn.Module, example_inputs: Any, seed: int) -> bool:
     """Whether a training forward of a copy of ``model`` moves torch's random generator (the CPU
     one, and the model's CUDA device's): a dropout the dropout-off mode cannot reach
-    (``F.dropout(x, p, training=self.training)``), or ``dropout=True``. Inductor draws such
+    (``F.dropout(x, p, training=self.training)``). Inductor draws such
     numbers its own way unless ``fallback_random`` is on, which is not a miscompute."""
     probe = copy.deepcopy(model)
-    _set_mode(probe, training=True, dropout=dropout)
+    _set_mode(probe, training=True)
     device = next((p.device for p in probe.parameters()), torch.device("cpu"))
     state = lambda: (
         [torch.random.get_rng_state()]
@@ -357,7 +363,7 @@ def _draws_random(model: nn.Module, example_inputs: Any, seed: int, dropout: boo
 
 
 def _run_eval(model: nn.Module, example_inputs: Any, seed: int) -> Any:
-    _set_mode(model, training=False, dropout=False)
+    _set_mode(model, training=False)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
         return _call(model, example_inputs)
@@ -379,14 +385,14 @@ def _loss(output: Any) -> torch.Tensor:
 
 
 def _one_batch(
-    model: nn.Module, example_inputs: Any, seed: int, check_grads: bool, dropout: bool
+    model: nn.Module, example_inputs: Any, seed: int, check_grads: bool
 ) -> dict[str, Any]:
     """What one batch compares: eval outputs; with ``check_grads`` the loss, every trainable
     gradient, the parameters after one SGD step and the eval outputs after it."""
     result: dict[str, Any] = {"output": _run_eval(model, example_inputs, seed)}
     if not check_grads:
         return result
-    _set_mode(model, training=True, dropout=dropout)
+    _set_mode(model, training=True)
     model.zero_grad(set_to_none=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -404,7 +410,7 @@ def _one_batch(
 
 
 def _run_steps(model: nn.Module, steps: list[EquivalenceStep], seed: int) -> list[_StepResult]:
-    _set_mode(model, training=False, dropout=False)
+    _set_mode(model, training=False)
     results = []
     for index, step in enumerate(steps):
         label = f"{index}:{step.name}"

@@ -274,7 +274,7 @@ class FirstCallVerifier:
             note = (
                 f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
                 "them differently from eager, so the outputs cannot be compared; run "
-                "check_compile_equivalence(model, batch, dropout=False) to check it"
+                "check_compile_equivalence(model, batch) (dropout off) to check it"
             )
             self._record(
                 pending.key,

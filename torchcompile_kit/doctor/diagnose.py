@@ -34,10 +34,10 @@ def diagnose(
     batch: Any = None,
     *,
     recipe: str | None = None,
-    compile_kwargs: dict[str, Any] | None = None,
     autocast: str | None = None,
     out: str | os.PathLike[str] = "doctor-results",
     timeout_s: float = 600,
+    **compile_kwargs: Any,
 ) -> Diagnosis:
     """Diagnose ``torch.compile(model)`` (or one of this library's recipes) on one batch: does it
     compile, run and compute what eager computes, and if not, at which backend, under which
@@ -54,28 +54,28 @@ def diagnose(
             ``"model"`` or ``"peft"`` the library's ``compile_regional``, ``compile_model`` or
             ``compile_peft`` (then one more trial says whether a plain whole-model compile
             passes). The search for the module compiles parts plainly either way.
-        compile_kwargs: the ``torch.compile`` keywords the user compiles with: ``backend`` (a
-            name, or ``"module:attribute"`` of a backend callable; default ``"inductor"``),
-            ``dynamic``, ``mode``, ``fullgraph``, ``options``.
         autocast: run under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``),
             as the user trains; ``None``: no autocast.
         out: the folder for ``doctor.json``, the repro script and each trial's log.
         timeout_s: seconds one trial may run before it counts as hung.
+        **compile_kwargs: the ``torch.compile`` keywords the user compiles with: ``backend`` (a
+            name, or ``"module:attribute"`` of a backend callable; default ``"inductor"``),
+            ``dynamic``, ``mode``, ``fullgraph``, ``options``.
 
     Returns:
         The :class:`~torchcompile_kit.doctor.Diagnosis` (also ``out/doctor.json``, rewritten after
         every trial).
 
     Raises:
-        TypeError: ``model`` is neither a spec string nor an ``nn.Module``, or a module is given
-            without ``batch``.
+        TypeError: ``model`` is neither a spec string nor an ``nn.Module``, a module is given
+            without ``batch``, or a keyword is not ``torch.compile``'s.
         ValueError: the spec cannot be loaded, the module's class cannot be imported by another
             process, or ``timeout_s`` is not positive.
 
     Example:
         >>> diagnosis = diagnose("mypkg.models:build", out="doctor-out")  # doctest: +SKIP
         >>> diagnosis = diagnose(model, batch, recipe="regional",
-        ...                      compile_kwargs={"dynamic": False})  # doctest: +SKIP
+        ...                      dynamic=False)  # doctest: +SKIP
         >>> print(diagnosis.summary())  # doctest: +SKIP
         doctor: MISCOMPUTE (gradients differ); torch 2.13.0+cpu, cpu, 11 trials, 95 s
     """
@@ -83,7 +83,8 @@ def diagnose(
         raise ValueError(
             f"diagnose(recipe={recipe!r}): pass None (torch.compile) or one of {list(RECIPES)}"
         )
-    kwargs = dict(compile_kwargs or {})
+    _check_compile_keywords(compile_kwargs)
+    kwargs = dict(compile_kwargs)
     backend = kwargs.pop("backend", "inductor")
     if autocast not in (None, "bfloat16", "float16"):
         raise ValueError(f"diagnose(autocast={autocast!r}): pass 'bfloat16', 'float16' or None")
@@ -116,6 +117,20 @@ def diagnose(
         diagnosis.complete = True
         doctor.save()
     return diagnosis
+
+
+def _check_compile_keywords(compile_kwargs: dict[str, Any]) -> None:
+    import inspect
+
+    import torch
+
+    known = [p for p in inspect.signature(torch.compile).parameters if p != "model"]
+    for name in compile_kwargs:
+        if name not in known:
+            raise TypeError(
+                f"diagnose: unexpected keyword {name}=; it is not one of diagnose's, and "
+                f"torch.compile takes {', '.join(known)}"
+            )
 
 
 class _Doctor:

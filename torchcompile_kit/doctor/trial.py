@@ -77,9 +77,9 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
             report = check_compile_equivalence(
                 model,
                 batch,
-                backend=backend,
-                compile_kwargs=trial.compile_kwargs,
                 compile_fn=compile_fn,
+                backend=backend,
+                **trial.compile_kwargs,
             )
             if trial.monitor and compiled and make_batch is not None:  # a second batch shape
                 _second_shape(compiled[0], make_batch, batch)
@@ -131,9 +131,9 @@ def _bisect(model: Any, batch: Any, backend: Any, trial: Any, compile_fn: Any) -
                 return check_compile_equivalence(
                     model,
                     batch,
-                    backend=backend,
-                    compile_kwargs=trial.compile_kwargs,
                     compile_fn=compile_fn,
+                    backend=backend,
+                    **trial.compile_kwargs,
                 ).ok
         except Exception:  # noqa: BLE001 - a compile or run that raises is a bad run
             return False

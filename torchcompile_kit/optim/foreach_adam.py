@@ -74,8 +74,7 @@ def foreach_map_adam_step(
     steps: list[torch.Tensor],
     *,
     lr: Hyperparameter,
-    beta1: Hyperparameter,
-    beta2: Hyperparameter,
+    betas: tuple[Hyperparameter, Hyperparameter],
     eps: Hyperparameter,
     weight_decay: Hyperparameter,
     decoupled: bool,
@@ -95,20 +94,20 @@ def foreach_map_adam_step(
         exp_avg_sqs: second-moment state, as ``optimizer.state[p]["exp_avg_sq"]``.
         steps: 0-d float step counts, as ``optimizer.state[p]["step"]``; incremented first.
         lr: learning rate.
-        beta1: first-moment decay (``betas[0]``).
-        beta2: second-moment decay (``betas[1]``).
+        betas: the first- and second-moment decays, as ``torch.optim.Adam``'s ``betas``.
         eps: term added to the denominator.
         weight_decay: L2 penalty (Adam) or decoupled decay factor (AdamW).
         decoupled: ``True`` for AdamW's decoupled weight decay, ``False`` for Adam's L2 term.
 
     Raises:
-        ValueError: lists or a hyperparameter sequence of the wrong length.
+        ValueError: lists or a hyperparameter sequence of the wrong length, or ``betas`` not a
+            pair.
         UnsupportedOptimizerError: a sparse gradient.
 
     Example:
         >>> params, grads = [torch.zeros(3)], [torch.ones(3)]
         >>> m, v, steps = [torch.zeros(3)], [torch.zeros(3)], [torch.tensor(0.0)]
-        >>> foreach_map_adam_step(params, grads, m, v, steps, lr=1e-3, beta1=0.9, beta2=0.999,
+        >>> foreach_map_adam_step(params, grads, m, v, steps, lr=1e-3, betas=(0.9, 0.999),
         ...                       eps=1e-8, weight_decay=0.0, decoupled=False)
         >>> float(steps[0])
         1.0
@@ -127,12 +126,17 @@ def foreach_map_adam_step(
             "supported; use torch.optim.SparseAdam or dense gradients "
             "(e.g. nn.Embedding(sparse=False))"
         )
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(
+            f"foreach_map_adam_step(betas={betas!r}): pass the pair (beta1, beta2), e.g. "
+            "(0.9, 0.999)"
+        )
     hyper = {
         name: _per_tensor(name, value, n)
         for name, value in (
             ("lr", lr),
-            ("beta1", beta1),
-            ("beta2", beta2),
+            ("beta1", betas[0]),
+            ("beta2", betas[1]),
             ("eps", eps),
             ("weight_decay", weight_decay),
         )
@@ -238,11 +242,16 @@ def make_foreach_map_step(
         with_grads = [
             g for g in optimizer.param_groups if any(p.grad is not None for p in g["params"])
         ]
-        per_tensor = {
+        one = {
             name: (values if len(with_grads) > 1 else values[0]) for name, values in hyper.items()
         }
         functional(
-            **lists, **per_tensor, decoupled=_is_decoupled(optimizer, optimizer.param_groups[0])
+            **lists,
+            lr=one["lr"],
+            betas=(one["beta1"], one["beta2"]),
+            eps=one["eps"],
+            weight_decay=one["weight_decay"],
+            decoupled=_is_decoupled(optimizer, optimizer.param_groups[0]),
         )
 
     return step

@@ -5,11 +5,12 @@ The topic's API (``no_recompiles`` lives in ``torchcompile_kit.diagnostics``).
 
 from .dynamic import mark_dynamic_batch, warmup_shapes
 from .padding import PadToBucketCollator, pad_to_bucket
-from .planner import estimate_padding, plan_buckets
+from .planner import Batching, estimate_padding, plan_buckets
 from .sampler import BucketBatchSampler
 
 __all__ = [
     # planning
+    "Batching",
     "estimate_padding",
     "plan_buckets",
     # batching

@@ -109,8 +109,12 @@ def pad_to_bucket(
     return _pad_stack(rows, length, pad_value, padding_side)
 
 
-# Keys padded as sequences, with the pad value each gets ("pad" = the pad token id, "label" = the
-# label pad id). Every sequence key of a batch is padded to the same (bucket) length.
+LABEL_PAD = -100
+"""What ``labels`` are padded with: the ``ignore_index`` of torch's ``cross_entropy`` and of the
+Hugging Face losses."""
+
+# Keys padded as sequences, with the pad value each gets ("pad" = the pad token id, "label" =
+# LABEL_PAD). Every sequence key of a batch is padded to the same (bucket) length.
 _SEQUENCE_KEYS: dict[str, str | int] = {
     "input_ids": "pad",
     "attention_mask": 0,
@@ -142,7 +146,7 @@ class PadToBucketCollator:
 
     The sequence keys (``input_ids``, ``attention_mask``, ``labels``, ``decoder_*``, ...) are padded
     to the smallest bucket holding the batch's longest sequence (with ``buckets=None``: that length
-    rounded up to ``multiple_of``); ``labels`` with ``label_pad_token_id``, and ``attention_mask``
+    rounded up to ``multiple_of``); ``labels`` with -100 (:data:`LABEL_PAD`), and ``attention_mask``
     is built when absent. Other keys are stacked when they can be, else passed through as lists.
 
     Args:
@@ -150,14 +154,15 @@ class PadToBucketCollator:
             multiple of ``multiple_of``.
         multiple_of: with ``buckets=None``, pad to a multiple of this.
         pad_token_id: pad value of ``input_ids`` / ``decoder_input_ids``.
-        label_pad_token_id: pad value of ``labels`` (-100 is ignored by PyTorch/HF losses).
         padding_side: ``"right"`` or ``"left"``.
         max_length: truncate longer samples (every sequence key alike); ``None``: a sample longer
             than the last bucket is an error.
-        tokenizer: an HF tokenizer to take ``pad_token_id`` and ``padding_side`` from.
 
     Raises:
         ValueError: bad arguments, or no pad token id.
+
+    With an HF tokenizer, pass ``pad_token_id=tokenizer.pad_token_id,
+    padding_side=tokenizer.padding_side``.
 
     Example:
         >>> collate = PadToBucketCollator(buckets=[8, 16], pad_token_id=0)
@@ -173,28 +178,17 @@ class PadToBucketCollator:
         buckets: Sequence[int] | None = None,
         multiple_of: int = 8,
         pad_token_id: int | None = 0,
-        label_pad_token_id: int = -100,
         padding_side: Literal["right", "left"] = "right",
         max_length: int | None = None,
-        tokenizer: Any = None,
     ) -> None:
         self.buckets = None if buckets is None else check_buckets(buckets)
         self.multiple_of = check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
-        if tokenizer is not None:
-            pad_token_id = tokenizer.pad_token_id
-            padding_side = getattr(tokenizer, "padding_side", padding_side)
-            if pad_token_id is None:
-                raise BatchShapeError(
-                    f"tokenizer {type(tokenizer).__name__!r} has no pad token "
-                    "(pad_token_id is None), so input_ids cannot be padded; "
-                    "set tokenizer.pad_token = tokenizer.eos_token (causal "
-                    "LMs) or add a pad token"
-                )
         if pad_token_id is None:
             raise BatchShapeError(
                 "pad_token_id=None: 'input_ids'/'decoder_input_ids' cannot be "
-                "padded; pass the tokenizer's pad id "
-                "(pad_token_id=tokenizer.pad_token_id) or tokenizer=tokenizer"
+                "padded; pass the tokenizer's pad id (pad_token_id=tokenizer.pad_token_id); a "
+                "tokenizer without one needs tokenizer.pad_token = tokenizer.eos_token (causal "
+                "LMs) or a pad token added"
             )
         _check_padding_side(padding_side)
         if max_length is not None:
@@ -207,7 +201,6 @@ class PadToBucketCollator:
                     f"bucket >= {max_length}"
                 )
         self.pad_token_id = pad_token_id
-        self.label_pad_token_id = label_pad_token_id
         self.padding_side = padding_side
         self.max_length = max_length
 
@@ -215,7 +208,6 @@ class PadToBucketCollator:
         return (
             f"{type(self).__name__}(buckets={self.buckets!r}, "
             f"multiple_of={self.multiple_of!r}, pad_token_id={self.pad_token_id!r}, "
-            f"label_pad_token_id={self.label_pad_token_id!r}, "
             f"padding_side={self.padding_side!r}, max_length={self.max_length!r})"
         )
 
@@ -386,7 +378,7 @@ class PadToBucketCollator:
         if spec == "pad":
             return self.pad_token_id
         if spec == "label":
-            return self.label_pad_token_id
+            return LABEL_PAD
         return spec
 
 

@@ -1,8 +1,9 @@
 """Choose bucket lengths: the fewest padded tokens for a bounded number of shapes.
 
 :func:`plan_buckets` plans for batches grouped by bucket
-(:class:`~torchcompile_kit.BucketBatchSampler`), optionally with the sampler's own batch size and
-carry rule (:func:`carry_rule`); :func:`estimate_padding` says how much padding a plan gives.
+(:class:`~torchcompile_kit.BucketBatchSampler`), optionally with the sampler's own
+:class:`Batching` and carry rule (:func:`carry_rule`); :func:`estimate_padding` says how much
+padding a plan gives.
 docs/shapes.md says why.
 """
 
@@ -13,6 +14,7 @@ import itertools
 import operator
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -21,8 +23,8 @@ from ..errors import BatchShapeError, SequenceTooLongError
 from .segmentation import MAX_BATCHED_CANDIDATES, carry_rule, segment, segment_batched, thin
 
 __all__ = [
+    "Batching",
     "as_lengths",
-    "batch_sizes_for",
     "bucket_for",
     "carry_rule",
     "check_buckets",
@@ -132,12 +134,39 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
     return buckets[position] if position < len(buckets) else -1
 
 
-def batch_sizes_for(buckets: Sequence[int], batch_size: int, max_tokens: int | None) -> list[int]:
-    """The batch size of each bucket: ``batch_size``, or under a token budget
-    ``min(batch_size, max(1, max_tokens // bucket))`` (shared with the sampler)."""
-    if max_tokens is None:
-        return [batch_size] * len(buckets)
-    return [min(batch_size, max(1, max_tokens // bucket)) for bucket in buckets]
+@dataclass(frozen=True)
+class Batching:
+    """How :class:`~torchcompile_kit.BucketBatchSampler` cuts each bucket into batches: what
+    :func:`plan_buckets` and :func:`estimate_padding` cost the padding of.
+
+    Args:
+        batch_size: samples per batch (with ``max_tokens``: the largest batch size).
+        drop_last: the sampler drops the epoch's one partial batch.
+        max_tokens: a token budget: bucket ``b`` gets batches of
+            ``min(batch_size, max(1, max_tokens // b))`` samples.
+
+    Raises:
+        ValueError: a ``batch_size`` or ``max_tokens`` that is not a positive int.
+
+    Example:
+        >>> Batching(64, max_tokens=4096).sizes([32, 128, 512])
+        [64, 32, 8]
+    """
+
+    batch_size: int
+    drop_last: bool = False
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("batch_size", self.batch_size, error=BatchShapeError)
+        if self.max_tokens is not None:
+            check_positive_int("max_tokens", self.max_tokens, error=BatchShapeError)
+
+    def sizes(self, buckets: Sequence[int]) -> list[int]:
+        """The batch size of each bucket."""
+        if self.max_tokens is None:
+            return [self.batch_size] * len(buckets)
+        return [min(self.batch_size, max(1, self.max_tokens // b)) for b in buckets]
 
 
 def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller: str) -> None:
@@ -160,25 +189,22 @@ def estimate_padding(
     lengths: Iterable[int] | torch.Tensor,
     buckets: Sequence[int],
     *,
-    batch_size: int | None = None,
-    drop_last: bool = False,
-    max_tokens: int | None = None,
+    batching: Batching | None = None,
     max_length: int | None = None,
 ) -> float:
     """The share of computed tokens that are padding, ``1 - real / computed``, for ``lengths``
     padded to ``buckets``.
 
-    Without ``batch_size``, every sample is padded to its own bucket; with it, the batches are
-    exactly those of ``BucketBatchSampler`` with the same
-    ``batch_size``/``drop_last``/``max_tokens`` (leftovers carried up; a dropped partial batch's
-    real tokens estimated from its bucket's mean). ``max_length``: longer lengths count as
-    ``max_length`` (the collator truncates them). Raises ``SequenceTooLongError`` past the last
-    bucket, ``ValueError`` for bad lengths, buckets or sizes.
+    Without ``batching``, every sample is padded to its own bucket; with it, the batches are
+    exactly those of a ``BucketBatchSampler`` with the same :class:`Batching` (leftovers carried
+    up; a dropped partial batch's real tokens estimated from its bucket's mean). ``max_length``:
+    longer lengths count as ``max_length`` (the collator truncates them). Raises
+    ``SequenceTooLongError`` past the last bucket, ``ValueError`` for bad lengths, buckets or sizes.
 
     Example:
         >>> estimate_padding([4, 8, 8, 8], [8])
         0.125
-        >>> estimate_padding([4, 8, 8, 20], [8, 24], batch_size=2)  # one 8 carried up to 24
+        >>> estimate_padding([4, 8, 8, 20], [8, 24], batching=Batching(2))  # an 8 carried up
         0.375
     """
     values = as_lengths(lengths)
@@ -198,16 +224,11 @@ def estimate_padding(
         counts[position] += 1
         sums[position] += value
     real = float(sum(values))
-    if batch_size is None:
+    if batching is None:
         return 1 - real / sum(c * b for c, b in zip(counts, bounds))
-    check_positive_int("batch_size", batch_size, error=BatchShapeError)
-    if max_tokens is not None:
-        check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
-    computed, last_size = 0, batch_size
+    computed, last_size = 0, batching.batch_size
     carry: list[list[int]] = []  # [bucket position, samples] waiting, oldest first
-    for position, (count, size) in enumerate(
-        zip(counts, batch_sizes_for(bounds, batch_size, max_tokens))
-    ):
+    for position, (count, size) in enumerate(zip(counts, batching.sizes(bounds))):
         if not count:
             continue
         full, used_carried, used = carry_rule(sum(n for _, n in carry), count, size)
@@ -218,7 +239,7 @@ def estimate_padding(
         last_size = size
     while carry:  # the partial batch(es), as the sampler cuts them
         chunk = _take(carry, last_size)
-        if drop_last:
+        if batching.drop_last:
             real -= sum(n * sums[p] / counts[p] for p, n in chunk)
         else:
             computed += sum(n for _, n in chunk) * bounds[max(p for p, _ in chunk)]
@@ -244,16 +265,14 @@ def plan_buckets(
     max_buckets: int = 8,
     multiple_of: int = 8,
     max_length: int | None = None,
-    batch_size: int | None = None,
-    drop_last: bool = False,
-    max_tokens: int | None = None,
+    batching: Batching | None = None,
 ) -> list[int]:
     """Choose at most ``max_buckets`` padding lengths that minimize the padded tokens.
 
     An exact dynamic program over the length histogram, for batches drawn from one bucket each
-    (:class:`BucketBatchSampler`); ties go to fewer buckets. Without ``batch_size`` the cost is per
-    sample; with it (and the sampler's ``drop_last``/``max_tokens``) it is that of the sampler's
-    batches, leftovers carried up included: pass the whole dataset's lengths then.
+    (:class:`BucketBatchSampler`); ties go to fewer buckets. Without ``batching`` the cost is per
+    sample; with the sampler's :class:`Batching` it is that of the sampler's batches, leftovers
+    carried up included: pass the whole dataset's lengths then.
     :func:`estimate_padding` with the same arguments gives the plan's padding.
 
     Args:
@@ -262,31 +281,24 @@ def plan_buckets(
         multiple_of: every boundary is a multiple of this (the last may equal ``max_length``).
         max_length: the longest a batch is padded to; longer samples count as ``max_length`` (the
             collator truncates them). ``None``: the longest length rounded up to ``multiple_of``.
-        batch_size: the sampler's ``batch_size``; ``None`` plans per sample.
-        drop_last: the sampler's ``drop_last``; only with ``batch_size``.
-        max_tokens: the sampler's token budget; only with ``batch_size``.
+        batching: the sampler's batch size, ``drop_last`` and token budget; ``None`` plans per
+            sample.
 
     Returns:
         Strictly ascending boundaries; the last is ``>=`` every (truncated) length.
 
     Raises:
-        ValueError: empty or bad lengths, a non-positive argument, ``drop_last``/``max_tokens``
-            without ``batch_size``, or a last bucket longer than ``max_tokens``.
+        ValueError: empty or bad lengths, a non-positive argument, or a last bucket longer than
+            the batching's ``max_tokens``.
 
     Example:
         >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, multiple_of=8)
         [8, 32, 200]
-        >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, batch_size=2)
+        >>> plan_buckets([5, 6, 7, 12, 30, 31, 200], max_buckets=3, batching=Batching(2))
         [16, 32, 200]
     """
     check_positive_int("max_buckets", max_buckets, error=BatchShapeError)
     check_positive_int("multiple_of", multiple_of, error=BatchShapeError)
-    if batch_size is None and (drop_last or max_tokens is not None):
-        raise BatchShapeError(
-            f"drop_last={drop_last!r}, max_tokens={max_tokens!r} describe the "
-            "sampler's batches; pass its batch_size too, e.g. "
-            "plan_buckets(lengths, batch_size=64, drop_last=True)"
-        )
     values = as_lengths(lengths)
     if max_length is not None:
         check_positive_int("max_length", max_length, error=BatchShapeError)
@@ -294,18 +306,16 @@ def plan_buckets(
     top = round_up(max(values), multiple_of)
     if max_length is not None:
         top = min(top, max_length)
-    check_token_budget([top], max_tokens, caller="plan_buckets")
+    if batching is not None:
+        check_token_budget([top], batching.max_tokens, caller="plan_buckets")
     # A boundary is only ever worth placing at the rounded-up value of some length: moving it down
     # to that value covers the same samples with less padding. So the candidates are those values.
     per_candidate = Counter(min(round_up(value, multiple_of), top) for value in values)
     candidates = sorted(per_candidate)
     counts = [per_candidate[c] for c in candidates]
     plan = segment(candidates, counts, max_buckets)
-    if batch_size is None:
+    if batching is None:
         return plan
-    check_positive_int("batch_size", batch_size, error=BatchShapeError)
-    if max_tokens is not None:
-        check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
     sums = Counter()
     for value in values:
         sums[min(round_up(value, multiple_of), top)] += value
@@ -319,5 +329,5 @@ def plan_buckets(
             lengths_sum[position] += sums[candidate]
     else:
         lengths_sum = [sums[c] for c in candidates]
-    sizes = batch_sizes_for(candidates, batch_size, max_tokens)
-    return segment_batched(candidates, counts, lengths_sum, sizes, max_buckets, drop_last)
+    sizes = batching.sizes(candidates)
+    return segment_batched(candidates, counts, lengths_sum, sizes, max_buckets, batching.drop_last)

@@ -12,8 +12,8 @@ import torch
 from .._checks import check_positive_int
 from ..errors import BatchShapeError, SequenceTooLongError
 from .planner import (
+    Batching,
     as_lengths,
-    batch_sizes_for,
     bucket_for,
     carry_rule,
     check_buckets,
@@ -40,12 +40,11 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     Args:
         lengths: token length of every sample of the dataset (index ``i`` -> ``lengths[i]``).
         buckets: strictly ascending padding lengths, e.g. from :func:`plan_buckets` given the same
-            ``batch_size`` (and ``drop_last``, ``max_tokens``); each length must fit the last
-            bucket.
+            :class:`~torchcompile_kit.shapes.Batching`; each length must fit the last bucket.
         batch_size: samples per batch (with ``max_tokens``: the largest batch size).
-        shuffle: shuffle within and across buckets (``False``: ascending bucket order).
         drop_last: drop the one partial batch (and, under DDP, the surplus batches).
-        seed: base seed; the epoch's order is drawn from ``seed + epoch``.
+        seed: the shuffle's base seed, the same on every rank: the epoch's order is drawn from
+            ``seed + epoch``; ``None``: no shuffle, batches in ascending bucket order.
         num_replicas: ranks this sampler deals to when it deals itself; ``None`` reads
             ``torch.distributed`` at each iteration (1 when it is not initialized). With
             accelerate dealing (:meth:`deal_with_accelerate`), a value other than 1 or its
@@ -59,6 +58,8 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             :meth:`set_epoch`.
         batch_size: the size of every batch when all are equal, else ``None``.
         batch_sizes: the batch size of each bucket.
+        batching: its :class:`~torchcompile_kit.shapes.Batching`, to give :func:`plan_buckets`
+            and :func:`estimate_padding`.
 
     Raises:
         SequenceTooLongError: a length exceeds the last bucket.
@@ -81,17 +82,14 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         buckets: Sequence[int],
         batch_size: int,
         *,
-        shuffle: bool = True,
         drop_last: bool = False,
-        seed: int = 0,
+        seed: int | None = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
         max_tokens: int | None = None,
     ) -> None:
         self.buckets = check_buckets(buckets)
-        check_positive_int("batch_size", batch_size, error=BatchShapeError)
-        if max_tokens is not None:
-            check_positive_int("max_tokens", max_tokens, error=BatchShapeError)
+        self.batching = Batching(batch_size, drop_last, max_tokens)
         check_token_budget(self.buckets, max_tokens, caller="BucketBatchSampler")
         values = as_lengths(lengths)
         self._members: list[list[int]] = [[] for _ in self.buckets]
@@ -106,11 +104,15 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
                 )
             self._bucket_of.append(self.buckets.index(bucket))
             self._members[self._bucket_of[-1]].append(index)
-        self.batch_sizes = batch_sizes_for(self.buckets, batch_size, max_tokens)
+        self.batch_sizes = self.batching.sizes(self.buckets)
         _resolve_replicas(num_replicas, rank)  # check explicit values now
         self._num_replicas, self._rank = num_replicas, rank
-        self.shuffle = shuffle
         self.drop_last = drop_last
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise BatchShapeError(
+                f"seed={seed!r}: pass an int (the shuffle's seed, the same on every rank) or "
+                "None (no shuffle)"
+            )
         self.seed = seed
         self.epoch = 0
         self._epoch_used = False  # an iteration drew from `epoch` since set_epoch
@@ -225,7 +227,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             self.epoch += 1
         self._epoch_used = True
         generator = None
-        if self.shuffle:
+        if self.seed is not None:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(self._deal(self._global_batches(generator), parts, rank))
 
@@ -263,7 +265,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(buckets={self.buckets!r}, "
-            f"batch_sizes={self.batch_sizes!r}, shuffle={self.shuffle!r}, "
+            f"batch_sizes={self.batch_sizes!r}, "
             f"drop_last={self.drop_last!r}, seed={self.seed!r}, "
             f"num_replicas={self.num_replicas!r}, rank={self.rank!r})"
         )

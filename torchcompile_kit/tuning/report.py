@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench import render_table
-from ..shapes import estimate_padding, plan_buckets
+from ..shapes import Batching, estimate_padding, plan_buckets
 from .result import CandidateResult, TuneResult
 
 __all__ = [
@@ -215,6 +215,23 @@ def recommendation_reason(
     return f"{text}; {shortfall}" if shortfall else text
 
 
+def save_result(result: TuneResult, out_dir: str | Path) -> Path:
+    """Write ``tune.json`` (:meth:`TuneResult.write_json`), ``tune.png`` (the chart),
+    ``recommended.py`` (the snippet) and ``tune.txt`` (the table and the reason) into ``out_dir``
+    (created if missing) and return it.
+
+    Example:
+        >>> save_result(result, "tune-out")  # doctest: +SKIP
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result.write_json(out / "tune.json")
+    write_chart(result, out / "tune.png")
+    (out / "recommended.py").write_text(result.snippet)
+    (out / "tune.txt").write_text(format_table(result) + "\n\n" + result.reason + "\n")
+    return out
+
+
 def write_chart(result: TuneResult, path: str | Path) -> Path | None:
     """Predicted wall time against steps for every measured candidate, as a PNG at ``path``
     (``None`` without matplotlib or a measured candidate); lines cross at the break-even points."""
@@ -270,8 +287,9 @@ def bucket_notes(
     """
     if not lengths:
         return []
-    buckets = plan_buckets(lengths, max_buckets=8, batch_size=batch_size, drop_last=True)
-    in_buckets = estimate_padding(lengths, buckets, batch_size=batch_size, drop_last=True)
+    batching = Batching(batch_size, drop_last=True)
+    buckets = plan_buckets(lengths, max_buckets=8, batching=batching)
+    in_buckets = estimate_padding(lengths, buckets, batching=batching)
     shuffled = random.Random(0).sample(lengths, len(lengths))
     real = computed = 0
     for i in range(0, len(shuffled) - batch_size + 1, batch_size):  # random, pad to longest (x8)
@@ -280,10 +298,10 @@ def bucket_notes(
         computed += len(chunk) * -(-max(chunk) // 8) * 8
     longest = f"{1 - real / computed:.1%}" if computed else "-"
     note = (
-        f"your lengths ({len(lengths):,}, batch {batch_size}): plan_buckets(batch_size="
-        f"{batch_size}) gives {buckets} with {in_buckets:.1%} padding in BucketBatchSampler "
-        f"batches, vs {longest} for random batches padded to their longest (multiple of 8), "
-        "from counts"
+        f"your lengths ({len(lengths):,}, batch {batch_size}): plan_buckets(batching="
+        f"Batching({batch_size})) gives {buckets} with {in_buckets:.1%} padding in "
+        f"BucketBatchSampler batches, vs {longest} for random batches padded to their longest "
+        "(multiple of 8), from counts"
     )
     if measured_buckets is not None:
         note += (

@@ -114,8 +114,9 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     """What else the run found (bucket plan from the user's lengths, missing features ...)."""
     prediction_check: dict[str, Any] | None = None
-    """With ``check_prediction=True``: the recommended recipe run for ``steps_planned`` steps,
-    ``predicted_s``, ``measured_s`` and their ratio."""
+    """What :func:`~torchcompile_kit.tuning.check_prediction` measured, when kept here: the
+    recommended recipe run for ``steps_planned`` steps, ``predicted_s``, ``measured_s`` and their
+    ratio."""
     elapsed_s: float = 0.0
     """Seconds ``tune`` took."""
 

@@ -5,14 +5,14 @@ can no longer win) and the correctness check in their own process (:mod:`.gate`)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bench import MeasureConfig, Recipe, missing_requirement, run_recipe_isolated
+from ..bench import MeasureConfig, Recipe, RunRequest, missing_requirement, run_recipe_isolated
 from .arithmetic import predicted_total
 from .budget import Budget
 from .gate import CHECK_HOOK
@@ -25,6 +25,7 @@ __all__ = ["OVERRIDES", "RunPlan", "measure_candidate", "run_planned", "run_stea
 # written into the snippet only when the measured run had none
 OVERRIDES = {"fullgraph": False}
 _NO_LIMIT_S = 7 * 24 * 3600.0  # a longer time limit is no limit (and overflows select())
+_log = logging.getLogger("torchcompile_kit.tuning")  # progress: a line per candidate and check
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -42,14 +43,13 @@ class RunPlan:
     warm_start: bool
     """Warm restarts count for the planned run."""
     runs: Path
-    """The runner's ``out_dir``."""
+    """The runner's ``out_dir`` (a temporary directory)."""
 
 
 def measure_candidate(
     candidate: Recipe,
     plan: RunPlan,
     budget: Budget,
-    emit: Callable[[dict], None],
     done: list[CandidateResult],
 ) -> CandidateResult:
     """Run one candidate in its own process (or say why not), checked against eager at the end of
@@ -72,14 +72,7 @@ def measure_candidate(
             f"~{floor:.0f} s here (eager's run)"
         )
     if result.reason is not None:
-        emit(
-            {
-                "event": "candidate",
-                "name": candidate.name,
-                "status": "skipped",
-                "reason": result.reason,
-            }
-        )
+        _log.info("candidate %s: skipped - %s", candidate.name, result.reason)
         return result
     timeout, bound = budget.left(), None
     best = _best_so_far(done, plan.steps_planned, plan.warm_start)
@@ -88,19 +81,17 @@ def measure_candidate(
         startup = max(0.0, eager.wall_s - measured)  # process start, imports, model build
         bound = startup + best[1] + floor
         timeout = min(timeout, bound)
-    emit({"event": "candidate", "name": candidate.name, "status": "running"})
+    _log.info("candidate %s: running", candidate.name)
     result.started_s = budget.elapsed()
     progress = _Progress()
-    run = run_recipe_isolated(
-        candidate.name,
+    compiled = candidate.compile != "none"
+    request = RunRequest(
+        recipe=candidate.name,
         spec=plan.spec,
         config=plan.measure,
-        out_dir=plan.runs,
-        timeout_s=None if timeout > _NO_LIMIT_S else timeout,
-        compile_overrides=OVERRIDES if candidate.compile != "none" else None,
+        compile_overrides=OVERRIDES if compiled else {},
         plan_steps=plan.steps_planned,
-        check=CHECK_HOOK if candidate.compile != "none" else None,
-        on_event=progress,
+        check=CHECK_HOOK if compiled else None,
         # every candidate's ratio is to eager (pad to max), the table's "x eager"
         # (a background compile's steps change speed at its switch: timed alone)
         pair_with="eager"
@@ -108,6 +99,12 @@ def measure_candidate(
         and candidate.name != "eager"
         and "background" not in candidate.compile_kwargs
         else None,
+    )
+    run = run_recipe_isolated(
+        request,
+        out_dir=plan.runs,
+        timeout_s=None if timeout > _NO_LIMIT_S else timeout,
+        on_event=progress,
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
@@ -124,16 +121,14 @@ def measure_candidate(
             result.metrics.stopped = progress.stopped(timeout)
     result.graphs, result.recompiles = result.metrics.graphs, result.metrics.recompiles
     result.graph_breaks = result.metrics.graph_breaks
-    emit(
-        {
-            "event": "candidate",
-            "name": candidate.name,
-            "status": result.status,
-            "reason": result.reason,
-        }
+    _log.info(
+        "candidate %s: %s%s",
+        candidate.name,
+        result.status,
+        f" - {result.reason}" if result.reason else "",
     )
     if result.status == "ok" and candidate.compile != "none":
-        _read_check(result, emit)
+        _read_check(result)
     return result
 
 
@@ -155,7 +150,7 @@ class _Progress:
         return {"after_s": after_s, "phase": self.phase, "steady_after_s": self.steady_after_s}
 
 
-def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
+def _read_check(result: CandidateResult) -> None:
     """The verdict of the check the candidate's own run made (``metrics.check``)."""
     check = result.metrics.check
     if not isinstance(check, dict) or "ok" not in check:
@@ -165,7 +160,7 @@ def _read_check(result: CandidateResult, emit: Callable[[dict], None]) -> None:
     result.offending = check.get("offending")
     result.gate_s = check.get("seconds")
     result.gate_new_graphs = check.get("new_graphs")
-    emit({"event": "check", "name": result.name, "status": result.verdict})
+    _log.info("check %s: %s", result.name, result.verdict)
 
 
 def _cannot_run(candidate: Recipe, plan: RunPlan, done: list[CandidateResult]) -> str | None:
@@ -200,24 +195,20 @@ def _best_so_far(
     return best
 
 
-def run_planned(
-    chosen: CandidateResult, candidate: Recipe, plan: RunPlan, runs: Path
-) -> dict[str, Any]:
+def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan) -> dict[str, Any]:
     """Run the recommendation for the planned steps: ``status`` and, when ok, ``predicted_s``,
     ``measured_s`` (warm-up, cache load and every steady step) and their ``ratio``."""
     warmup = chosen.metrics.warmup_steps or 1
-    run = run_recipe_isolated(
-        candidate.name,
-        spec=plan.spec,
-        config=dataclasses.replace(
-            plan.measure,
-            steps=max(1, plan.steps_planned - warmup),
-            warmup_steps=warmup,
-            steady_s=0.0,
-        ),
-        out_dir=runs,
-        compile_overrides=OVERRIDES if candidate.compile != "none" else None,
+    config = dataclasses.replace(
+        plan.measure, steps=max(1, plan.steps_planned - warmup), warmup_steps=warmup, steady_s=0.0
     )
+    request = RunRequest(
+        recipe=candidate.name,
+        spec=plan.spec,
+        config=config,
+        compile_overrides=OVERRIDES if candidate.compile != "none" else {},
+    )
+    run = run_recipe_isolated(request, out_dir=plan.runs)
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}
     times = run.metrics.step_times_s

@@ -98,8 +98,10 @@ def make_snippet(
         size = batch_size or 64
         body += [
             "# bucket recipe: your dataset (samples of token ids) and their lengths:",
-            "# from torchcompile_kit import BucketBatchSampler, PadToBucketCollator, plan_buckets",
-            f"# buckets = plan_buckets(lengths, max_buckets=8, batch_size={size}, drop_last=True)",
+            "# from torchcompile_kit import (Batching, BucketBatchSampler, PadToBucketCollator,",
+            "#                               plan_buckets)",
+            f"# batching = Batching({size}, drop_last=True)",
+            "# buckets = plan_buckets(lengths, max_buckets=8, batching=batching)",
             f"# sampler = BucketBatchSampler(lengths, buckets, {size}, drop_last=True)",
             "# loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler,",
             (

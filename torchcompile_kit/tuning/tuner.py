@@ -1,5 +1,8 @@
 """``tune``: measure the candidates (:mod:`.candidates`, :mod:`.runs`), check them (:mod:`.gate`),
-do the arithmetic (:mod:`.ranking`) and recommend the cheapest eligible one (docs/tune.md).
+do the arithmetic (:mod:`.ranking`) and recommend the cheapest eligible one (docs/tune.md);
+``check_prediction``: run the recommendation for the planned steps.
+
+Progress goes to the ``torchcompile_kit.tuning`` logger (INFO), one line per candidate.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ from ..bench import (
 from .budget import Budget, budget_shortfall
 from .candidates import CANDIDATES
 from .ranking import rank_candidates
-from .report import bucket_notes, format_table, recommendation_reason, write_chart
+from .report import bucket_notes, recommendation_reason
 from .result import CandidateResult, TuneResult
 from .runs import RunPlan, measure_candidate, run_planned
 from .snippet import make_snippet
 
-__all__ = ["tune"]
+__all__ = ["check_prediction", "tune"]
 
 STEADY_S = 30.0
 """Seconds of steady steps ``tune`` times per candidate unless its ``measure`` says otherwise."""
@@ -42,13 +45,10 @@ def tune(
     model: str | Callable[[], Any] | None = None,
     *,
     steps_planned: int,
-    budget_s: float | None = None,
-    out_dir: str | Path | None = None,
-    candidates: Sequence[str] | None = None,
     warm_start: bool = False,
-    check_prediction: bool = False,
+    candidates: Sequence[str] | None = None,
+    budget_s: float | None = None,
     measure: MeasureConfig | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> TuneResult:
     """Find the fastest recipe that is still correct for a run of ``steps_planned`` steps.
 
@@ -57,20 +57,18 @@ def tune(
             module-level function returning ``(model, make_batch[, lengths])``; every candidate's
             fresh process calls it again. ``None``: the bench's captioner.
         steps_planned: the training steps of the planned run: the arithmetic's horizon.
+        warm_start: the planned run restarts from a saved compile cache, so the warm restarts are
+            ranked; otherwise they are shown as what a restart would cost.
+        candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
         budget_s: wall seconds ``tune`` may spend; ``None``: no limit. Candidates that do not fit
             are skipped with the reason.
-        out_dir: where ``tune.json``, ``tune.png``, ``recommended.py`` and the logs go; ``None``: a
-            temporary directory, removed on return.
-        candidates: names to consider (default: all of :data:`~.candidates.CANDIDATES`).
-        warm_start: rank the warm restarts for the planned run; otherwise they are shown as what a
-            restart would cost.
-        check_prediction: afterwards run the recommendation for ``steps_planned`` steps and record
-            predicted vs measured (``TuneResult.prediction_check``), outside the budget.
         measure: how each candidate is measured (``torchcompile_kit.bench.MeasureConfig``);
             ``None``: inductor, the tiny preset's steps, at least :data:`STEADY_S` seconds of steady
             steps, paired with an eager copy.
-        on_event: progress callback (``{"event": "candidate" | "check", "name": ..., "status":
-            ...}``).
+
+    Each candidate runs in its own process in a temporary directory, removed on return (a failed
+    run's reason ends with the last lines of its log); :func:`~.report.save_result` writes
+    ``tune.json``, ``tune.png``, ``recommended.py`` and ``tune.txt``.
 
     Returns:
         The :class:`TuneResult` (ranked candidates, recommendation, reason, snippet).
@@ -82,6 +80,7 @@ def tune(
         >>> result = tune("mypkg.models:build", steps_planned=5000, budget_s=1800)  # doctest: +SKIP
         >>> result.recommendation, result.reason  # doctest: +SKIP
         ('regional', 'regional: 1.4x eager per step, pays back its 41 s compile after ~300 ...')
+        >>> save_result(result, "tune-out")  # doctest: +SKIP
     """
     check_positive_int("steps_planned", steps_planned)
     measure = MeasureConfig(steady_s=STEADY_S) if measure is None else measure
@@ -94,51 +93,74 @@ def tune(
     spec = _spec_string(model)
     loaded = load_model_spec(spec) if spec is not None else None  # fails early, with the reason
     budget = Budget(budget_s=budget_s)
-    scratch = tempfile.TemporaryDirectory(prefix="tck-tune-") if out_dir is None else None
-    out = Path(out_dir) if scratch is None else Path(scratch.name)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        measure = dataclasses.replace(measure, backend=measure.backend or "inductor")
-        import torch
+    measure = dataclasses.replace(measure, backend=measure.backend or "inductor")
+    import torch
 
-        device = torch.device(measure.device_or_default())
-        emit = on_event or (lambda event: None)
+    device = torch.device(measure.device_or_default())
+    with tempfile.TemporaryDirectory(prefix="tck-tune-") as scratch:  # nothing of it outlives it
         plan = RunPlan(
             spec=spec,
             measure=measure,
             device_type=device.type,
             steps_planned=steps_planned,
             warm_start=warm_start,
-            runs=out / "runs",
+            runs=Path(scratch),
         )
         results: list[CandidateResult] = []
         for name in (n for n in CANDIDATES if n in names):
-            measure_candidate(RECIPES[name], plan, budget, emit, results)
-        ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
-        shortfall = budget_shortfall(results, budget)
-        result = TuneResult(
-            recommendation=recommended.name if recommended else None,
-            reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
-            snippet=_snippet(recommended, plan, loaded),
-            steps_planned=steps_planned,
-            candidates=ranked,
-            settings=_settings(plan, budget_s, device),
-            notes=_notes(loaded, measure.preset, results),
+            measure_candidate(RECIPES[name], plan, budget, results)
+    ranked, recommended = rank_candidates(results, steps_planned, warm_start=warm_start)
+    shortfall = budget_shortfall(results, budget)
+    return TuneResult(
+        recommendation=recommended.name if recommended else None,
+        reason=recommendation_reason(recommended, ranked, steps_planned, shortfall=shortfall),
+        snippet=_snippet(recommended, plan, loaded),
+        steps_planned=steps_planned,
+        candidates=ranked,
+        settings=_settings(plan, budget_s, device),
+        notes=_notes(loaded, measure.preset, results),
+        elapsed_s=budget.elapsed(),
+    )
+
+
+def check_prediction(result: TuneResult) -> dict[str, Any]:
+    """Run ``result``'s recommendation for its ``steps_planned`` steps in a fresh process, as
+    measured (the model spec and measurement settings ``tune`` recorded), and compare the total
+    time ``tune`` predicted with the one measured.
+
+    Args:
+        result: what :func:`tune` returned, or :meth:`TuneResult.read_json` of a saved
+            ``tune.json``.
+
+    Returns:
+        ``status`` and, when ok, ``predicted_s``, ``measured_s`` (warm-up, cache load and every
+        step), their ``ratio`` and whether the run kept one speed; the caller may keep it as
+        ``result.prediction_check`` (saved with the result).
+
+    Raises:
+        ValueError: ``result`` has no recommendation.
+
+    Example:
+        >>> result = tune("mypkg.models:build", steps_planned=5000)  # doctest: +SKIP
+        >>> result.prediction_check = check_prediction(result)  # doctest: +SKIP
+    """
+    if result.recommendation is None:
+        raise ValueError(
+            f"check_prediction: the tune result has no recommendation ({result.reason}); there "
+            "is nothing to run"
         )
-        if check_prediction and recommended is not None:
-            result.prediction_check = run_planned(
-                recommended, RECIPES[recommended.name], plan, out / "check-prediction"
-            )
-        result.elapsed_s = budget.elapsed()
-        if out_dir is not None:
-            result.write_json(out / "tune.json")
-            write_chart(result, out / "tune.png")
-            (out / "recommended.py").write_text(result.snippet)
-            (out / "tune.txt").write_text(format_table(result) + "\n\n" + result.reason + "\n")
-        return result
-    finally:
-        if scratch is not None:  # nothing of a run without out_dir outlives it
-            scratch.cleanup()
+    chosen = result.candidate(result.recommendation)
+    settings = result.settings
+    with tempfile.TemporaryDirectory(prefix="tck-check-") as scratch:
+        plan = RunPlan(
+            spec=settings.get("spec"),
+            measure=MeasureConfig.from_dict(settings),
+            device_type=str(settings.get("device", "cpu")).split(":")[0],
+            steps_planned=result.steps_planned,
+            warm_start=bool(settings.get("warm_start")),
+            runs=Path(scratch),
+        )
+        return run_planned(chosen, RECIPES[chosen.name], plan)
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -197,6 +219,7 @@ def _settings(plan: RunPlan, budget_s: float | None, device: Any) -> dict[str, A
     }
     return {
         "model": plan.spec or f"captioner:{plan.measure.preset}",
+        "spec": plan.spec,
         **plan.measure.as_dict(),
         "budget_s": budget_s,
         "warm_start": plan.warm_start,
