@@ -471,9 +471,9 @@ def _summary(result) -> str:
         text = f"ok: warm-up {m.warmup_s or 0:.1f} s, {m.steps_per_s or 0:.2f} steps/s"
         ratio = paired_ratio(m)
         if ratio is not None:
-            text += f", {ratio['ratio']:.2f}× {ratio['baseline']}"
-            if ratio["low"] is not None:
-                text += f" ({ratio['low']:.2f}–{ratio['high']:.2f})"
+            text += f", {ratio.ratio:.2f}× {ratio.baseline}"
+            if ratio.interval():
+                text += f" ({ratio.interval()})"
         return text
     if result.status == "skipped":
         return f"skipped: {result.reason}"

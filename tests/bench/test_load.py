@@ -108,11 +108,12 @@ def _share(m):
 @pytest.mark.slow
 def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
     for name, m in quiet.items():
-        assert m.speedup > 0 and m.cpu_neighbours is not None
+        speedup = m.speedup
+        assert speedup.ratio > 0 and m.cpu_neighbours is not None
         assert bool(m.not_quotable) == (
             _share(m) > NEIGHBOUR_LIMIT
             or (m.cpu_steal or 0) > STEAL_LIMIT
-            or (name != "eager" and (m.speedup_high - m.speedup_low) / m.speedup > WIDTH_LIMIT)
+            or (name != "eager" and (speedup.high - speedup.low) / speedup.ratio > WIDTH_LIMIT)
         ), (name, m.not_quotable)
         if _share(m) <= NEIGHBOUR_LIMIT and (m.cpu_steal or 0) <= STEAL_LIMIT and name != "eager":
             # nobody else on the machine and no hypervisor steal (a shared CI host has some,
@@ -120,7 +121,7 @@ def test_without_the_load_a_row_is_marked_only_for_what_was_measured(quiet):
             # 7% once): the interval is narrow enough to quote
             assert m.not_quotable == [], (name, m.not_quotable)
     for name in ("full", "full-warm"):
-        assert quiet[name].speedup_paired and quiet[name].speedup_blocks >= 20
+        assert quiet[name].speedup.paired and quiet[name].speedup.blocks >= 20
 
 
 @pytest.mark.slow
@@ -133,13 +134,13 @@ def test_a_switching_load_leaves_the_ratios_steady_and_marks_the_rows(
         # the test's own neighbour took ~a quarter of the 2-core machine during every row
         assert _share(m) > NEIGHBOUR_LIMIT and m.not_quotable, (name, m)
         assert "other processes used" in m.not_quotable[0]
-    full, warm = loaded["full"], loaded["full-warm"]
+    full, warm = loaded["full"].speedup, loaded["full-warm"].speedup
     # the same compiled code twice: intervals that overlap each other ...
-    assert full.speedup_low <= warm.speedup_high and warm.speedup_low <= full.speedup_high, (
+    assert full.low <= warm.high and warm.low <= full.high, (
         full,
         warm,
     )
     # ... and that hold the ratio measured without the test's load, within 10%
     for name in ("full", "full-warm"):
-        low, high = loaded[name].speedup_low, loaded[name].speedup_high
-        assert 0.9 * low <= quiet[name].speedup <= 1.1 * high, (name, loaded[name], quiet[name])
+        low, high = loaded[name].speedup.low, loaded[name].speedup.high
+        assert 0.9 * low <= quiet[name].speedup.ratio <= 1.1 * high, (name, loaded[name])

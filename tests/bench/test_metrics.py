@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchcompile_kit.bench.metrics import compare, measure_training, real_and_computed
-from torchcompile_kit.bench.outcome import Metrics, RecipeResult
+from torchcompile_kit.bench.outcome import CacheUse, Metrics, RecipeResult, Speedup
 from torchcompile_kit.bench.recipes import RECIPES
 from torchcompile_kit.bench.results import BenchResults
 
@@ -66,7 +66,7 @@ def test_a_warm_start_line_names_the_collectors_share_of_the_first_step():
     warm = RecipeResult(
         name="regional-warm",
         status="ok",
-        metrics=Metrics(cache_load_s=0.05, first_step_s=0.55, first_step_gc_s=0.31),
+        metrics=Metrics(cache=CacheUse(load_s=0.05), first_step_s=0.55, first_step_gc_s=0.31),
     )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "of its first step, 0.31 s was Python's garbage collector" in line
@@ -94,7 +94,9 @@ def test_compare_uses_each_groups_baseline_and_the_loss_reference():
     ]
     compare(rows, RECIPES)
     m = {row.name: row.metrics for row in rows}
-    assert m["full"].speedup == 2.0 and m["mark-dynamic"].speedup == 1.5  # ÷ eager-longest
+    assert m["full"].speedup.ratio == 2.0 and m["mark-dynamic"].speedup.ratio == 1.5  # ÷ e.-longest
+    assert m["full"].speedup.paired is False and m["full"].speedup.baseline == "eager"
+    assert m["mark-dynamic"].speedup.baseline == "eager-longest"
     assert m["full"].warmup_ratio == 1.0 and m["buckets"].warmup_ratio == 2.0
     assert m["full"].loss_max_abs_diff == 0.5 and m["eager"].loss_max_abs_diff == 0.0
     assert m["buckets"].loss_max_abs_diff is None  # other batches: no comparison
@@ -194,7 +196,7 @@ def test_a_warm_start_ratio_from_an_unquotable_row_says_so():
         metrics=Metrics(first_step_s=50.0, not_quotable=["other processes used 89% of the CPU"]),
     )
     warm = RecipeResult(
-        name="full-warm", status="ok", metrics=Metrics(first_step_s=0.5, cache_load_s=0.1)
+        name="full-warm", status="ok", metrics=Metrics(first_step_s=0.5, cache=CacheUse(load_s=0.1))
     )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "warm ÷ cold 0.012" in line and "NOT QUOTABLE" in line and "89% of the CPU" in line
@@ -212,18 +214,18 @@ def test_the_restart_path_is_named_from_the_counts():
         "autograd_cache_hit": 2,
         "autograd_cache_miss": 0,
     }
-    retraced = Metrics(cache_loaded=True, monitor={"frames": 2}, cache_stats=stats)
+    retraced = Metrics(cache=CacheUse(loaded=True, stats=stats), monitor={"frames": 2})
     assert restart_path(retraced).startswith(
         "re-traced, graphs from the cache (dynamo traced 2 frames;"
     )
     missed = Metrics(
-        cache_loaded=True, monitor={"frames": 1}, cache_stats={**stats, "fxgraph_cache_miss": 1}
+        cache=CacheUse(loaded=True, stats={**stats, "fxgraph_cache_miss": 1}), monitor={"frames": 1}
     )
     assert "1 graph(s) compiled again" in restart_path(missed)
     assert restart_path(
-        Metrics(cache_loaded=True, monitor={"frames": 0}, cache_stats=stats)
+        Metrics(cache=CacheUse(loaded=True, stats=stats), monitor={"frames": 0})
     ).startswith("not re-traced, graphs from the cache (no frame traced;")
-    assert restart_path(Metrics(cache_loaded=False, monitor={"frames": 2})) is None  # not loaded
+    assert restart_path(Metrics(cache=CacheUse(loaded=False), monitor={"frames": 2})) is None
 
 
 def test_the_whole_restart_counts_import_load_build_and_first_step():
@@ -237,7 +239,9 @@ def test_the_whole_restart_counts_import_load_build_and_first_step():
     warm = RecipeResult(
         name="regional-warm",
         status="ok",
-        metrics=Metrics(import_compiler_s=2.0, cache_load_s=0.5, build_s=1.5, first_step_s=1.0),
+        metrics=Metrics(
+            import_compiler_s=2.0, cache=CacheUse(load_s=0.5), build_s=1.5, first_step_s=1.0
+        ),
     )
     (line,) = warm_start_lines([warm], [cold, warm])
     assert "warm ÷ cold 0.088" in line  # (0.5 + 1.0) / 17
@@ -253,7 +257,7 @@ def test_the_charts_name_the_group_of_each_colour(tmp_path):
             name=n,
             group=g,
             status="ok",
-            metrics=Metrics(warmup_s=2.0, steps_per_s=3.0, speedup=1.1),
+            metrics=Metrics(warmup_s=2.0, steps_per_s=3.0, speedup=Speedup(ratio=1.1)),
         )
         for n, g in (("eager", "static"), ("full", "static"), ("regional", "warm-up"))
     ]
@@ -274,7 +278,10 @@ def _chart_rows():
             group=group,
             status="ok",
             metrics=Metrics(
-                warmup_s=2.0, steps_per_s=steps_per_s, speedup=1.1, not_quotable=not_quotable
+                warmup_s=2.0,
+                steps_per_s=steps_per_s,
+                speedup=Speedup(ratio=1.1),
+                not_quotable=not_quotable,
             ),
         )
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchcompile_kit.bench.metrics import compare, measure_training
-from torchcompile_kit.bench.outcome import Metrics, RecipeResult
+from torchcompile_kit.bench.outcome import Metrics, RecipeResult, Speedup
 from torchcompile_kit.bench.paired import (
     MIN_BLOCKS,
     NEIGHBOUR_LIMIT,
@@ -39,9 +39,9 @@ def test_load_that_hits_both_sides_of_a_block_leaves_the_ratio_alone():
     base, recipe = _blocks(1.2, 30, load=lambda i: 3.0 if (i // 3) % 2 else 1.0)
     r = ratio_interval(base, recipe)
     assert (
-        r["ratio"] == pytest.approx(1.2)
-        and r["low"] == pytest.approx(1.2)
-        and r["high"] == pytest.approx(1.2)
+        r.ratio == pytest.approx(1.2)
+        and r.low == pytest.approx(1.2)
+        and r.high == pytest.approx(1.2)
     )
     # what dividing two runs measured at different moments says: quiet eager, loaded recipe
     assert base[0] / recipe[3] == pytest.approx(0.4)
@@ -51,9 +51,9 @@ def test_the_interval_covers_the_ratio_and_narrows_with_more_blocks():
     few = ratio_interval(*_blocks(1.1, 10, noise=0.1))
     many = ratio_interval(*_blocks(1.1, 200, noise=0.1))
     for r in (few, many):
-        assert r["low"] <= r["ratio"] <= r["high"] and r["low"] < 1.1 < r["high"]
-        assert r["method"] == "median of block ratios, bootstrap" and r["confidence"] == 0.95
-    assert many["high"] - many["low"] < few["high"] - few["low"]
+        assert r.low <= r.ratio <= r.high and r.low < 1.1 < r.high
+        assert r.method == "median of block ratios, bootstrap"
+    assert many.high - many.low < few.high - few.low
     assert (
         ratio_interval(*_blocks(1.1, 10, noise=0.1)) == few
     )  # seeded: the same blocks, the same interval
@@ -63,7 +63,7 @@ def test_a_minority_of_one_sided_hits_does_not_move_the_median():
     base, recipe = _blocks(1.5, 40)
     for i in range(0, 40, 5):  # one block in five has only its recipe side slowed 3x
         recipe[i] *= 3
-    assert ratio_interval(base, recipe)["ratio"] == pytest.approx(1.5)
+    assert ratio_interval(base, recipe).ratio == pytest.approx(1.5)
     assert sum(base) / sum(recipe) < 1.2  # a ratio of totals would be dragged down
 
 
@@ -72,14 +72,14 @@ def test_other_batches_use_the_ratio_of_totals():
     base = [0.04] * 20
     recipe = [0.01 if i % 2 else 0.03 for i in range(20)]
     r = ratio_interval(base, recipe, same_batches=False)
-    assert r["ratio"] == pytest.approx(2.0) and r["method"].startswith("ratio of totals")
-    assert r["low"] <= 2.0 <= r["high"]
+    assert r.ratio == pytest.approx(2.0) and r.method.startswith("ratio of totals")
+    assert r.low <= 2.0 <= r.high
 
 
 def test_too_few_blocks_have_no_interval_and_are_marked():
     r = ratio_interval([0.02] * (MIN_BLOCKS - 1), [0.01] * (MIN_BLOCKS - 1))
-    assert r["ratio"] == 2.0 and r["low"] is None and r["high"] is None
-    (reason,) = not_quotable(Metrics(speedup=2.0, speedup_blocks=4))
+    assert r.ratio == 2.0 and r.low is None and r.high is None
+    (reason,) = not_quotable(Metrics(speedup=Speedup(ratio=2.0, blocks=4)))
     assert "too few" in reason and "--steps" in reason
 
 
@@ -92,10 +92,7 @@ def test_bad_blocks_are_refused():
 
 def test_marks_say_why():
     quiet = Metrics(
-        speedup=1.2,
-        speedup_low=1.15,
-        speedup_high=1.25,
-        speedup_blocks=20,
+        speedup=Speedup(ratio=1.2, low=1.15, high=1.25, blocks=20, paired=True),
         cpu_neighbours=0.02,
         cpu_neighbours_steady=0.03,
         cpu_steal=0.0,
@@ -105,7 +102,7 @@ def test_marks_say_why():
     assert not_quotable(loaded) == [
         "other processes used 31% of the machine's CPU during it (limit 10%)"
     ]
-    wide = dataclasses.replace(quiet, speedup_low=0.9, speedup_high=1.5)
+    wide = dataclasses.replace(quiet, speedup=Speedup(ratio=1.2, low=0.9, high=1.5, blocks=20))
     assert "spans 50% of the ratio" in not_quotable(wide)[0]
     stolen = dataclasses.replace(quiet, cpu_steal=0.12)
     assert "hypervisor took 12%" in not_quotable(stolen)[0]
@@ -179,10 +176,11 @@ def test_compare_takes_the_paired_ratio_not_the_rows_measured_apart():
     ]
     compare(rows, RECIPES)
     full = rows[1].metrics
-    assert full.speedup == pytest.approx(1.02, rel=0.03) and full.speedup_paired is True
-    assert full.speedup_low <= full.speedup <= full.speedup_high and full.speedup_blocks == 20
+    speedup = full.speedup
+    assert speedup.ratio == pytest.approx(1.02, rel=0.03) and speedup.paired is True
+    assert speedup.low <= speedup.ratio <= speedup.high and speedup.blocks == 20
     assert full.not_quotable and rows[0].metrics.not_quotable == []
-    assert rows[0].metrics.speedup == 1.0
+    assert rows[0].metrics.speedup.ratio == 1.0
 
 
 def test_repeats_pool_their_blocks_and_keep_each_run():
@@ -209,7 +207,7 @@ def test_repeats_pool_their_blocks_and_keep_each_run():
     assert len(merged.metrics.paired["base_s"]) == 30 and merged.metrics.steps == 30
     assert merged.metrics.warmup_s == 31.0 and merged.metrics.cpu_neighbours == 0.01  # medians
     assert [r["cpu_neighbours"] for r in merged.metrics.repeats] == [0.0, 0.5, 0.01]
-    assert 1.15 < paired_ratio(merged.metrics)["ratio"] < 1.3
+    assert 1.15 < paired_ratio(merged.metrics).ratio < 1.3
     assert NEIGHBOUR_LIMIT > merged.metrics.cpu_neighbours  # the one loaded run is outvoted
 
 
@@ -229,26 +227,24 @@ def test_intervals_cover_what_another_process_of_the_same_code_gave():
         _row("full-warm", 4.4, _paired(1.085, 2)),
     ]
     compare(rows, RECIPES)
-    full, warm = rows[1].metrics, rows[2].metrics
-    assert full.speedup == pytest.approx(1.14, rel=0.01) and warm.speedup == pytest.approx(
+    full, warm = rows[1].metrics.speedup, rows[2].metrics.speedup
+    assert full.ratio == pytest.approx(1.14, rel=0.01) and warm.ratio == pytest.approx(
         1.085, rel=0.01
     )
     for one, other in ((full, warm), (warm, full)):
-        assert one.speedup_low <= other.speedup <= one.speedup_high, (one, other)
-        assert (
-            "widened by ±5.1%" in one.speedup_method and "full and full-warm" in one.speedup_method
-        )
+        assert one.low <= other.ratio <= one.high, (one, other)
+        assert "widened by ±5.1%" in one.method and "full and full-warm" in one.method
     # the blocks alone were narrow and disjoint (what the table used to print)
     own = [
         ratio_interval(m["base_s"], m["recipe_s"]) for m in (_paired(1.14, 1), _paired(1.085, 2))
     ]
-    assert own[1]["high"] < own[0]["low"], own
+    assert own[1].high < own[0].low, own
 
 
 def test_without_a_second_process_the_interval_says_it_is_of_one_process():
     rows = [_row("eager", 4.0), _row("full", 4.5, _paired(1.14, 1))]
     compare(rows, RECIPES)
-    assert "this process only" in rows[1].metrics.speedup_method
+    assert "this process only" in rows[1].metrics.speedup.method
 
 
 def test_rounds_of_one_row_measure_the_spread_too():
@@ -262,6 +258,6 @@ def test_rounds_of_one_row_measure_the_spread_too():
     ]
     rows = [_row("eager", 4.0), merge_repeats(rounds)]
     compare(rows, RECIPES)
-    regional = rows[1].metrics
-    assert "the 2 rounds of regional" in regional.speedup_method
-    assert regional.speedup_low <= 1.2 and regional.speedup_high >= 1.3, regional
+    regional = rows[1].metrics.speedup
+    assert "the 2 rounds of regional" in regional.method
+    assert regional.low <= 1.2 and regional.high >= 1.3, regional

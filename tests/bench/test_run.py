@@ -101,7 +101,7 @@ def test_tiny_captioner_run_writes_results_charts_and_report(in_process, tmp_pat
     assert rows["reduce-overhead"].status == "skipped" and "CUDA" in rows["reduce-overhead"].reason
     static, longest = rows["eager"].metrics, rows["eager-longest"].metrics
     assert all(getattr(static, key) is not None for key in METRICS)  # each measured
-    assert static.graphs == 0 and static.speedup == 1.0
+    assert static.graphs == 0 and static.speedup.ratio == 1.0
     # the post's length mix: padding to max wastes most tokens, to the longest far fewer
     assert static.padding > 0.7 and longest.padding < static.padding
     assert len(longest.losses) == 3 and longest.loss_max_abs_diff < 1e-4  # same samples
@@ -145,7 +145,7 @@ def test_compiled_recipes_count_graphs_and_compare_losses(in_process, tmp_path):
         metrics = rows[name].metrics
         assert rows[name].status == "ok", rows[name].error
         assert metrics.graphs == 1 and metrics.recompiles == 0 and metrics.graph_breaks == 0
-        assert metrics.loss_max_abs_diff < 1e-5 and metrics.speedup > 0
+        assert metrics.loss_max_abs_diff < 1e-5 and metrics.speedup.ratio > 0
 
 
 def test_the_progress_names_the_compile_only_where_a_row_compiles(
@@ -270,18 +270,18 @@ def test_inductor_cold_then_warm_from_the_saved_cache(tmp_path, monkeypatch):
         out_dir=tmp_path,
     )
     assert cold.status == "ok", cold.error
-    assert cold.metrics.cache_saved is True
+    assert cold.metrics.cache.saved is True
     warm = run_recipe_isolated(
         RunRequest(recipe="full-warm", spec=spec, config=MeasureConfig(steps=2, warmup_steps=1)),
         out_dir=tmp_path,
     )
     assert warm.status == "ok", warm.error
-    assert warm.metrics.cache_loaded is True
+    assert warm.metrics.cache.loaded is True
     # the full row compiles with compile_model(precompile=True): dynamo's entry loads, no frame is
     # traced
     assert warm.metrics.regions == {"TinyLM": "precompiled (no trace)"}, warm.metrics.regions
     assert warm.metrics.monitor["frames"] == 0
-    assert warm.metrics.cache_stats["dynamo_cache_hit"] == 1
+    assert warm.metrics.cache.stats["dynamo_cache_hit"] == 1
     assert restart_path(warm.metrics).startswith(
         "TinyLM precompiled (no trace); the rest not re-traced"
     )

@@ -230,15 +230,14 @@ def test_paired_candidates_are_ranked_on_their_ratio_to_eager_with_a_margin():
         paired("full", compile_s=200.0, step_s=0.05, ratios=[1.02, 1.04, 1.05, 1.06, 1.08] * 3),
     ]
     ranked, best = rank_candidates(results, 100_000)
-    assert best.name == "regional" and best.paired
-    assert best.speedup == pytest.approx(1.17) and best.step_s == pytest.approx(0.1 / 1.17)
-    assert best.speedup_low <= 1.17 <= best.speedup_high
+    assert best.name == "regional" and best.speedup.paired
+    assert best.speedup.ratio == pytest.approx(1.17) and best.step_s == pytest.approx(0.1 / 1.17)
+    assert best.speedup.low <= 1.17 <= best.speedup.high
     assert best.predicted_total_low_s < best.predicted_total_s < best.predicted_total_high_s
     assert best.indistinguishable_from == []  # 1.12-1.22 vs full's 1.02-1.08 and eager's 1.0
     reason = recommendation_reason(best, ranked, 100_000)
     assert reason.startswith(
-        "regional: 1.17x eager per step (95% interval "
-        f"{best.speedup_low:.2f}–{best.speedup_high:.2f})"
+        f"regional: 1.17x eager per step (95% interval {best.speedup.interval()})"
     )
     assert "not distinguishable" not in reason
 

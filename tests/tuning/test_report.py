@@ -50,9 +50,10 @@ def test_the_chart_is_drawn_on_a_private_figure_without_touching_pyplot(tmp_path
     code = f"""
 import sys
 from torchcompile_kit.tuning.report import write_chart
+from torchcompile_kit.bench import Speedup
 from torchcompile_kit.tuning.result import CandidateResult, TuneResult
 chosen = CandidateResult(name="regional", description="", status="ok", verdict="pass", step_s=0.1,
-                         compile_s=30.0, speedup=1.5, speedup_low=1.4, speedup_high=1.6)
+                         compile_s=30.0, speedup=Speedup(ratio=1.5, low=1.4, high=1.6, paired=True))
 eager = CandidateResult(name="eager", description="", status="ok", verdict="eager", step_s=0.15)
 result = TuneResult(recommendation="regional", reason="", snippet="", steps_planned=1000,
                     candidates=[chosen, eager])

@@ -163,10 +163,10 @@ def test_graph_breaks_are_shown_and_the_printed_snippet_reproduces_the_setup(tmp
     save_result(result, tmp_path)
     full = result.candidate("full")
     assert full.status == "ok" and full.verdict == "pass"
-    assert full.graph_breaks >= 1  # ranked, with its breaks
+    assert full.metrics.graph_breaks >= 1  # ranked, with its breaks
     table = format_table(result)
     row = next(line for line in table.splitlines() if " full " in line)
-    assert f"  {full.graph_breaks}  " in row
+    assert f"  {full.metrics.graph_breaks}  " in row
     assert result.steps_planned == 10**6
     # the snippet runs as printed and sets up the recommended recipe
     assert (tmp_path / "recommended.py").read_text() == result.snippet
@@ -332,7 +332,7 @@ def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_
     save_result(result, tmp_path)
     full, warm = result.candidate("full"), result.candidate("full-warm")
     assert full.status == warm.status == "ok", format_table(result)
-    assert full.paired and warm.paired and full.speedup_low is not None
+    assert full.speedup.paired and warm.speedup.paired and full.speedup.low is not None
     assert "full-warm" in full.indistinguishable_from and "full" in warm.indistinguishable_from
     table = format_table(result)
     assert "≈" in next(line for line in table.splitlines() if " full " in line)

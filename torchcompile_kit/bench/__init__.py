@@ -17,7 +17,7 @@ from .model_spec import (
     parse_model_spec,
     portable_model_spec,
 )
-from .outcome import Metrics
+from .outcome import CacheUse, Metrics, Speedup
 from .paired import paired_ratio, ratio_interval
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .report import render_table
@@ -26,8 +26,10 @@ from .runner import RecipeResult, RunRequest, run_recipe_isolated
 __all__ = [
     "PRESETS",
     "RECIPES",
+    "CacheUse",
     "MeasureConfig",
     "Metrics",
+    "Speedup",
     "ModelSpec",
     "ModelSpecError",
     "Recipe",

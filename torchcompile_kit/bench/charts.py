@@ -123,7 +123,8 @@ def throughput_figure(rows: Sequence[RecipeResult], title: str) -> Any:
 def _baseline_of(row: RecipeResult, rows: Sequence[RecipeResult]) -> str:
     """The baseline a row is compared with (a baseline: itself)."""
     recipe = RECIPES.get(row.name)
-    baseline = row.metrics.speedup_baseline or (recipe.baseline if recipe is not None else "eager")
+    measured = row.metrics.speedup.baseline if row.metrics.speedup is not None else None
+    baseline = measured or (recipe.baseline if recipe is not None else "eager")
     if (
         any(
             RECIPES.get(other.name) is not None and RECIPES[other.name].baseline == row.name
@@ -150,9 +151,10 @@ def ratio_figure(rows: Sequence[RecipeResult], title: str) -> Any:
         return None
     ok = ok[::-1]
     metrics = [r.metrics for r in ok]
-    values = [m.speedup for m in metrics]
-    low = [m.speedup - (m.speedup_low or m.speedup) for m in metrics]
-    high = [(m.speedup_high or m.speedup) - m.speedup for m in metrics]
+    speedups = [m.speedup for m in metrics]
+    values = [s.ratio for s in speedups]
+    low = [s.ratio - (s.low or s.ratio) for s in speedups]
+    high = [(s.high or s.ratio) - s.ratio for s in speedups]
     figure = _figure(len(ok))
     axes = figure.add_subplot(1, 1, 1)
     bars = axes.barh(
@@ -164,8 +166,8 @@ def ratio_figure(rows: Sequence[RecipeResult], title: str) -> Any:
         hatch=[_NOT_QUOTABLE if m.not_quotable else "" for m in metrics],
     )
     labels = [
-        f"{m.speedup:.2f}"
-        + (f" ({m.speedup_low:.2f}–{m.speedup_high:.2f})" if m.speedup_low is not None else "")
+        f"{m.speedup.ratio:.2f}"
+        + (f" ({m.speedup.interval()})" if m.speedup.interval() else "")
         + (" not quotable" if m.not_quotable else "")
         for m in metrics
     ]

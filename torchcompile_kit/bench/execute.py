@@ -238,10 +238,10 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
             regions[group.class_name] = group.precompile
     metrics.regions = regions or None
     if loaded is not None:
-        metrics.cache_load_s, metrics.cache_loaded = load_s, bool(loaded)
-        metrics.cache_stats = loaded.cache_stats() if loaded else None  # FX-graph/AOT cache hits
+        metrics.cache.load_s, metrics.cache.loaded = load_s, bool(loaded)
+        metrics.cache.stats = loaded.cache_stats() if loaded else None  # FX-graph/AOT cache hits
     if recipe.save_cache:
-        metrics.cache_saved = bool(save_compile_cache(cache_path))
+        metrics.cache.saved = bool(save_compile_cache(cache_path))
     if request.get("check"):  # after the cache is saved: the check compiles nothing into it
         metrics.check = _check(request, ctx, initial, first, device)
     metrics.notes = notes

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .outcome import Metrics
+from .outcome import Metrics, Speedup
 
 __all__ = [
     "METRIC_LABELS",
@@ -315,16 +315,7 @@ def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
 
     by_name = {row.name: row for row in rows if row.status == "ok"}
     for row in by_name.values():
-        ratio = paired_ratio(row.metrics)
-        if ratio is not None:
-            metrics = row.metrics
-            metrics.speedup, metrics.speedup_low, metrics.speedup_high = (
-                ratio["ratio"],
-                ratio["low"],
-                ratio["high"],
-            )
-            metrics.speedup_blocks, metrics.speedup_method = ratio["blocks"], ratio["method"]
-            metrics.speedup_baseline, metrics.speedup_paired = ratio["baseline"], True
+        row.metrics.speedup = paired_ratio(row.metrics)
     # the same compiled code in two processes: what a rerun gives, so every interval covers it
     same_code = {name: getattr(recipes.get(name), "cache_from", None) for name in by_name}
     spread = rerun_spread({name: row.metrics for name, row in by_name.items()}, same_code)
@@ -333,11 +324,14 @@ def compare(rows: list[Any], recipes: Mapping[str, Any]) -> None:
         metrics = row.metrics
         # the group's baseline (eager-longest for dynamic shapes), else eager when it did not run
         base = by_name.get(getattr(recipe, "baseline", None) or "eager") or by_name.get("eager")
-        if metrics.speedup_paired:
+        if metrics.speedup is not None:
             widen_for_rerun(metrics, spread)
         elif base is not None and metrics.steps_per_s and base.metrics.steps_per_s:
-            metrics.speedup = metrics.steps_per_s / base.metrics.steps_per_s
-            metrics.speedup_paired = base is row  # a baseline is its own pair
+            metrics.speedup = Speedup(
+                ratio=metrics.steps_per_s / base.metrics.steps_per_s,
+                paired=base is row,  # a baseline is its own pair
+                baseline=base.name,
+            )
         metrics.not_quotable = not_quotable(metrics)
         cold = by_name.get("full")
         if cold is not None and metrics.warmup_s and cold.metrics.warmup_s:

@@ -11,12 +11,95 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["EVENT_PREFIX", "Metrics", "RecipeResult", "emit_event", "set_event_sink"]
+__all__ = [
+    "EVENT_PREFIX",
+    "CacheUse",
+    "Metrics",
+    "RecipeResult",
+    "Speedup",
+    "emit_event",
+    "set_event_sink",
+]
 
 EVENT_PREFIX = "@@tck-event "
 """Stdout lines of the child that start with this carry one JSON progress event."""
 
 Status = Literal["ok", "failed", "skipped"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Speedup:
+    """A speed ratio to a baseline recipe (``> 1``: faster), and how it was measured.
+
+    Example:
+        >>> Speedup(ratio=1.4, low=1.3, high=1.5, paired=True).interval()
+        '1.30–1.50'
+    """
+
+    ratio: float
+    """Baseline time ÷ this time: the median of paired block ratios, or steps/s ÷ the baseline's."""
+    low: float | None = None
+    """Low end of the 95% interval (paired blocks; ``None``: too few blocks, or unpaired)."""
+    high: float | None = None
+    """High end of it."""
+    paired: bool = False
+    """From blocks stepped beside the baseline's in one process (``False``: rows measured minutes
+    apart)."""
+    blocks: int | None = None
+    """Paired blocks behind it."""
+    method: str | None = None
+    """How the ratio and its interval were computed."""
+    baseline: str | None = None
+    """The recipe that stepped beside this one."""
+
+    def interval(self) -> str | None:
+        """``"low–high"``, or ``None`` without an interval."""
+        if self.low is None or self.high is None:
+            return None
+        return f"{self.low:.2f}–{self.high:.2f}"
+
+
+@dataclass(kw_only=True, slots=True)
+class CacheUse:
+    """What a row did with the compile cache (``compile_cache``): a cold row saves, a warm row
+    loads."""
+
+    saved: bool | None = None
+    """Cold rows that save: the artifact was written."""
+    loaded: bool | None = None
+    """Warm rows: the artifact loaded."""
+    load_s: float | None = None
+    """Warm rows: seconds the load took (part of what the restart costs)."""
+    stats: dict[str, int] | None = None
+    """Warm rows: torch's dynamo, FX-graph and AOTAutograd cache hits and misses after the run."""
+
+
+def _cache_of(data: Mapping[str, Any]) -> CacheUse:
+    """A row's :class:`CacheUse` from JSON: grouped, or the flat ``cache_*`` fields of results
+    written before it."""
+    value = data.get("cache")
+    if isinstance(value, Mapping):
+        return CacheUse(**value)
+    return CacheUse(**{k: data.get(f"cache_{k}") for k in ("saved", "loaded", "load_s", "stats")})
+
+
+def _speedup_of(data: Mapping[str, Any]) -> Speedup | None:
+    """A row's :class:`Speedup` from JSON: the grouped form, or the flat ``speedup_*`` fields of
+    results written before it (docs/results)."""
+    value = data.get("speedup")
+    if isinstance(value, Mapping):
+        return Speedup(**value)
+    if not isinstance(value, (int, float)):
+        return None
+    return Speedup(
+        ratio=value,
+        low=data.get("speedup_low"),
+        high=data.get("speedup_high"),
+        paired=bool(data.get("speedup_paired")),
+        blocks=data.get("speedup_blocks"),
+        method=data.get("speedup_method"),
+        baseline=data.get("speedup_baseline"),
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,14 +175,8 @@ class Metrics:
     """Seconds dynamo and the backend spent compiling."""
     monitor: dict[str, Any] | None = None
     """The whole ``CompileMonitor`` snapshot."""
-    cache_load_s: float | None = None
-    """Warm rows: seconds loading the compile cache."""
-    cache_loaded: bool | None = None
-    """Warm rows: the cache loaded."""
-    cache_stats: dict[str, Any] | None = None
-    """Warm rows: torch's FX-graph/AOTAutograd cache hits after the run."""
-    cache_saved: bool | None = None
-    """Cold rows that save: the cache was written."""
+    cache: CacheUse = field(default_factory=CacheUse)
+    """What the row did with the compile cache (every field ``None``: it used none)."""
     background: dict[str, Any] | None = None
     """Background-compile rows (``compile_in_background``): the
     :class:`~torchcompile_kit.regional.BackgroundCompile` record (``state``, ``eager_steps``,
@@ -119,20 +196,8 @@ class Metrics:
     repeats: list[dict[str, Any]] = field(default_factory=list)
     """``--repeat``: each run's own figures (the row pools them, :func:`.paired.merge_repeats`)."""
     # across rows (:func:`.metrics.compare`)
-    speedup: float | None = None
-    """The median ratio of the paired blocks to the baseline, or steps/s ÷ the baseline's."""
-    speedup_low: float | None = None
-    """Low end of the 95% interval of ``speedup`` (paired rows)."""
-    speedup_high: float | None = None
-    """High end of it."""
-    speedup_blocks: int | None = None
-    """Paired blocks behind ``speedup``."""
-    speedup_method: str | None = None
-    """How the interval was computed."""
-    speedup_baseline: str | None = None
-    """The recipe that stepped beside this one."""
-    speedup_paired: bool | None = None
-    """``speedup`` is from paired blocks (``False``: rows measured minutes apart)."""
+    speedup: Speedup | None = None
+    """The ratio to the row's baseline, with its interval."""
     warmup_ratio: float | None = None
     """Warm-up ÷ the cold full compile's."""
     loss_max_abs_diff: float | None = None
@@ -147,8 +212,13 @@ class Metrics:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics:
         """Rebuild from :meth:`as_dict` data (unknown keys are ignored)."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+        data = data or {}
+        known = set(cls.__dataclass_fields__) - {"speedup", "cache"}
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            speedup=_speedup_of(data),
+            cache=_cache_of(data),
+        )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -8,6 +8,7 @@ runs. docs/benchmarks.md ("Reading the intervals") says what each figure means.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .outcome import Metrics
+from .outcome import Metrics, Speedup
 
 __all__ = [
     "CONFIDENCE",
@@ -70,17 +71,17 @@ def ratio_interval(
     *,
     same_batches: bool = True,
     confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
+) -> Speedup:
     """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
 
     The median of the per-block ratios when both sides stepped on the same samples
-    (``same_batches``), else the ratio of total seconds bootstrapped over blocks. Returns ``ratio``,
-    ``low``, ``high`` (``None`` under :data:`MIN_BLOCKS` blocks), ``blocks``, ``method`` and
-    ``confidence``; raises ``ValueError`` on unequal sides, no block or a non-positive time.
+    (``same_batches``), else the ratio of total seconds bootstrapped over blocks. Returns a paired
+    :class:`~.outcome.Speedup` (``low``/``high`` ``None`` under :data:`MIN_BLOCKS` blocks); raises
+    ``ValueError`` on unequal sides, no block or a non-positive time.
 
     Example:
         >>> r = ratio_interval([0.2] * 10, [0.1] * 10)
-        >>> r["ratio"], r["low"], r["high"]
+        >>> r.ratio, r.low, r.high
         (2.0, 2.0, 2.0)
     """
     base, recipe = [float(v) for v in base_s], [float(v) for v in recipe_s]
@@ -102,14 +103,7 @@ def ratio_interval(
         # the percentile bootstrap of a median can sit just beside it on few distinct values
         low, high = min(low, ratio), max(high, ratio)
         method += f", {how}"
-    return {
-        "ratio": ratio,
-        "low": low,
-        "high": high,
-        "blocks": len(ratios),
-        "method": method,
-        "confidence": confidence,
-    }
+    return Speedup(ratio=ratio, low=low, high=high, paired=True, blocks=len(ratios), method=method)
 
 
 def _interval(
@@ -156,13 +150,13 @@ def _interval(
     return low, high, "bootstrap"
 
 
-def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
+def paired_ratio(metrics: Metrics) -> Speedup | None:
     """The ratio and interval of a row's paired blocks (``metrics.paired``), or ``None``.
 
     Example:
         >>> paired_ratio(Metrics(paired={"baseline": "eager", "base_s": [[2.0, 2.2]] * 5,
         ...                              "recipe_s": [[1.0,
-        ...     1.1]] * 5, "same_batches": True}))["ratio"]
+        ...     1.1]] * 5, "same_batches": True})).ratio
         2.0
     """
     paired = metrics.paired
@@ -177,8 +171,7 @@ def paired_ratio(metrics: Metrics) -> dict[str, Any] | None:
         [block(_steps(r)) for r in paired["recipe_s"]],
         same_batches=same,
     )
-    result["baseline"] = paired.get("baseline")
-    return result
+    return dataclasses.replace(result, baseline=paired.get("baseline"))
 
 
 def _steps(block: Any) -> list[float]:
@@ -216,16 +209,18 @@ def rerun_spread(
     same code at 1.10–1.18 and 1.08–1.09 in two rows of one quiet run.
 
     Example:
-        >>> rows = {"full": Metrics(speedup=1.14), "full-warm": Metrics(speedup=1.085)}
+        >>> rows = {"full": Metrics(speedup=Speedup(ratio=1.14, paired=True)),
+        ...         "full-warm": Metrics(speedup=Speedup(ratio=1.085, paired=True))}
         >>> round(rerun_spread(rows, {"full-warm": "full"}).percent, 3)
         0.051
     """
     found: list[tuple[float, str]] = []
     for name, metrics in rows.items():
         other = rows.get(same_code.get(name) or "")
-        if other is not None and metrics.speedup_paired and other.speedup_paired:
+        mine, theirs = metrics.speedup, other.speedup if other is not None else None
+        if mine is not None and theirs is not None and mine.paired and theirs.paired:
             found.append(
-                (abs(math.log(metrics.speedup / other.speedup)), f"{same_code[name]} and {name}")
+                (abs(math.log(mine.ratio / theirs.ratio)), f"{same_code[name]} and {name}")
             )
         rounds = [r["speedup"] for r in metrics.repeats if r.get("speedup")]
         if len(rounds) > 1:
@@ -242,21 +237,19 @@ def widen_for_rerun(metrics: Metrics, spread: RerunSpread | None) -> None:
     """Widen a paired row's interval, in place, by the spread between processes, so that it covers
     what a rerun of the same code gives; the method says so. Without a spread, the method says the
     interval is of this process only."""
-    if metrics.speedup_low is None or metrics.speedup_high is None:
+    speedup = metrics.speedup
+    if speedup is None or speedup.low is None or speedup.high is None:
         return
     if spread is None:
-        metrics.speedup_method = (
-            f"{metrics.speedup_method}; this process only (a rerun may "
+        speedup.method = (
+            f"{speedup.method}; this process only (a rerun may "
             "land outside it: run a warm row or --repeat 2 to measure)"
         )
         return
     factor = math.exp(spread.log_spread)
-    metrics.speedup_low, metrics.speedup_high = (
-        metrics.speedup_low / factor,
-        metrics.speedup_high * factor,
-    )
-    metrics.speedup_method = (
-        f"{metrics.speedup_method}, widened by ±{spread.percent:.1%}: the "
+    speedup.low, speedup.high = speedup.low / factor, speedup.high * factor
+    speedup.method = (
+        f"{speedup.method}, widened by ±{spread.percent:.1%}: the "
         f"ratio's spread between processes ({spread.between}, same code)"
     )
 
@@ -349,8 +342,8 @@ def not_quotable(metrics: Metrics) -> list[str]:
         reasons.append(
             f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})"
         )
-    ratio, low, high = metrics.speedup, metrics.speedup_low, metrics.speedup_high
-    blocks = metrics.speedup_blocks
+    speedup = metrics.speedup or Speedup(ratio=0.0)
+    ratio, low, high, blocks = speedup.ratio, speedup.low, speedup.high, speedup.blocks
     if blocks is not None and (low is None or high is None):
         reasons.append(
             f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more "
@@ -414,5 +407,5 @@ def _repeat_summary(result: Any) -> dict[str, Any]:
         summary[key] = getattr(m, key)
     ratio = paired_ratio(m)
     if ratio is not None:
-        summary.update(speedup=ratio["ratio"], speedup_low=ratio["low"], speedup_high=ratio["high"])
+        summary.update(speedup=ratio.ratio, speedup_low=ratio.low, speedup_high=ratio.high)
     return summary

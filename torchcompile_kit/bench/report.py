@@ -95,14 +95,13 @@ def render_table(
 
 def _cells(metrics: Metrics) -> dict[str, Any]:
     """The table's cells: the metrics, the interval as text, and whether the row may be quoted."""
-    low, high = metrics.speedup_low, metrics.speedup_high
+    speedup = metrics.speedup
     cells = asdict(metrics)
-    cells["speedup_interval"] = (
-        f"{low:.2f}–{high:.2f}" if low is not None and high is not None else None
-    )
+    cells["speedup"] = speedup.ratio if speedup is not None else None
+    cells["speedup_interval"] = speedup.interval() if speedup is not None else None
     if metrics.not_quotable is not None:
         cells["quote"] = "NO" if metrics.not_quotable else "yes"
-    if metrics.speedup_paired is False:  # the rows were measured minutes apart
+    if speedup is not None and not speedup.paired:  # the rows were measured minutes apart
         cells["speedup_interval"] = "unpaired"
     return cells
 
@@ -138,9 +137,9 @@ def format_results(document: BenchResults, *, markdown: bool = False) -> str:
         "rows measured minutes apart, not robust to load from other processes)",
     ]
     methods = [
-        row.metrics.speedup_method
+        row.metrics.speedup.method
         for row in document.rows
-        if row.status == "ok" and row.metrics.speedup_low is not None
+        if row.status == "ok" and row.metrics.speedup and row.metrics.speedup.low is not None
     ]
     for marker in ("widened by", "this process only"):  # what the intervals cover
         if methods and settings.get("paired", True) and marker in methods[0]:
@@ -191,15 +190,15 @@ def restart_path(metrics: Metrics) -> str | None:
     Example:
         >>> stats = {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 0,
         ...          "autograd_cache_hit": 1, "autograd_cache_miss": 0}
-        >>> metrics = Metrics(cache_loaded=True, monitor={"frames": 1}, cache_stats=stats)
+        >>> metrics = Metrics(cache=CacheUse(loaded=True, stats=stats), monitor={"frames": 1})
         >>> restart_path(metrics)  # doctest: +NORMALIZE_WHITESPACE
         're-traced, graphs from the cache (dynamo traced 1 frame; FX-graph cache 2 hits / 0 misses,
         AOTAutograd 1 / 0)'
     """
-    if not metrics.cache_loaded or metrics.monitor is None:
+    if not metrics.cache.loaded or metrics.monitor is None:
         return None
     frames = int(metrics.monitor.get("frames") or 0)
-    stats = metrics.cache_stats or {}
+    stats = metrics.cache.stats or {}
     hits = stats.get("fxgraph_cache_hit", 0) + stats.get("autograd_cache_hit", 0)
     misses = stats.get("fxgraph_cache_miss", 0) + stats.get("autograd_cache_miss", 0)
     traced = f"dynamo traced {frames} frame{'s' * (frames != 1)}" if frames else "no frame traced"
@@ -236,7 +235,7 @@ def warm_start_lines(
         >>> cold = RecipeResult(name="full", status="ok", metrics=Metrics(first_step_s=50.0,
         ...     build_s=1.8))
         >>> warm = RecipeResult(name="full-warm", status="ok",
-        ...                     metrics=Metrics(first_step_s=4.4, cache_load_s=0.1, build_s=1.8))
+        ...     metrics=Metrics(first_step_s=4.4, cache=CacheUse(load_s=0.1), build_s=1.8))
         >>> warm_start_lines([warm], [cold, warm])[0]  # doctest: +NORMALIZE_WHITESPACE
         'full-warm: cache load 0.10 s + first step 4.40 s = 4.50 s; cold first step (full) 50.00 s;
         warm ÷ cold 0.090 (model build 1.80 s warm, 1.80 s cold; whole restart 6.30 s ÷ 51.80 s =
@@ -254,7 +253,7 @@ def warm_start_lines(
         w, c = row.metrics, cold.metrics
         if not c.first_step_s or w.first_step_s is None:
             continue
-        warm_total = w.first_step_s + (w.cache_load_s or 0.0)
+        warm_total = w.first_step_s + (w.cache.load_s or 0.0)
         build = ""
         if w.build_s is not None and c.build_s is not None:
             warm_all = (w.import_compiler_s or 0.0) + warm_total + w.build_s
@@ -284,7 +283,7 @@ def warm_start_lines(
             else ""
         )  # a pause of any step, not the cache's
         lines.append(
-            f"{row.name}: cache load {w.cache_load_s or 0.0:.2f} s + first step "
+            f"{row.name}: cache load {w.cache.load_s or 0.0:.2f} s + first step "
             f"{w.first_step_s:.2f} s = {warm_total:.2f} s; cold first step ({cold.name}) "
             f"{c.first_step_s:.2f} s; warm ÷ cold {warm_total / c.first_step_s:.3f}{build}"
             + (f"; path: {path}" if path else "")

@@ -288,9 +288,9 @@ def _pays(
     return {
         "eager_step_s": sorted(eager_s)[blocks // 2],
         "compiled_step_s": sorted(compiled_s)[blocks // 2],
-        "speedup": ratio["ratio"],
-        "low": ratio["low"],
-        "high": ratio["high"],
+        "speedup": ratio.ratio,
+        "low": ratio.low,
+        "high": ratio.high,
         "compile_s": round(compile_s, 3),
         "payback_steps": round(compile_s / saved) if saved > 0 else None,
     }

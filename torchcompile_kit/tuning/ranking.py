@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..bench import paired_ratio
+from ..bench import Speedup, paired_ratio
 from .arithmetic import Cost, break_even_steps, cost_from_metrics, predicted_total
 from .result import CandidateResult
 
@@ -18,7 +18,7 @@ def cost_of(result: CandidateResult) -> Cost:
     metrics = result.metrics
     # a warm restart loads its cache before the first step: part of what the restart costs
     return cost_from_metrics(
-        warmup_s=float(metrics.warmup_s) + (metrics.cache_load_s or 0.0),
+        warmup_s=float(metrics.warmup_s) + (metrics.cache.load_s or 0.0),
         warmup_steps=metrics.warmup_steps or 0,
         step_s=1.0 / float(metrics.steps_per_s),
         step_times_s=metrics.step_times_s,
@@ -87,11 +87,10 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
         if ratio is not None:
             # the planned run's tokens against the timed steps', as the run's own line says
             scale = cost.step_s / cost.measured_step_s if cost.measured_step_s else 1.0
-            cost.step_s = eager_cost.step_s * scale / ratio["ratio"]
-            if ratio["low"] is not None:
-                slow = eager_cost.step_s * scale / ratio["low"]
-                fast = eager_cost.step_s * scale / ratio["high"]
-            result.paired = True
+            cost.step_s = eager_cost.step_s * scale / ratio.ratio
+            if ratio.low is not None:
+                slow = eager_cost.step_s * scale / ratio.low
+                fast = eager_cost.step_s * scale / ratio.high
         result.compile_s, result.recompile_s, result.step_s = (
             cost.compile_s,
             cost.recompile_s,
@@ -103,12 +102,13 @@ def _costs(results: list[CandidateResult], steps_planned: int) -> None:
             result.predicted_total_low_s = cost.overhead_s + steps_planned * fast
             result.predicted_total_high_s = cost.overhead_s + steps_planned * slow
         if eager_cost is not None:
-            result.speedup = eager_cost.step_s / cost.step_s
-            if fast is not None:
-                result.speedup_low, result.speedup_high = (
-                    eager_cost.step_s / slow,
-                    eager_cost.step_s / fast,
-                )
+            result.speedup = Speedup(
+                ratio=eager_cost.step_s / cost.step_s,
+                low=eager_cost.step_s / slow if slow is not None else None,
+                high=eager_cost.step_s / fast if fast is not None else None,
+                paired=ratio is not None,
+                baseline="eager",
+            )
             result.break_even_steps = break_even_steps(cost, eager_cost)
     _mark_indistinguishable(
         [r for r in results if r.status == "ok" and r.predicted_total_s is not None]
@@ -122,6 +122,10 @@ def _total_interval(result: CandidateResult) -> tuple[float, float]:
     return result.predicted_total_low_s, result.predicted_total_high_s
 
 
+def _paired(result: CandidateResult) -> bool:
+    return result.speedup is not None and result.speedup.paired
+
+
 def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
     """Each candidate's ``indistinguishable_from``: the others whose total intervals overlap it."""
     for result in measured:
@@ -130,7 +134,7 @@ def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
             other.name
             for other in measured
             if other is not result
-            and (result.paired or other.paired)
+            and (_paired(result) or _paired(other))
             and _total_interval(other)[0] <= high
             and low <= _total_interval(other)[1]
         ]

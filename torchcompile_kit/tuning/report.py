@@ -37,16 +37,17 @@ def _steps(value: float | None) -> str:
 
 
 def _interval(c: CandidateResult) -> str:
-    if c.speedup_low is not None:
-        return f"{c.speedup_low:.2f}–{c.speedup_high:.2f}"
-    return "-" if c.paired or c.verdict == "eager" or c.status != "ok" else "unpaired"
+    if c.speedup is not None and c.speedup.interval():
+        return c.speedup.interval()
+    paired = c.speedup is not None and c.speedup.paired
+    return "-" if paired or c.verdict == "eager" or c.status != "ok" else "unpaired"
 
 
 def _margin(c: CandidateResult) -> str:
     """``1.17x eager per step (95% interval 1.12–1.22)``."""
-    text = f"{c.speedup:.2f}x eager per step"
-    if c.speedup_low is not None:
-        text += f" (95% interval {c.speedup_low:.2f}–{c.speedup_high:.2f})"
+    text = f"{c.speedup.ratio:.2f}x eager per step"
+    if c.speedup.interval():
+        text += f" (95% interval {c.speedup.interval()})"
     return text
 
 
@@ -109,13 +110,13 @@ def format_table(result: TuneResult) -> str:
                 c.verdict,
                 _num(c.compile_s, ".1f"),
                 _num(step_ms, ".2f"),
-                _num(c.speedup, ".2f"),
+                _num(c.speedup.ratio if c.speedup else None, ".2f"),
                 _interval(c),
                 _steps(c.break_even_steps),
                 _num(c.predicted_total_s, ".1f"),
-                _num(c.graphs, "d"),
-                _num(c.recompiles, "d"),
-                _num(c.graph_breaks, "d"),
+                _num(c.metrics.graphs, "d"),
+                _num(c.metrics.recompiles, "d"),
+                _num(c.metrics.graph_breaks, "d"),
                 note[:90],
             ]
         )
@@ -145,7 +146,8 @@ def recommendation_reason(
         for c in candidates
         if c is not chosen
         and c.eligible
-        and (c.speedup or 0) > 1
+        and c.speedup is not None
+        and c.speedup.ratio > 1
         and c.break_even_steps is not None
         and c.break_even_steps > steps_planned
     ]
@@ -197,7 +199,7 @@ def recommendation_reason(
         )
     for c in sorted(losers, key=lambda c: c.break_even_steps)[:2]:
         text += (
-            f"; {c.name} ({c.speedup:.2g}x per step) needs {_steps(c.break_even_steps)} "
+            f"; {c.name} ({c.speedup.ratio:.2g}x per step) needs {_steps(c.break_even_steps)} "
             "steps to pay back its compile time"
         )
     if faster_unchecked:
@@ -255,8 +257,10 @@ def write_chart(result: TuneResult, path: str | Path) -> Path | None:
             lw=2.5 if c.name == result.recommendation else 1.2,
             label=c.name + (" (wrong results)" if c.verdict == "fail" else ""),
         )
-        if c.speedup_low is not None and c.speedup:  # the 95% interval of its paired ratio
-            fast, slow = c.step_s * c.speedup / c.speedup_high, c.step_s * c.speedup / c.speedup_low
+        speedup = c.speedup
+        if speedup is not None and speedup.low is not None:  # the 95% interval of its ratio
+            fast = c.step_s * speedup.ratio / speedup.high
+            slow = c.step_s * speedup.ratio / speedup.low
             ax.fill_between(
                 [0, horizon],
                 [overhead, overhead + horizon * fast],

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..bench import Metrics
+from ..bench import Metrics, Speedup
 
 __all__ = ["CandidateResult", "TuneResult"]
 
@@ -45,18 +45,14 @@ class CandidateResult:
     measured_step_s: float | None = None
     """Mean timed steady step, when ``step_s`` was read off its tokens line at the planned
     run's mean padded tokens per step (``None``: ``step_s`` is that mean)."""
-    speedup: float | None = None
-    """Eager's step time / this step time."""
+    speedup: Speedup | None = None
+    """Eager's step time ÷ this step time in the planned run, with its 95% interval when the run
+    stepped paired with eager's (:mod:`torchcompile_kit.bench.paired`): then ``step_s`` is eager's
+    ÷ the paired ratio, not from two runs at different moments."""
     predicted_total_s: float | None = None
     """``compile_s + recompile_s + steps_planned * step_s``."""
     break_even_steps: float | None = None
     """Steps after which it beats eager in total (``inf``: never; 0: from the start)."""
-    graphs: int | None = None
-    """Graphs compiled in the measured run (``CompileMonitor``)."""
-    recompiles: int | None = None
-    """Recompiles in the measured run."""
-    graph_breaks: int | None = None
-    """Distinct graph breaks (measured run, else the gate's compile)."""
     gate_s: float | None = None
     """Seconds the correctness check took (in the candidate's own process, after its run)."""
     gate_new_graphs: int | None = None
@@ -66,14 +62,8 @@ class CandidateResult:
     wall_s: float | None = None
     """Seconds its process took (start-up, build, compile, measurement, check)."""
     metrics: Metrics = field(default_factory=Metrics)
-    """What the bench runner measured in the candidate's run (losses, step times, padding ...)."""
-    speedup_low: float | None = None
-    """Low end of the 95% interval of ``speedup`` (paired runs; ``None``: no interval)."""
-    speedup_high: float | None = None
-    """High end of the 95% interval of ``speedup``."""
-    paired: bool = False
-    """``speedup`` and ``step_s`` come from steps paired with eager's in the candidate's own
-    run (:mod:`torchcompile_kit.bench.paired`), not from two runs at different moments."""
+    """What the bench runner measured in the candidate's run (graphs, recompiles, graph breaks,
+    losses, step times, padding ...)."""
     predicted_total_low_s: float | None = None
     """``predicted_total_s`` at the high end of the speedup's interval (the fast end)."""
     predicted_total_high_s: float | None = None
@@ -85,9 +75,14 @@ class CandidateResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CandidateResult:
         """Rebuild from :meth:`TuneResult.as_dict` data (``"inf"`` back to ``inf``)."""
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) - {"speedup", "metrics"}
         fields = {k: _finite(v) for k, v in data.items() if k in known}
-        return cls(**{**fields, "metrics": Metrics.from_dict(data.get("metrics"))})
+        speedup = data.get("speedup")
+        return cls(
+            **fields,
+            speedup=Speedup(**speedup) if speedup else None,
+            metrics=Metrics.from_dict(data.get("metrics")),
+        )
 
     @property
     def eligible(self) -> bool:

@@ -119,8 +119,6 @@ def measure_candidate(
             result.status = "skipped"
             result.reason = f"budget: stopped after {timeout:.0f} s when the budget ran out"
             result.metrics.stopped = progress.stopped(timeout)
-    result.graphs, result.recompiles = result.metrics.graphs, result.metrics.recompiles
-    result.graph_breaks = result.metrics.graph_breaks
     _log.info(
         "candidate %s: %s%s",
         candidate.name,
@@ -212,7 +210,7 @@ def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan) -> di
     if run.status != "ok":
         return {"status": run.status, "error": run.error or run.reason}
     times = run.metrics.step_times_s
-    measured = float(run.metrics.warmup_s) + (run.metrics.cache_load_s or 0.0) + sum(times)
+    measured = float(run.metrics.warmup_s) + (run.metrics.cache.load_s or 0.0) + sum(times)
     return {
         "status": "ok",
         "recipe": chosen.name,

@@ -206,7 +206,7 @@ def _snippet(chosen: CandidateResult | None, plan: RunPlan, loaded: ModelSpec | 
         spec=spec,
         sys_path=sys_path,
         backend=plan.measure.backend,
-        fullgraph=chosen.graph_breaks == 0,
+        fullgraph=chosen.metrics.graph_breaks == 0,
         steps_planned=plan.steps_planned,
         batch_size=PRESETS[plan.measure.preset].batch_size,
         spec_optimizer=loaded is not None and loaded.optimizer is not None,
