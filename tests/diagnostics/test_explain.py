@@ -139,5 +139,5 @@ def test_a_regionally_compiled_model_lists_every_break_with_its_modules(fullgrap
     if not fullgraph:
         with CompileMonitor() as monitor:
             model(torch.randn(2, 4))
-        region = get_regional_plan(model).groups[0].region
+        region = get_regional_plan(model).groups[0].compiled.region
         assert any(frame.region == region for frame in monitor.frames), monitor.summary()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 
@@ -191,10 +192,13 @@ def test_regional_gpt2_is_one_graph_per_block_class_attributed_to_gpt2block():
     model = compile_regional(tm.gpt2(), backend="aot_eager", compile_loss=False)
     with CompileMonitor() as mon:
         model(**tm.token_batch()).loss.backward()
+    # the frame is named from its marked region as it is recorded, not by the report
+    assert [f.owner for f in mon.frames] == ["GPT2Block"]  # not transformers' wrapper
+    before = (copy.deepcopy(mon.frames), list(mon.notes))
     report = get_regional_plan(model).report(mon)
+    assert (mon.frames, mon.notes) == before  # the report only reads the monitor
     (group,) = report.groups
     assert (group.class_name, group.graphs, group.flags) == ("GPT2Block", 1, [])
-    assert [f.owner for f in mon.frames] == ["GPT2Block"]  # not transformers' wrapper
     assert mon.frames[0].backward_seconds > 0
     assert "GPT2Block" in mon.summary()
 

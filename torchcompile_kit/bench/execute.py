@@ -234,8 +234,9 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
     for group in plan.groups if plan is not None else ():
-        if isinstance(group.precompile, str):  # refused (a sentence): no region of its own
-            regions[group.class_name] = group.precompile
+        compiled = group.compiled
+        if compiled is not None and isinstance(compiled.precompile, str):  # refused: a sentence
+            regions[group.class_name] = compiled.precompile
     metrics.regions = regions or None
     if loaded is not None:
         metrics.cache.load_s, metrics.cache.loaded = load_s, bool(loaded)

@@ -307,9 +307,8 @@ class CompileMonitor:
         )
 
     def add_note(self, text: str) -> None:
-        """Add a line to the record's ``notes`` (and the summary), once: for instruments that
-        correct what was said before (the regional report withdraws a disproved preflight
-        warning)."""
+        """Add a line to the record's ``notes`` (and the summary), once: what the library's
+        recipes report while the monitor runs (:func:`note_running_monitors`)."""
         if text not in self._notes:
             self._notes.append(text)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _dynamo
-from .regions import current_region
+from .regions import current_region, region_owner
 from .trace_records import (
     CompiledFrame,
     GraphBreak,
@@ -174,13 +174,15 @@ class TraceRecorder(logging.Handler):
                     # torch <= 2.10 names no number; it has no per-call limit either, so the
                     # process-wide one is the limit that was hit
                     value = _dynamo.recompile_limit()
+                region = flight.region or current_region()
                 self.limit_hits.append(
                     LimitHit(
                         **where,
                         limit=value,
                         limit_type=limit[1],
                         last_reason=last,
-                        region=flight.region or current_region(),
+                        region=region,
+                        owner=region_owner(region, function, file, line, []),
                     )
                 )
                 return
@@ -189,6 +191,8 @@ class TraceRecorder(logging.Handler):
                 reason = str(metrics.get("fail_reason") or "").strip().splitlines()
                 failed = f"{metrics['fail_type']}: {reason[0] if reason else ''}".strip()
             index = len(self.frames)
+            # the block class it belongs to, known from its marked region (mark_region)
+            owner = region_owner(flight.region, function, file, line, flight.sources)
             self.frames.append(
                 CompiledFrame(
                     **where,
@@ -198,11 +202,12 @@ class TraceRecorder(logging.Handler):
                     recompile_reason=metrics.get("recompile_reason"),
                     failed=failed,
                     region=flight.region,
+                    owner=owner,
                     sources=flight.sources,
                 )
             )
             for found in flight.breaks:
-                found.region = flight.region
+                found.region, found.owner = flight.region, owner
                 self._add_break(found, function=function, compile_id=compile_id, frame=index)
             reason = metrics.get("recompile_reason")
             if reason:
@@ -213,6 +218,7 @@ class TraceRecorder(logging.Handler):
                         reasons=flight.reasons or [reason],
                         frame=index,
                         region=flight.region,
+                        owner=owner,
                     )
                 )
 

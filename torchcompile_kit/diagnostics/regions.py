@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .trace_records import owner_of
 
 __all__ = [
     "CompileFailure",
@@ -31,6 +32,7 @@ __all__ = [
     "grad_modes",
     "mark_call",
     "mark_region",
+    "region_owner",
     "set_recompile_limit",
     "was_called",
 ]
@@ -43,6 +45,7 @@ _FAILURES: dict[str, CompileFailure] = {}
 _CALLED: set[str] = set()
 _LIMITS: dict[str, int] = {}
 _GRAD_MODES: dict[str, set[bool]] = {}
+_CLASSES: dict[str, list[type]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +142,39 @@ def mark_region(
     """
     region = f"{label}#{next(_NUMBERS)}"
     modules = list(modules)
+    _CLASSES[region] = list(dict.fromkeys(type(m) for m in modules))
     names = list(names) if names is not None else [label] * len(modules)
     for module, name in zip(modules, names, strict=True):
         compiled = _dynamo.get_compiled_call(module)
         if compiled is not None:
             _dynamo.set_compiled_call(module, _in_region(compiled, region, module, name))
     return region
+
+
+def region_owner(
+    region: str | None,
+    function: str,
+    file: str | None,
+    line: int | None,
+    sources: list[tuple[str, int]],
+) -> str | None:
+    """The module class a frame compiled in ``region`` belongs to (``"GPT2Block"``): the one whose
+    ``forward`` the graph's source lines trace (transformers runs every block through one wrapper,
+    so the frame's code does not tell), or whose ``forward`` the frame is (a block whose forward
+    holds no op of its own); ``None`` outside a :func:`mark_region` region, or when none fits."""
+    classes = _CLASSES.get(region or "", [])
+    found = owner_of(function, file, line, sources, classes) if classes else None
+    if found is not None:
+        return found
+    for cls in classes:
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        if code is not None and (function, file, line) == (
+            code.co_name,
+            code.co_filename,
+            code.co_firstlineno,
+        ):
+            return cls.__name__
+    return None
 
 
 def mark_call(call: Callable[..., Any], label: str) -> tuple[Callable[..., Any], str]:

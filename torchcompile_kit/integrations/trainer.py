@@ -245,7 +245,7 @@ class CompileTrainerMixin:
 
     def _regional(self) -> bool:
         plan = get_regional_plan(self.model) if self.model is not None else None
-        return plan is not None and any(group.region for group in plan.groups)
+        return plan is not None and any(group.compiled for group in plan.groups)
 
     def _expect_eval_shapes(self, dataset: Any) -> None:
         """Tell the plan the evaluation batches' shapes: the loader keeps the dataset's order, so

@@ -12,7 +12,7 @@ from .background import (
 from .compile import compile_in_place, compile_model, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .expected_shapes import expect_shapes
-from .plan import BlockGroup, ExpectedShapes, RegionalPlan, get_regional_plan
+from .plan import BlockGroup, CompiledGroup, ExpectedShapes, RegionalPlan, get_regional_plan
 from .transformers_support import cache_calls_compiled, fix_loss_function, has_transformers_model
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "BackgroundCompile",
     "BackgroundState",
     "BlockGroup",
+    "CompiledGroup",
     "ExpectedShapes",
     "get_background_compile",
     "RegionalPlan",

@@ -20,7 +20,7 @@ from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import VERIFY_MEANING, FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
 from .discovery import BlocksArg
-from .plan import PENDING_ATTR, PLAN_ATTR, get_regional_plan
+from .plan import PENDING_ATTR, PLAN_ATTR, CompiledGroup, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
 from .preflight import plan_regional, size_recompile_limits
 from .transformers_support import prepare_transformers, set_explicit_loss_functions
@@ -117,11 +117,12 @@ def compile_regional(
     # apply: each group compiled, then what a transformers model needs around the blocks
     for group in plan.groups:
         instances = [model.get_submodule(name) for name in group.names]
-        group.precompile = _compile_modules(
+        precompiled = _compile_modules(
             instances, group.label, precompile, group.preflight, **group.compile_kwargs
         )
         # the measured report credits the group with what dynamo compiles inside these calls
-        group.region = mark_region(instances, group.class_name, names=group.names)
+        region = mark_region(instances, group.class_name, names=group.names)
+        group.compiled = CompiledGroup(region=region, precompile=precompiled)
     prepared = prepare_transformers(
         model,
         plan,

@@ -66,7 +66,7 @@ def expect_shapes(
             f"expect_shapes(mode={mode!r}): use 'train' (grad on) or 'eval' (under torch.no_grad())"
         )
     plan = get_regional_plan(model)
-    if plan is None or not any(group.region for group in plan.groups):
+    if plan is None or not any(group.compiled for group in plan.groups):
         raise ValueError(
             f"expect_shapes: {type(model).__name__} has no regional plan with "
             "compiled blocks; call compile_regional(model, ...) first"

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlockGroup",
+    "CompiledGroup",
     "ExpectedShapes",
     "ExtraRegion",
     "GroupReport",
@@ -29,6 +30,28 @@ __all__ = [
 PLAN_ATTR = "_torchcompile_kit_plan"
 PENDING_ATTR = "_torchcompile_kit_pending"
 """Set on a model while a background compile of it is under way: compiling it again is refused."""
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class CompiledGroup:
+    """What compiling one block group produced (the plan's decisions are :class:`BlockGroup`'s
+    other fields, made before anything compiled)."""
+
+    region: str
+    """The group's marked region (``diagnostics.mark_region``): the measured report credits the
+    group with every frame dynamo compiled while one of its blocks' compiled calls ran
+    (:meth:`RegionalPlan.report`)."""
+    precompile: Any = None
+    """With ``compile_regional(..., precompile=True)``: the group's ``PrecompiledRegion``, or
+    why it was compiled the usual way (a sentence)."""
+
+    @property
+    def path(self) -> str | None:
+        """How a restart compiles the group: ``"precompiled (no trace)"``, ``"traced (saved for
+        the next restart)"``, why not, or ``None`` without ``precompile=True``."""
+        if self.precompile is None or isinstance(self.precompile, str):
+            return self.precompile
+        return self.precompile.path
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,25 +73,18 @@ class BlockGroup:
     label: str = ""
     """The group's name in a restart's precompiled regions: the class name, with the group's
     position when two groups share a class."""
-    region: str | None = None
-    """The group's compiled region (``diagnostics.mark_region``), set by ``compile_regional``:
-    the measured report credits the group with every frame dynamo compiled while one of its
-    blocks' compiled calls ran (:meth:`RegionalPlan.report`)."""
     preflight: Preflight | None = None
     """What the guard preflight predicts for the group, set when the plan is made."""
     budget: SharedBudget | None = None
     """The recompile budget the group shares with the groups that run its code object."""
-    precompile: Any = None
-    """With ``compile_regional(..., precompile=True)``: the group's ``PrecompiledRegion``, or
-    why it was compiled the usual way (a sentence)."""
+    compiled: CompiledGroup | None = None
+    """What compiling it produced; ``None`` until ``compile_regional`` compiled it (a plan from
+    ``find_repeated_blocks``)."""
 
     @property
     def precompile_path(self) -> str | None:
-        """How a restart compiles the group: ``"precompiled (no trace)"``, ``"traced (saved for
-        the next restart)"``, why not, or ``None`` without ``precompile=True``."""
-        if self.precompile is None or isinstance(self.precompile, str):
-            return self.precompile
-        return self.precompile.path
+        """:attr:`CompiledGroup.path` (``None`` when not compiled)."""
+        return self.compiled.path if self.compiled is not None else None
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -232,8 +248,8 @@ class RegionalPlan:
         measured graphs, recompiles with the failed guard, graph breaks, limit hits and compile
         seconds. A row whose compile raised (with the module it was raised in), that compiled
         nothing or more than predicted, broke its graph or hit the limit is flagged; a preflight
-        warning dynamo disproved is withdrawn (also as a note in the monitor).
-        Returns a :class:`PlanReport`.
+        warning dynamo disproved is withdrawn. Returns a :class:`PlanReport`; ``monitor`` is only
+        read.
 
         Example:
             >>> with CompileMonitor() as mon:  # doctest: +SKIP
@@ -242,11 +258,9 @@ class RegionalPlan:
             GPT2Block (2 blocks): predicted 1 graph(s), measured 1; 0 recompiles, 0 graph breaks,
             0.41 s  ok
         """
-        classes = [g.block_class for g in self.groups if g.block_class is not None]
-        monitor.attribute(*classes)  # names the frames in the monitor's own summary
         groups, notes = [], list(monitor.notes)
         for group in self.groups:
-            if group.block_class is None:
+            if group.compiled is None:
                 groups.append(
                     GroupReport(
                         class_name=group.class_name,
@@ -262,31 +276,13 @@ class RegionalPlan:
                 continue
             # what dynamo compiled while the group's blocks ran: their entry frames, the code
             # resumed after breaks, callees compiled as frames of their own
-            record = monitor.record_for_region(group.region)
-            _name_entry_frames(monitor, group)
-            groups.append(_group_report(group, record, monitor, self))
+            record = monitor.record_for_region(group.compiled.region)
+            groups.append(_group_report(group, record, self))
         # one never called is left out: a base model's loss inside a task model
         groups += [
             _extra_report(e, monitor, self) for e in self.extra_regions if was_called(e.region)
         ]
         return PlanReport(groups=groups, notes=notes)
-
-
-def _name_entry_frames(monitor: Any, group: BlockGroup) -> None:
-    """Name the group's class on its entry frames that source lines could not name (a block
-    whose ``forward`` holds no op of its own), so the monitor's summary reads
-    ``BertLayer.forward (via forward_with_checkpointing)``."""
-    code = getattr(getattr(group.block_class, "forward", None), "__code__", None)
-    if code is None:
-        return
-    for frame in monitor.frames:
-        if (
-            frame.region == group.region
-            and frame.owner is None
-            and (frame.function, frame.file, frame.line)
-            == (code.co_name, code.co_filename, code.co_firstlineno)
-        ):
-            frame.owner = group.class_name
 
 
 def _predicted(region: str | None, variants: tuple[int, int], plan: RegionalPlan) -> int:
@@ -298,12 +294,11 @@ def _predicted(region: str | None, variants: tuple[int, int], plan: RegionalPlan
     return train * (True in modes) + evaluation * (False in modes)
 
 
-def _group_report(
-    group: BlockGroup, record: MonitorRecord, monitor: Any, plan: RegionalPlan
-) -> GroupReport:
+def _group_report(group: BlockGroup, record: MonitorRecord, plan: RegionalPlan) -> GroupReport:
     preflight = group.preflight  # set with block_class by compile_regional
     graphs = record.counts.graphs
-    predicted = _predicted(group.region, (preflight.graphs, preflight.eval_graphs), plan)
+    region = group.compiled.region
+    predicted = _predicted(region, (preflight.graphs, preflight.eval_graphs), plan)
     precompiled = (group.precompile_path or "").startswith("precompiled")
     nothing = (
         None
@@ -315,16 +310,15 @@ def _group_report(
     )
     withdrawn = None
     if preflight.warning and 0 < graphs < predicted:
-        # the preflight read the code and warned; dynamo made fewer graphs: take it back, here
-        # and in the monitor's record, so the warning does not stand uncorrected
+        # the preflight read the code and warned; dynamo made fewer graphs: the report takes it
+        # back, so the warning does not stand uncorrected
         withdrawn = (
             f"{group.class_name}: the preflight's warning ({predicted} graphs predicted) "
             f"is withdrawn: dynamo compiled {graphs} graph(s) for the group"
         )
-        monitor.add_note(withdrawn)
     return _fill_measured(
         record,
-        group.region,
+        region,
         predicted,
         where="the blocks or their callees",
         nothing=nothing,
@@ -419,7 +413,7 @@ class GroupReport:
     """What needs a look; empty when the group compiled as predicted."""
     withdrawn: str | None = None
     """The preflight warned, and dynamo compiled fewer graphs than it predicted: the warning is
-    withdrawn (also a note in the monitor's record)."""
+    withdrawn."""
     shares_budget_with: list[str] = field(default_factory=list)
     """Other groups sharing the blocks' code object and so the recompile limit."""
     precompile: str | None = None

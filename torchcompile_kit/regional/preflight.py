@@ -357,8 +357,8 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
         for group in sharing:
             others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
             group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
-            if group.region is not None:
-                set_recompile_limit(group.region, None if set_by_user else budget)
+            if group.compiled is not None:
+                set_recompile_limit(group.compiled.region, None if set_by_user else budget)
         if set_by_user and needed > budget:
             logger.info(
                 "%s: may need %d graphs (training and no_grad evaluation, for the shapes "
