@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from torchcompile_kit.bench import Metrics
+from torchcompile_kit.bench import BackgroundUse, Metrics
 from torchcompile_kit.tuning import (
     CandidateResult,
     Cost,
@@ -271,14 +271,14 @@ def background(worker_s, stall_s, start_after_s=1.0):
             warmup_steps=WARMUP,
             steps_per_s=1 / 0.06,
             step_times_s=[0.1] * 300 + [0.05] * 20,
-            background={
-                "state": "compiled",
-                "eager_steps": 300,
-                "switched_at_call": 301,
-                "start_after_s": start_after_s,
-                "worker_s": worker_s,
-                "stall_s": stall_s,
-            },
+            background=BackgroundUse(
+                state="compiled",
+                eager_steps=300,
+                switched_at_call=301,
+                start_after_s=start_after_s,
+                worker_s=worker_s,
+                stall_s=stall_s,
+            ),
         ),
     )
 

@@ -17,7 +17,7 @@ from .model_spec import (
     parse_model_spec,
     portable_model_spec,
 )
-from .outcome import CacheUse, Metrics, Speedup
+from .outcome import BackgroundUse, CacheUse, Metrics, Speedup
 from .paired import paired_ratio, ratio_interval
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .report import render_table
@@ -26,6 +26,7 @@ from .runner import RecipeResult, RunRequest, run_recipe_isolated
 __all__ = [
     "PRESETS",
     "RECIPES",
+    "BackgroundUse",
     "CacheUse",
     "MeasureConfig",
     "Metrics",

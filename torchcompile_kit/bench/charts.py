@@ -192,7 +192,7 @@ def timeline_figure(rows: Sequence[RecipeResult], title: str) -> Any:
     for row in ok:
         ends = row.metrics.step_ends_s
         axes.plot([0.0, *ends], range(len(ends) + 1), label=row.name, lw=1.2)
-        switched = (row.metrics.background or {}).get("switched_at_call")
+        switched = row.metrics.background.switched_at_call if row.metrics.background else None
         if switched and switched <= len(ends):
             axes.plot(ends[switched - 1], switched, "o", color="black", ms=4)
     axes.set_title(title, fontsize=10)

@@ -23,7 +23,7 @@ from .batches import batch_stream, planned_tokens_per_step, seq_keys
 from .captioner import PRESETS, build_captioner
 from .metrics import measure_training
 from .model_spec import ModelSpec, load_model_spec, loss_of
-from .outcome import Metrics, RecipeResult, emit_event
+from .outcome import BackgroundUse, Metrics, RecipeResult, emit_event
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe
 
 __all__ = ["execute_request", "missing_requirement"]
@@ -218,19 +218,10 @@ def _run(recipe: Recipe, request: dict[str, Any], device: Any, settings: dict[st
         notes += [check.message() for check in monitor.first_call_checks]
     background = get_background_compile(ctx.model)
     if background is not None:
-        metrics.background = {
-            name: getattr(background, name)
-            for name in (
-                "eager_reason",
-                "eager_steps",
-                "switched_at_call",
-                "start_after_s",
-                "worker_s",
-                "stall_s",
-                "handoff_s",
-            )
-        }
-        metrics.background["state"] = background.state.value
+        fields = [name for name in BackgroundUse.__dataclass_fields__ if name != "state"]
+        metrics.background = BackgroundUse(
+            state=background.state.value, **{name: getattr(background, name) for name in fields}
+        )
     regions = {record["label"]: record["path"] for record in _dynamo.precompiled_regions()}
     plan = get_regional_plan(ctx.model)
     for group in plan.groups if plan is not None else ():

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 __all__ = [
     "EVENT_PREFIX",
+    "BackgroundUse",
     "CacheUse",
     "Metrics",
     "RecipeResult",
@@ -72,6 +73,29 @@ class CacheUse:
     """Warm rows: seconds the load took (part of what the restart costs)."""
     stats: dict[str, int] | None = None
     """Warm rows: torch's dynamo, FX-graph and AOTAutograd cache hits and misses after the run."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BackgroundUse:
+    """A background-compile row (``compile_in_background``): what its
+    :class:`~torchcompile_kit.regional.BackgroundCompile` recorded."""
+
+    state: str
+    """``"compiled"``, or ``"eager"`` when it stayed eager (``BackgroundState``'s value)."""
+    eager_steps: int = 0
+    """Steps run eagerly before the switch."""
+    switched_at_call: int | None = None
+    """The call that first ran compiled (``None``: it never switched)."""
+    eager_reason: str | None = None
+    """Why it stayed eager."""
+    start_after_s: float | None = None
+    """Seconds after the first step when the worker started."""
+    worker_s: float | None = None
+    """Seconds the worker compiled."""
+    stall_s: float | None = None
+    """Seconds the switching step took (loading the worker's compile, its first compiled call)."""
+    handoff_s: float | None = None
+    """Seconds handing the first batch to the worker."""
 
 
 def _cache_of(data: Mapping[str, Any]) -> CacheUse:
@@ -177,10 +201,8 @@ class Metrics:
     """The whole ``CompileMonitor`` snapshot."""
     cache: CacheUse = field(default_factory=CacheUse)
     """What the row did with the compile cache (every field ``None``: it used none)."""
-    background: dict[str, Any] | None = None
-    """Background-compile rows (``compile_in_background``): the
-    :class:`~torchcompile_kit.regional.BackgroundCompile` record (``state``, ``eager_steps``,
-    ``switched_at_call``, ``worker_s``, ``stall_s``)."""
+    background: BackgroundUse | None = None
+    """Background-compile rows: what the background compile recorded."""
     regions: dict[str, str] | None = None
     """``compile_regional(precompile=True)`` rows: how each block group compiled (its plan's
     ``precompile_path``: ``"precompiled (no trace)"`` on a warm row whose entries loaded)."""
@@ -213,11 +235,13 @@ class Metrics:
     def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics:
         """Rebuild from :meth:`as_dict` data (unknown keys are ignored)."""
         data = data or {}
-        known = set(cls.__dataclass_fields__) - {"speedup", "cache"}
+        known = set(cls.__dataclass_fields__) - {"speedup", "cache", "background"}
+        background = data.get("background")
         return cls(
             **{k: v for k, v in data.items() if k in known},
             speedup=_speedup_of(data),
             cache=_cache_of(data),
+            background=BackgroundUse(**background) if background else None,
         )
 
 

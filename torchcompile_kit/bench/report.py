@@ -301,8 +301,8 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
 
     Example:
         >>> bg = RecipeResult(name="regional-background", status="ok", metrics=Metrics(
-        ...     step_ends_s=[1.0, 2.0, 2.5], background={"state": "compiled", "eager_steps": 2,
-        ...     "switched_at_call": 3, "worker_s": 2.0, "stall_s": 0.3}))
+        ...     step_ends_s=[1.0, 2.0, 2.5], background=BackgroundUse(state="compiled",
+        ...     eager_steps=2, switched_at_call=3, worker_s=2.0, stall_s=0.3)))
         >>> cold = RecipeResult(name="regional", status="ok", metrics=Metrics(
         ...     first_step_s=10.0, step_ends_s=[10.0, 10.5, 11.0]))
         >>> eager = RecipeResult(name="eager", status="ok", metrics=Metrics(step_ends_s=[1.0, 2.0,
@@ -320,23 +320,20 @@ def background_lines(rows: Sequence[RecipeResult], all_rows: Sequence[RecipeResu
         if not record:
             continue
         cold = by_name.get(row.name.removesuffix("-background"))
-        if record.get("switched_at_call") is None:
-            reason = f": {record['eager_reason']}" if record.get("eager_reason") else ""
-            lines.append(
-                f"{row.name}: {record['state']}{reason} ({record['eager_steps']} eager steps)"
-            )
+        if record.switched_at_call is None:
+            reason = f": {record.eager_reason}" if record.eager_reason else ""
+            lines.append(f"{row.name}: {record.state}{reason} ({record.eager_steps} eager steps)")
             continue
         text = (
-            f"{row.name}: compiled from step {record['switched_at_call']} after "
-            f"{record['eager_steps']} eager steps (worker {record['worker_s']:.1f} s; handoff of "
-            "the "
-            f"first batch {record.get('handoff_s') or 0.0:.3f} s; stall at the switch "
-            f"{record['stall_s']:.2f} s"
+            f"{row.name}: compiled from step {record.switched_at_call} after "
+            f"{record.eager_steps} eager steps (worker {record.worker_s or 0.0:.1f} s; handoff of "
+            f"the first batch {record.handoff_s or 0.0:.3f} s; stall at the switch "
+            f"{record.stall_s or 0.0:.2f} s"
         )
         if cold is not None and cold.metrics.first_step_s:
             text += (
-                f" = {record['stall_s'] / cold.metrics.first_step_s:.3f} of the cold compile "
-                f"of {cold.name}"
+                f" = {(record.stall_s or 0.0) / cold.metrics.first_step_s:.3f} of the cold "
+                f"compile of {cold.name}"
             )
         text += ")"
         eager = by_name.get("eager")

@@ -31,18 +31,19 @@ def cost_of(result: CandidateResult) -> Cost:
 def _background_cost(result: CandidateResult, eager: Cost, compiled: Cost | None) -> Cost:
     """A background candidate: eager steps while its worker compiled, the stall at the switch,
     then the compiled recipe's steps (``compiled``: the same graphs' measured candidate, if any)."""
-    record = result.metrics.background or {}
-    if record.get("stall_s") is None:
-        raise ValueError(f"its background compile did not switch ({record.get('state')})")
+    record = result.metrics.background
+    if record is None or record.stall_s is None or record.worker_s is None:
+        state = record.state if record is not None else "no record"
+        raise ValueError(f"its background compile did not switch ({state})")
     if compiled is None:  # its own compiled steps, after the switching one
         after = result.metrics.step_times_s[-max(1, len(result.metrics.step_times_s) // 4) :]
         compiled = Cost(compile_s=0.0, recompile_s=0.0, step_s=sorted(after)[len(after) // 2])
     return Cost(
-        compile_s=max(0.0, record["stall_s"] - compiled.step_s),
+        compile_s=max(0.0, record.stall_s - compiled.step_s),
         recompile_s=0.0,
         # eager until the worker started (start_after_s in) and was seen done
         step_s=compiled.step_s,
-        eager_steps=(record.get("start_after_s", 0.0) + record["worker_s"]) / eager.step_s,
+        eager_steps=((record.start_after_s or 0.0) + record.worker_s) / eager.step_s,
         eager_step_s=eager.step_s,
     )
 
