@@ -260,6 +260,13 @@ def test_what_the_worker_cannot_reproduce_is_refused_at_the_call(factory):
             compile_in_background(
                 model, worker=BackgroundCompile(factory="tck_bg_model:build"), **{implied: True}
             )
+    worker = BackgroundCompile(factory="tck_bg_model:build")
+    # a misspelt keyword, or one of compile_regional's given to compile_model: at the call, not
+    # in the worker after minutes of compiling
+    with pytest.raises(TypeError, match="compile_regional: unexpected keyword blokcs="):
+        compile_in_background(model, worker=worker, blokcs=["h.*"])
+    with pytest.raises(TypeError, match="compile_model: unexpected keyword blocks="):
+        compile_in_background(model, compile_model, worker=worker, blocks=["h.*"])
     assert get_background_compile(model) is None  # nothing set up by a refused call
 
 

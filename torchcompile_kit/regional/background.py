@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import inspect
 import io
 import json
 import logging
@@ -41,6 +42,7 @@ from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
 from .compile import (
     already_compiled,
+    check_compile_kwargs,
     check_model,
     compile_model,
     compile_regional,
@@ -230,7 +232,7 @@ def compile_in_background(
             f"compile_in_background: worker={worker!r:.80} must be BackgroundCompile(...) or "
             f"None; got {type(worker).__name__}"
         )
-    _check_options(model, options, compile_kwargs)
+    _check_options(model, options, compile_fn, compile_kwargs)
     if already_compiled(model):
         return model
     model.__dict__[_ATTR] = options
@@ -252,7 +254,10 @@ def compile_in_background(
 
 
 def _check_options(
-    model: nn.Module, options: BackgroundCompile, compile_kwargs: dict[str, Any]
+    model: nn.Module,
+    options: BackgroundCompile,
+    compile_fn: Callable[..., nn.Module],
+    compile_kwargs: dict[str, Any],
 ) -> None:
     """What the worker could not reproduce, refused at the call (not at the switch after minutes
     of compiling)."""
@@ -262,6 +267,11 @@ def _check_options(
             f"compile_in_background: {', '.join(implied)} is implied (the worker precompiles and "
             "the switch checks the first call against eager); drop it"
         )
+    # a misspelt keyword is refused now, not in the worker minutes later
+    own = inspect.signature(compile_fn).parameters
+    check_compile_kwargs(
+        {k: v for k, v in compile_kwargs.items() if k not in own}, caller=compile_fn.__name__
+    )
     if options.factory is not None:
         check_factory(options.factory, flag="factory=")
     if not options.start_after_s >= 0:
