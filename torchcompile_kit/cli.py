@@ -72,6 +72,44 @@ def _pin(text: str) -> str:
     return text
 
 
+def _measure_flags(parser: argparse.ArgumentParser, row: str) -> None:
+    """The flags bench and tune share: the model, the steps timed, pairing, the device."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see "
+        "docs/benchmarks.md (default: the post's captioner at --preset)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help=f"steady steps timed per {row} (default: the preset's)",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steps timed as warm-up (default: the preset's)",
+    )
+    parser.add_argument(
+        "--no-pair",
+        action="store_true",
+        help=f"time each {row} alone, without an eager copy stepping beside it (half the memory; "
+        "ratios then divide runs measured minutes apart: not robust to load)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help=f"where every {row} trains (default: $TORCHCOMPILE_KIT_BENCH_DEVICE, else cuda when "
+        "a GPU is visible, else cpu)",
+    )
+    # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
+    parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchcompile-kit",
@@ -102,29 +140,10 @@ def _parser() -> argparse.ArgumentParser:
         "(the post's sizes; default on CUDA)",
     )
     bench.add_argument(
-        "--steps",
-        type=_POSITIVE_INT,
-        default=None,
-        help="steady steps to time per recipe (default: the preset's)",
-    )
-    bench.add_argument(
-        "--warmup-steps",
-        type=_POSITIVE_INT,
-        default=None,
-        help="steps timed as warm-up (default: the preset's)",
-    )
-    bench.add_argument(
         "--out",
         default="bench-results",
         metavar="DIR",
         help="where results.json, charts and logs go (default: %(default)s)",
-    )
-    bench.add_argument(
-        "--model",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="your model: FUNCTION() returns (model, make_batch[, lengths]); see "
-        "docs/benchmarks.md",
     )
     bench.add_argument(
         "--timeout",
@@ -142,12 +161,6 @@ def _parser() -> argparse.ArgumentParser:
         "load in one round is outvoted); warm-up s is the median (default: %(default)s)",
     )
     bench.add_argument(
-        "--no-pair",
-        action="store_true",
-        help="time each row alone, without its baseline's eager copy stepping beside it (half the "
-        "memory; × base then divides rows measured minutes apart: not robust to load)",
-    )
-    bench.add_argument(
         "--pin",
         type=_pin,
         default=None,
@@ -155,17 +168,9 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU lists, e.g. 0:1: every row trains on the TRAIN CPUs (as many torch threads), a "
         "background compile's worker runs on the COMPILE CPUs (default: all CPUs for everything)",
     )
-    bench.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="where every row trains (default: $TORCHCOMPILE_KIT_BENCH_DEVICE, else cuda when a "
-        "GPU is visible, else cpu)",
-    )
     bench.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     bench.add_argument("--no-charts", action="store_true", help="do not write PNG charts")
-    # test switch (documented in docs/benchmarks.md): a cheap compile backend such as "eager"
-    bench.add_argument("--backend", default=None, help=argparse.SUPPRESS)
+    _measure_flags(bench, "row")
 
     report = sub.add_parser(
         "report", help="re-render the table and charts of saved results (two side by side)"
@@ -194,19 +199,6 @@ def _parser() -> argparse.ArgumentParser:
         "--steps-planned steps.",
     )
     tune.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default=None,
-        help="where every candidate trains (default: $TORCHCOMPILE_KIT_BENCH_DEVICE, else cuda "
-        "when a GPU is visible, else cpu)",
-    )
-    tune.add_argument(
-        "--model",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="your model, as for bench --model (default: the bench's captioner at --preset)",
-    )
-    tune.add_argument(
         "--steps-planned",
         type=_POSITIVE_INT,
         default=1000,
@@ -224,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         default="tune-results",
         metavar="DIR",
-        help="tune.json, tune.png, recommended.py, logs (default: %(default)s)",
+        help="tune.json, tune.txt, tune.png, recommended.py (default: %(default)s)",
     )
     tune.add_argument(
         "--candidates",
@@ -240,18 +232,6 @@ def _parser() -> argparse.ArgumentParser:
         help="captioner sizes and default step counts",
     )
     tune.add_argument(
-        "--steps",
-        type=_POSITIVE_INT,
-        default=None,
-        help="steady steps timed per candidate (default: the preset's)",
-    )
-    tune.add_argument(
-        "--warmup-steps",
-        type=_POSITIVE_INT,
-        default=None,
-        help="steps timed as warm-up (default: the preset's)",
-    )
-    tune.add_argument(
         "--steady-seconds",
         type=_SECONDS,
         default=None,
@@ -264,20 +244,11 @@ def _parser() -> argparse.ArgumentParser:
         help="you restart from a saved compile cache: rank the warm restarts",
     )
     tune.add_argument(
-        "--no-pair",
-        action="store_true",
-        help="time each candidate alone, without an eager copy stepping beside it (half the "
-        "memory; "
-        "candidates are then ranked on step times measured at different moments)",
-    )
-    tune.add_argument(
         "--check-prediction",
         action="store_true",
         help="then run the recommendation for N steps: predicted vs measured total",
     )
-    tune.add_argument(
-        "--backend", default=None, help=argparse.SUPPRESS
-    )  # test switch, as for bench
+    _measure_flags(tune, "candidate")
 
     doctor = sub.add_parser(
         "doctor",
