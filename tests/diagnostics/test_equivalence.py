@@ -138,6 +138,16 @@ def test_a_shift_rounding_cannot_explain_fails_and_a_given_tolerance_means_what_
 
 
 @pytest.mark.slow
+def test_a_moved_or_misspelt_keyword_is_refused_with_what_to_pass():
+    x = torch.randn(4, 8)
+    with pytest.raises(TypeError, match=r"rtol=\.\.\.\): pass tolerance=\(rtol, atol\)"):
+        check_compile_equivalence(MLP(), x, backend="eager", rtol=1e-3)
+    with pytest.raises(TypeError, match=r"\['bakend'\]: not torch.compile's"):
+        check_compile_equivalence(MLP(), x, bakend="eager")
+    with pytest.raises(ValueError, match=r"tolerance=0.1: pass \(rtol, atol\)"):
+        check_compile_equivalence(MLP(), x, backend="eager", tolerance=0.1)
+
+
 def test_untrained_adapter_is_perturbed_so_an_ignoring_compile_fails():
     """A freshly initialised LoRA is the identity: without perturbation, a compiled copy that
     drops the adapter would match eager exactly."""

@@ -10,6 +10,7 @@ the comparator's reference (:mod:`.comparator`, :mod:`.reference`).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,14 @@ __all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_
 _PERTURB_SCALE = 0.1  # adapter weights get N(0, 0.1^2) noise: far from identity, still stable
 _SGD_LR = 1e-2
 SEED = 0  # every run starts from it, so eager, compiled and reference draw alike
+# keywords check_compile_equivalence took before issue 44, and what says the same now
+_MOVED = {
+    "rtol": "pass tolerance=(rtol, atol)",
+    "atol": "pass tolerance=(rtol, atol)",
+    "compile_kwargs": "pass torch.compile's keywords directly, e.g. mode='max-autotune'",
+    "dropout": "dropout is always off (compiled random numbers need not match eager's)",
+    "seed": f"every run starts from seed {SEED}",
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -187,7 +196,8 @@ def check_compile_equivalence(
         ``.notes``.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        TypeError: ``model`` is not an ``nn.Module``, or a keyword is neither ``torch.compile``'s
+            nor ``compile_fn``'s.
         ValueError: ``model`` is already compiled, or not exactly one of ``example_inputs`` and
             ``steps`` is given.
 
@@ -209,6 +219,7 @@ def check_compile_equivalence(
             f"steps={type(steps).__name__}."
         )
     tolerance = _check_tolerance(tolerance)
+    _check_keywords(compile_fn, compile_kwargs)
     kwargs = {"backend": "inductor", **compile_kwargs}
     report = EquivalenceReport(ok=True, backend=_backend_name(kwargs["backend"]))
     seed = SEED
@@ -290,6 +301,26 @@ def _check_uncompiled(model: object) -> None:
             "would still run the original's compiled code. Pass the model before "
             "compiling (torchcompile_kit.uncompile (model)) and say how to compile "
             "it with compile_fn=, e.g. compile_fn=compile_peft."
+        )
+
+
+def _check_keywords(compile_fn: Callable[..., Any] | None, compile_kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword before anything is copied or compiled: one that was moved, or one neither
+    ``torch.compile`` nor ``compile_fn`` takes (any, when ``compile_fn`` takes ``**kwargs``)."""
+    for name in compile_kwargs:
+        if name in _MOVED:
+            raise TypeError(f"check_compile_equivalence({name}=...): {_MOVED[name]}")
+    known = set(inspect.signature(torch.compile).parameters)
+    if compile_fn is not None:
+        parameters = inspect.signature(compile_fn).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return
+        known |= {p.name for p in parameters}
+    unknown = sorted(set(compile_kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"check_compile_equivalence: unexpected keyword(s) {unknown}: not torch.compile's"
+            + (f" nor {getattr(compile_fn, '__name__', 'compile_fn')}'s" if compile_fn else "")
         )
 
 
