@@ -337,7 +337,7 @@ def test_two_candidates_that_run_the_same_code_are_called_indistinguishable(tmp_
     table = format_table(result)
     assert "≈" in next(line for line in table.splitlines() if " full " in line)
     saved = json.loads((tmp_path / "tune.json").read_text())
-    assert {c["name"]: c["paired"] for c in saved["candidates"]} == {
+    assert {c["name"]: c["speedup"]["paired"] for c in saved["candidates"]} == {
         "eager": False,
         "full": True,
         "full-warm": True,
