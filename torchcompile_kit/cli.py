@@ -587,7 +587,7 @@ def _tune(args: argparse.Namespace) -> int:
         print(prediction_line(result.prediction_check))
     print(
         f"\n# --- {args.out}/recommended.py ---\n{result.snippet}\nwritten: "
-        f"{args.out}/tune.json, tune.png, recommended.py"
+        f"{args.out}/tune.json, tune.txt, tune.png, recommended.py"
     )
     return 0
 
