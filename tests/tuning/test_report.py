@@ -66,3 +66,14 @@ print(path, "matplotlib.pyplot" in sys.modules)
         "tune.png"
     )
     assert pyplot_imported == "False"
+
+
+def test_a_tune_json_written_before_the_grouped_speedup_still_loads():
+    from torchcompile_kit.bench import Speedup
+    from torchcompile_kit.tuning import CandidateResult
+
+    old = {"name": "full", "description": "", "status": "ok", "speedup": 1.2}
+    old.update(speedup_low=1.1, speedup_high=1.3, paired=True, graphs=1)
+    loaded = CandidateResult.from_dict(old)
+    assert loaded.speedup == Speedup(ratio=1.2, low=1.1, high=1.3, paired=True)
+    assert loaded.paired

@@ -59,6 +59,26 @@ class Speedup:
             return None
         return f"{self.low:.2f}–{self.high:.2f}"
 
+    @classmethod
+    def from_row(cls, data: Mapping[str, Any]) -> Speedup | None:
+        """A row's speedup from JSON (a results.json row's metrics, a tune.json candidate): the
+        grouped form, or the flat ``speedup`` and ``speedup_*`` fields written before it
+        (docs/results; tune.json called the flag ``paired``)."""
+        value = data.get("speedup")
+        if isinstance(value, Mapping):
+            return cls(**value)
+        if not isinstance(value, (int, float)):
+            return None
+        return cls(
+            ratio=value,
+            low=data.get("speedup_low"),
+            high=data.get("speedup_high"),
+            paired=bool(data.get("speedup_paired", data.get("paired"))),
+            blocks=data.get("speedup_blocks"),
+            method=data.get("speedup_method"),
+            baseline=data.get("speedup_baseline"),
+        )
+
 
 @dataclass(kw_only=True, slots=True)
 class CacheUse:
@@ -105,25 +125,6 @@ def _cache_of(data: Mapping[str, Any]) -> CacheUse:
     if isinstance(value, Mapping):
         return CacheUse(**value)
     return CacheUse(**{k: data.get(f"cache_{k}") for k in ("saved", "loaded", "load_s", "stats")})
-
-
-def _speedup_of(data: Mapping[str, Any]) -> Speedup | None:
-    """A row's :class:`Speedup` from JSON: the grouped form, or the flat ``speedup_*`` fields of
-    results written before it (docs/results)."""
-    value = data.get("speedup")
-    if isinstance(value, Mapping):
-        return Speedup(**value)
-    if not isinstance(value, (int, float)):
-        return None
-    return Speedup(
-        ratio=value,
-        low=data.get("speedup_low"),
-        high=data.get("speedup_high"),
-        paired=bool(data.get("speedup_paired")),
-        blocks=data.get("speedup_blocks"),
-        method=data.get("speedup_method"),
-        baseline=data.get("speedup_baseline"),
-    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -239,7 +240,7 @@ class Metrics:
         background = data.get("background")
         return cls(
             **{k: v for k, v in data.items() if k in known},
-            speedup=_speedup_of(data),
+            speedup=Speedup.from_row(data),
             cache=_cache_of(data),
             background=BackgroundUse(**background) if background else None,
         )

@@ -83,7 +83,9 @@ def diagnose(
         raise ValueError(
             f"diagnose(recipe={recipe!r}): pass None (torch.compile) or one of {list(RECIPES)}"
         )
-    _check_compile_keywords(compile_kwargs)
+    from ..regional import check_compile_kwargs  # the recipes' own check, loaded when used
+
+    check_compile_kwargs(compile_kwargs, caller="diagnose")
     kwargs = dict(compile_kwargs)
     backend = kwargs.pop("backend", "inductor")
     if autocast not in (None, "bfloat16", "float16"):
@@ -117,20 +119,6 @@ def diagnose(
         diagnosis.complete = True
         doctor.save()
     return diagnosis
-
-
-def _check_compile_keywords(compile_kwargs: dict[str, Any]) -> None:
-    import inspect
-
-    import torch
-
-    known = [p for p in inspect.signature(torch.compile).parameters if p != "model"]
-    for name in compile_kwargs:
-        if name not in known:
-            raise TypeError(
-                f"diagnose: unexpected keyword {name}=; it is not one of diagnose's, and "
-                f"torch.compile takes {', '.join(known)}"
-            )
 
 
 class _Doctor:

@@ -9,7 +9,13 @@ from .background import (
     compile_in_background,
     get_background_compile,
 )
-from .compile import compile_in_place, compile_model, compile_regional, uncompile
+from .compile import (
+    check_compile_kwargs,
+    compile_in_place,
+    compile_model,
+    compile_regional,
+    uncompile,
+)
 from .discovery import find_repeated_blocks
 from .expected_shapes import expect_shapes
 from .plan import BlockGroup, CompiledGroup, ExpectedShapes, RegionalPlan, get_regional_plan
@@ -35,6 +41,7 @@ __all__ = [
     "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
     "cache_calls_compiled",
+    "check_compile_kwargs",
     "compile_in_place",
     "has_transformers_model",
 ]

@@ -123,10 +123,6 @@ def _total_interval(result: CandidateResult) -> tuple[float, float]:
     return result.predicted_total_low_s, result.predicted_total_high_s
 
 
-def _paired(result: CandidateResult) -> bool:
-    return result.speedup is not None and result.speedup.paired
-
-
 def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
     """Each candidate's ``indistinguishable_from``: the others whose total intervals overlap it."""
     for result in measured:
@@ -135,7 +131,7 @@ def _mark_indistinguishable(measured: list[CandidateResult]) -> None:
             other.name
             for other in measured
             if other is not result
-            and (_paired(result) or _paired(other))
+            and (result.paired or other.paired)
             and _total_interval(other)[0] <= high
             and low <= _total_interval(other)[1]
         ]

@@ -39,8 +39,7 @@ def _steps(value: float | None) -> str:
 def _interval(c: CandidateResult) -> str:
     if c.speedup is not None and c.speedup.interval():
         return c.speedup.interval()
-    paired = c.speedup is not None and c.speedup.paired
-    return "-" if paired or c.verdict == "eager" or c.status != "ok" else "unpaired"
+    return "-" if c.paired or c.verdict == "eager" or c.status != "ok" else "unpaired"
 
 
 def _margin(c: CandidateResult) -> str:

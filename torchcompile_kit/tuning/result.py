@@ -77,12 +77,16 @@ class CandidateResult:
         """Rebuild from :meth:`TuneResult.as_dict` data (``"inf"`` back to ``inf``)."""
         known = set(cls.__dataclass_fields__) - {"speedup", "metrics"}
         fields = {k: _finite(v) for k, v in data.items() if k in known}
-        speedup = data.get("speedup")
         return cls(
             **fields,
-            speedup=Speedup(**speedup) if speedup else None,
+            speedup=Speedup.from_row(data),
             metrics=Metrics.from_dict(data.get("metrics")),
         )
+
+    @property
+    def paired(self) -> bool:
+        """Its speedup comes from steps paired with eager's in its own run."""
+        return self.speedup is not None and self.speedup.paired
 
     @property
     def eligible(self) -> bool:
