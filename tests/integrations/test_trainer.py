@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from torchcompile_kit import BucketBatchSampler, PadToBucketCollator, compile_regional
-from torchcompile_kit.errors import UnsupportedOptimizerError
 from torchcompile_kit.integrations import CompileTrainer
 
 transformers = pytest.importorskip("transformers")
@@ -195,14 +194,18 @@ def test_trainer_evaluates_compiled_without_a_kv_cache(tmp_path):
     assert frames.counter.frame_count >= 1  # the blocks' eval graph(s): compiled, not eager
 
 
-def test_trainer_fused_default_optimizer_names_the_fix(tmp_path):
+def test_trainer_fused_optimizer_with_options_stays_eager_and_names_the_fix(tmp_path):
     model = compile_regional(tiny_models.gpt2(), backend="aot_eager")
     args = training_args(tmp_path, optim="adamw_torch_fused")
     trainer = CompileTrainer(
-        model=model, args=args, train_dataset=lm_dataset()[0], compile_optimizer_kwargs={}
+        model=model,
+        args=args,
+        train_dataset=lm_dataset()[0],
+        compile_optimizer_kwargs={"backend": "aot_eager"},
     )
-    with pytest.raises(UnsupportedOptimizerError, match='optim="adamw_torch"'):
-        trainer.create_optimizer()
+    with pytest.warns(UserWarning, match=r'kept the AdamW optimizer eager.*optim="adamw_torch"'):
+        optimizer = trainer.create_optimizer()
+    assert not hasattr(optimizer.step, "_torchcompile_kit_impl")
 
 
 def test_trainer_compiles_the_optimizer_by_default_and_says_so(tmp_path, caplog):
@@ -217,9 +220,11 @@ def test_trainer_compiles_the_optimizer_by_default_and_says_so(tmp_path, caplog)
         model=tiny_models.gpt2(),
         args=args,
         train_dataset=lm_dataset()[0],
-        compile_optimizer_kwargs=False,
+        compile_optimizer_kwargs=None,
     )
-    assert not hasattr(eager.create_optimizer().step, "_torchcompile_kit_impl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # kept eager as asked: nothing to warn about
+        assert not hasattr(eager.create_optimizer().step, "_torchcompile_kit_impl")
 
 
 def test_trainer_default_keeps_an_uncompilable_optimizer_eager_with_a_warning(tmp_path):
@@ -228,8 +233,9 @@ def test_trainer_default_keeps_an_uncompilable_optimizer_eager_with_a_warning(tm
     with pytest.warns(UserWarning, match=r'kept the AdamW optimizer eager.*optim="adamw_torch"'):
         optimizer = trainer.create_optimizer()
     assert not hasattr(optimizer.step, "_torchcompile_kit_impl")
-    with pytest.raises(TypeError, match="compile_optimizer_kwargs"):
-        CompileTrainer(model=tiny_models.gpt2(), args=args, compile_optimizer_kwargs=True)
+    for wrong in (True, False):  # False meant "eager" before: None says it now
+        with pytest.raises(TypeError, match=r"compile_optimizer_kwargs.*None \(keep the"):
+            CompileTrainer(model=tiny_models.gpt2(), args=args, compile_optimizer_kwargs=wrong)
 
 
 def trainer_body(rank: int, world: int, out: str) -> None:
@@ -265,7 +271,7 @@ def trainer_body(rank: int, world: int, out: str) -> None:
             train_dataset=rows,
             data_collator=collate,
             train_batch_sampler=BucketBatchSampler(lengths, BUCKETS, **kwargs),
-            compile_optimizer_kwargs=False,
+            compile_optimizer_kwargs=None,
             compile_monitor=False,
         )
         trainer.train(resume_from_checkpoint=resume_from)

@@ -82,7 +82,7 @@ def _run(model, tmp_path):
         eval_dataset=eval_rows,
         data_collator=PadToBucketCollator(buckets=BUCKETS),
         train_batch_sampler=sampler,
-        compile_optimizer_kwargs=False,
+        compile_optimizer_kwargs=None,
         callbacks=[Evaluations()],
     )
     trainer.train()
@@ -134,6 +134,6 @@ def test_evaluation_rows_whose_lengths_cannot_be_read_leave_the_training_shapes_
         train_dataset=_rows([8] * 8, seed=0),
         eval_dataset=[(1, 2, 3)] * 4,  # rows that are not mappings
         data_collator=PadToBucketCollator(buckets=BUCKETS),
-        compile_optimizer_kwargs=False,
+        compile_optimizer_kwargs=None,
     )
     assert get_regional_plan(model).expected.evaluation == ()

@@ -9,7 +9,9 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any, Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 from .. import _dynamo
 from ..cache import CompileCacheSession, resolve_keys, resolve_path
@@ -35,10 +37,10 @@ class CompileTrainerMixin:
         train_batch_sampler: a :class:`~torchcompile_kit.BucketBatchSampler` over ``train_dataset``
             (``num_replicas=None``: it shards exactly once on any number of processes), with
             ``data_collator=PadToBucketCollator(...)``. ``None``: Trainer's own loader.
-        compile_optimizer_kwargs: how Trainer's optimizer is compiled with
-            :func:`~torchcompile_kit.compile_optimizer`. ``None`` (default): ``{}`` when it can be
-            compiled, else eager with a warning (Trainer's default ``adamw_torch_fused`` is already
-            one kernel); a dict: compile with it, or raise; ``False``: leave it eager.
+        compile_optimizer_kwargs: the arguments Trainer's optimizer is compiled with
+            (:func:`~torchcompile_kit.compile_optimizer`; default: none, its defaults); an
+            optimizer that cannot be compiled stays eager with a warning (Trainer's default
+            ``adamw_torch_fused`` is already one kernel). ``None``: leave it eager.
         compile_monitor: log the ``compile/*`` figures of a ``CompileMonitor`` that records
             while ``train``, ``evaluate`` and ``predict`` run (:attr:`monitor`); each
             ``evaluate``/``predict`` call logs the figures of its own monitor
@@ -60,7 +62,7 @@ class CompileTrainerMixin:
         ValueError: ``args.torch_compile`` is set and the model is regionally compiled.
         BatchShapeError: ``train_batch_sampler`` is not a ``BucketBatchSampler`` or was built for
             another number of processes.
-        TypeError: ``compile_optimizer_kwargs`` is not a dict, ``None`` or ``False``.
+        TypeError: ``compile_optimizer_kwargs`` is not a mapping or ``None``.
 
     Example:
         >>> trainer = CompileTrainer(model=compile_regional(model), args=args,
@@ -74,7 +76,7 @@ class CompileTrainerMixin:
         self,
         *args: Any,
         train_batch_sampler: BucketBatchSampler | None = None,
-        compile_optimizer_kwargs: dict[str, Any] | Literal[False] | None = None,
+        compile_optimizer_kwargs: Mapping[str, Any] | None = MappingProxyType({}),
         compile_monitor: bool = True,
         compile_cache: str | os.PathLike[str] | None = None,
         compile_cache_key: str | bytes | None = None,
@@ -91,11 +93,10 @@ class CompileTrainerMixin:
                 )
             check_sharding(train_batch_sampler, self.args.world_size)
         self.train_batch_sampler = train_batch_sampler
-        chosen = compile_optimizer_kwargs is not None and compile_optimizer_kwargs is not False
-        if chosen and not isinstance(compile_optimizer_kwargs, dict):
+        if not isinstance(compile_optimizer_kwargs, (Mapping, type(None))):
             raise TypeError(
-                "compile_optimizer_kwargs must be a dict, None (compile if "
-                "possible) or False (keep the optimizer eager), got "
+                "compile_optimizer_kwargs must be a dict of compile_optimizer's arguments ({} "
+                f"for its defaults) or None (keep the optimizer eager), got "
                 f"{compile_optimizer_kwargs!r}"
             )
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
@@ -159,28 +160,26 @@ class CompileTrainerMixin:
     # -- optimizer -------------------------------------------------------------------------
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        """Trainer's optimizer, compiled once unless ``compile_optimizer_kwargs=False``; one that
-        cannot be compiled stays eager with a warning, or raises when the kwargs were a dict."""
+        """Trainer's optimizer, compiled once unless ``compile_optimizer_kwargs=None``; one that
+        cannot be compiled stays eager with a warning."""
         optimizer = super().create_optimizer(*args, **kwargs)
         options = self.compile_optimizer_kwargs
-        if options is False or optimizer is self._compiled_optimizer:
+        if options is None or optimizer is self._compiled_optimizer:
             return optimizer
         name = type(getattr(optimizer, "optimizer", optimizer)).__name__
         try:
-            compile_optimizer(optimizer, **({} if options is None else options))
+            compile_optimizer(optimizer, **options)
         except UnsupportedOptimizerError as err:
-            if options is not None:
-                raise
             warnings.warn(
                 f"CompileTrainer kept the {name} optimizer eager: {err} (or pass "
-                "compile_optimizer_kwargs=False to keep it eager without this warning)",
+                "compile_optimizer_kwargs=None to keep it eager without this warning)",
                 stacklevel=2,
             )
             return optimizer
         logger.info(
             "CompileTrainer compiled the %s optimizer with compile_optimizer(%s)",
             name,
-            ", ".join(f"{k}={v!r}" for k, v in (options or {}).items()),
+            ", ".join(f"{k}={v!r}" for k, v in options.items()),
         )
         self._compiled_optimizer = optimizer
         return optimizer
