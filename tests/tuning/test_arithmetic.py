@@ -200,11 +200,11 @@ def test_a_run_that_changed_speed_is_flagged_not_taken_as_the_predictions_test()
 
     # the captioner's 20,000-step verification run of this session: windows of 15 to 111 ms/step
     steady = run_steadiness([0.02] * 2000)
-    assert steady["steady"] and "kept its speed" in steady["steady_note"]
+    assert steady.steady and "kept its speed" in steady.note
     episode = run_steadiness([0.02] * 1800 + [0.10] * 200)
-    assert not episode["steady"] and "re-run on a quiet machine" in episode["steady_note"]
-    assert episode["window_ms"][-1] == pytest.approx(100.0)
-    assert run_steadiness([0.02] * 50) == {}  # too short to cut
+    assert not episode.steady and "re-run on a quiet machine" in episode.note
+    assert episode.window_ms[-1] == pytest.approx(100.0)
+    assert run_steadiness([0.02] * 50) is None  # too short to cut
 
 
 def paired(name, *, compile_s, step_s, ratios, restart=False):

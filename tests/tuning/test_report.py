@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 from torchcompile_kit.bench import PRESETS, spec_buckets
-from torchcompile_kit.tuning import prediction_line
+from torchcompile_kit.tuning import PredictionCheck, prediction_line
 from torchcompile_kit.tuning.report import bucket_notes
+from torchcompile_kit.tuning.result import Steadiness
 
 
 def test_the_bucket_note_says_what_the_timed_buckets_row_padded_to():
@@ -23,21 +24,22 @@ def test_the_bucket_note_says_what_the_timed_buckets_row_padded_to():
 
 def test_the_prediction_line_carries_steadiness_and_steal():
     line = prediction_line(
-        {
-            "status": "ok",
-            "recipe": "buckets",
-            "steps": 20000,
-            "predicted_s": 474.3,
-            "measured_s": 507.0,
-            "ratio": 474.3 / 507.0,
-            "steady_note": "the run kept its speed",
-            "cpu_steal": 0.002,
-        }
+        PredictionCheck(
+            status="ok",
+            recipe="buckets",
+            steps=20000,
+            predicted_s=474.3,
+            measured_s=507.0,
+            ratio=474.3 / 507.0,
+            steadiness=Steadiness(steady=True, window_ms=[25.1], note="the run kept its speed"),
+            cpu_steal=0.002,
+        )
     )
     assert "predicted 474.3 s, measured 507.0 s (predicted ÷ measured 0.94)" in line
     assert "the run kept its speed" in line and "took 0% of the CPU time" in line
     assert (
-        prediction_line({"status": "failed", "error": "boom"}) == "prediction check: failed: boom"
+        prediction_line(PredictionCheck(status="failed", error="boom"))
+        == "prediction check: failed: boom"
     )
 
 

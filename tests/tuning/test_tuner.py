@@ -113,11 +113,11 @@ def test_check_prediction_runs_the_recommendation_from_a_saved_result(tmp_path, 
     save_result(result, tmp_path)
     saved = TuneResult.read_json(tmp_path / "tune.json")  # later, from the file alone
     check = check_prediction(saved)
-    assert check["status"] == "ok" and check["recipe"] == "eager" and check["steps"] == 12
-    assert (
-        check["measured_s"] > 0
-        and check["predicted_s"] == result.candidate("eager").predicted_total_s
-    )
+    assert check.status == "ok" and check.recipe == "eager" and check.steps == 12
+    assert check.measured_s > 0 and check.predicted_s == result.candidate("eager").predicted_total_s
+    saved.prediction_check = check  # kept with the result: back from tune.json as a record
+    saved.write_json(tmp_path / "checked.json")
+    assert TuneResult.read_json(tmp_path / "checked.json").prediction_check == check
     nothing = TuneResult(
         recommendation=None, reason="nothing fit", snippet="", steps_planned=1, candidates=[]
     )

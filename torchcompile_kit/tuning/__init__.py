@@ -7,13 +7,14 @@ from .arithmetic import Cost, break_even_steps, predicted_total
 from .candidates import CANDIDATES
 from .ranking import rank_candidates
 from .report import format_table, prediction_line, save_result
-from .result import CandidateResult, TuneResult
+from .result import CandidateResult, PredictionCheck, TuneResult
 from .tuner import STEADY_S, check_prediction, tune
 
 __all__ = [
     # top level UX
     "STEADY_S",
     "CandidateResult",
+    "PredictionCheck",
     "TuneResult",
     "check_prediction",
     "format_table",

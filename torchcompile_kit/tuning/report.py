@@ -7,11 +7,10 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Any
 
 from ..bench import render_table
 from ..shapes import Batching, estimate_padding, plan_buckets
-from .result import CandidateResult, TuneResult
+from .result import CandidateResult, PredictionCheck, TuneResult
 
 __all__ = [
     "bucket_notes",
@@ -315,25 +314,25 @@ def bucket_notes(
     return [note]
 
 
-def prediction_line(check: dict[str, Any]) -> str:
+def prediction_line(check: PredictionCheck) -> str:
     """One line for ``TuneResult.prediction_check``: predicted against measured, and how steady the
     run was.
 
     Example:
-        >>> prediction_line({"status": "ok", "recipe": "eager", "steps": 100, "predicted_s": 9.0,
-        ...                    "measured_s": 10.0, "ratio": 0.9})  # doctest: +NORMALIZE_WHITESPACE
+        >>> prediction_line(PredictionCheck(status="ok", recipe="eager", steps=100,
+        ...     predicted_s=9.0, measured_s=10.0, ratio=0.9))  # doctest: +NORMALIZE_WHITESPACE
         'prediction check: eager for 100 steps: predicted 9.0 s, measured 10.0 s (predicted ÷
         measured 0.90)'
     """
-    if check.get("status") != "ok":
-        return f"prediction check: {check.get('status')}: {check.get('error')}"
+    if check.status != "ok":
+        return f"prediction check: {check.status}: {check.error}"
     line = (
-        f"prediction check: {check['recipe']} for {check['steps']:,} steps: predicted "
-        f"{check['predicted_s']:.1f} s, measured {check['measured_s']:.1f} s "
-        f"(predicted ÷ measured {check['ratio']:.2f})"
+        f"prediction check: {check.recipe} for {check.steps:,} steps: predicted "
+        f"{check.predicted_s:.1f} s, measured {check.measured_s:.1f} s "
+        f"(predicted ÷ measured {check.ratio:.2f})"
     )
-    if check.get("steady_note"):
-        line += f"; {check['steady_note']}"
-    if check.get("cpu_steal") is not None:
-        line += f"; the hypervisor took {check['cpu_steal']:.0%} of the CPU time meanwhile (steal)"
+    if check.steadiness is not None:
+        line += f"; {check.steadiness.note}"
+    if check.cpu_steal is not None:
+        line += f"; the hypervisor took {check.cpu_steal:.0%} of the CPU time meanwhile (steal)"
     return line

@@ -10,10 +10,64 @@ from typing import Any, Literal
 
 from ..bench import Metrics, Speedup
 
-__all__ = ["CandidateResult", "TuneResult"]
+__all__ = ["CandidateResult", "PredictionCheck", "Steadiness", "TuneResult"]
 
 Status = Literal["ok", "failed", "skipped", "pruned"]
 Verdict = Literal["pass", "fail", "unchecked", "eager"]
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Steadiness:
+    """Whether a long run kept one speed (``tuning.runs.run_steadiness``)."""
+
+    steady: bool
+    """The slowest span's median step is at most 1.5x the typical span's."""
+    window_ms: list[float]
+    """Each span's median step, milliseconds."""
+    note: str
+    """In words, and what to do when it did not."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PredictionCheck:
+    """What :func:`~torchcompile_kit.tuning.check_prediction` measured: the recommendation run
+    for the planned steps, its total time against the predicted one.
+
+    Example:
+        >>> PredictionCheck(status="failed", error="the run ran out of memory").ratio is None
+        True
+    """
+
+    status: str
+    """``"ok"``, or the run's status (``"failed"``, ``"skipped"``)."""
+    error: str | None = None
+    """Why the run did not finish."""
+    recipe: str | None = None
+    """The recommendation that ran."""
+    steps: int | None = None
+    """The planned steps it ran."""
+    predicted_s: float | None = None
+    """What ``tune`` predicted the run takes."""
+    measured_s: float | None = None
+    """What it took: warm-up, cache load and every steady step."""
+    ratio: float | None = None
+    """Predicted ÷ measured."""
+    predicted_step_ms: float | None = None
+    """The steady step ``tune`` predicted."""
+    cpu_steal: float | None = None
+    """Share of the CPU time the hypervisor took during the run."""
+    steadiness: Steadiness | None = None
+    """Whether the run kept one speed (``None``: too short to tell)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PredictionCheck:
+        """Rebuild from ``as_dict`` data (``tune.json``'s ``prediction_check``)."""
+        known = set(cls.__dataclass_fields__) - {"steadiness"}
+        steadiness = data.get("steadiness")
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            steadiness=Steadiness(**steadiness) if steadiness else None,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,10 +166,8 @@ class TuneResult:
     """Model spec, backend, budget, versions, device, date."""
     notes: list[str] = field(default_factory=list)
     """What else the run found (bucket plan from the user's lengths, missing features ...)."""
-    prediction_check: dict[str, Any] | None = None
-    """What :func:`~torchcompile_kit.tuning.check_prediction` measured, when kept here: the
-    recommended recipe run for ``steps_planned`` steps, ``predicted_s``, ``measured_s`` and their
-    ratio."""
+    prediction_check: PredictionCheck | None = None
+    """What :func:`~torchcompile_kit.tuning.check_prediction` measured, when kept here."""
     elapsed_s: float = 0.0
     """Seconds ``tune`` took."""
 
@@ -136,6 +188,8 @@ class TuneResult:
         known = set(cls.__dataclass_fields__)
         fields = {k: v for k, v in data.items() if k in known}
         fields["candidates"] = [CandidateResult.from_dict(c) for c in data.get("candidates", [])]
+        check = data.get("prediction_check")
+        fields["prediction_check"] = PredictionCheck.from_dict(check) if check else None
         return cls(**fields)
 
     @classmethod

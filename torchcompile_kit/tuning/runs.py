@@ -17,7 +17,7 @@ from .arithmetic import predicted_total
 from .budget import Budget
 from .gate import CHECK_HOOK
 from .ranking import cost_of
-from .result import CandidateResult
+from .result import CandidateResult, PredictionCheck, Steadiness
 
 __all__ = ["OVERRIDES", "RunPlan", "measure_candidate", "run_planned", "run_steadiness"]
 
@@ -193,9 +193,8 @@ def _best_so_far(
     return best
 
 
-def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan) -> dict[str, Any]:
-    """Run the recommendation for the planned steps: ``status`` and, when ok, ``predicted_s``,
-    ``measured_s`` (warm-up, cache load and every steady step) and their ``ratio``."""
+def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan) -> PredictionCheck:
+    """Run the recommendation for the planned steps, against what was predicted."""
     warmup = chosen.metrics.warmup_steps or 1
     config = dataclasses.replace(
         plan.measure, steps=max(1, plan.steps_planned - warmup), warmup_steps=warmup, steady_s=0.0
@@ -208,37 +207,36 @@ def run_planned(chosen: CandidateResult, candidate: Recipe, plan: RunPlan) -> di
     )
     run = run_recipe_isolated(request, out_dir=plan.runs)
     if run.status != "ok":
-        return {"status": run.status, "error": run.error or run.reason}
+        return PredictionCheck(status=run.status, error=run.error or run.reason)
     times = run.metrics.step_times_s
     measured = float(run.metrics.warmup_s) + (run.metrics.cache.load_s or 0.0) + sum(times)
-    return {
-        "status": "ok",
-        "recipe": chosen.name,
-        "steps": plan.steps_planned,
-        "predicted_s": chosen.predicted_total_s,
-        "measured_s": measured,
-        "ratio": chosen.predicted_total_s / measured if measured else None,
-        "predicted_step_ms": 1e3 * chosen.step_s if chosen.step_s is not None else None,
-        "cpu_steal": run.metrics.cpu_steal,
-        **run_steadiness(times),
-    }
+    return PredictionCheck(
+        status="ok",
+        recipe=chosen.name,
+        steps=plan.steps_planned,
+        predicted_s=chosen.predicted_total_s,
+        measured_s=measured,
+        ratio=chosen.predicted_total_s / measured if measured else None,
+        predicted_step_ms=1e3 * chosen.step_s if chosen.step_s is not None else None,
+        cpu_steal=run.metrics.cpu_steal,
+        steadiness=run_steadiness(times),
+    )
 
 
 def run_steadiness(
     step_times_s: list[float], *, windows: int = 20, limit: float = 1.5
-) -> dict[str, Any]:
+) -> Steadiness | None:
     """Whether a long run kept one speed: its steps cut into ``windows`` spans, the slowest span's
     median step at most ``limit`` times the median span's (the same batches come back in every span,
-    so a slow span means the machine changed). Returns ``window_ms``, ``steady`` and
-    ``steady_note``, or ``{}`` for runs too short to cut.
+    so a slow span means the machine changed); ``None`` for runs too short to cut.
 
     Example:
         >>> run_steadiness([0.01] * 100 + [0.05] * 10,  # doctest: +NORMALIZE_WHITESPACE
-        ...     windows=10)["steady"]
+        ...     windows=10).steady
         False
     """
     if len(step_times_s) < 10 * windows:
-        return {}
+        return None
     size = len(step_times_s) // windows
     # medians: a few recompile spikes (part of the prediction) do not make a span slow
     medians = [
@@ -256,4 +254,4 @@ def run_steadiness(
         "speed changed during it, so its total does not test the prediction: re-run on a quiet "
         "machine"
     )
-    return {"window_ms": [round(m, 2) for m in medians], "steady": steady, "steady_note": note}
+    return Steadiness(steady=steady, window_ms=[round(m, 2) for m in medians], note=note)

@@ -31,7 +31,7 @@ from .budget import Budget, budget_shortfall
 from .candidates import CANDIDATES
 from .ranking import rank_candidates
 from .report import bucket_notes, recommendation_reason
-from .result import CandidateResult, TuneResult
+from .result import CandidateResult, PredictionCheck, TuneResult
 from .runs import RunPlan, measure_candidate, run_planned
 from .snippet import make_snippet
 
@@ -123,7 +123,7 @@ def tune(
     )
 
 
-def check_prediction(result: TuneResult) -> dict[str, Any]:
+def check_prediction(result: TuneResult) -> PredictionCheck:
     """Run ``result``'s recommendation for its ``steps_planned`` steps in a fresh process, as
     measured (the model spec and measurement settings ``tune`` recorded), and compare the total
     time ``tune`` predicted with the one measured.
@@ -133,7 +133,7 @@ def check_prediction(result: TuneResult) -> dict[str, Any]:
             ``tune.json``.
 
     Returns:
-        ``status`` and, when ok, ``predicted_s``, ``measured_s`` (warm-up, cache load and every
+        A :class:`PredictionCheck`: ``predicted_s``, ``measured_s`` (warm-up, cache load and every
         step), their ``ratio`` and whether the run kept one speed; the caller may keep it as
         ``result.prediction_check`` (saved with the result).
 
