@@ -23,6 +23,7 @@ from torchcompile_kit import (
     get_regional_plan,
     no_recompiles,
 )
+from torchcompile_kit._checks import check_compile_kwargs
 from torchcompile_kit.regional import compile_in_place
 
 
@@ -63,11 +64,11 @@ def test_a_per_call_keyword_this_torch_lacks_is_refused_by_name():
         + torch.__version__.replace("+", r"\+")
         + r".*config.patch",
     ):
-        _dynamo.check_per_call_kwargs(
+        check_compile_kwargs(
             {"recompile_limit": 32}, caller="compile_regional", compile_fn=_old_compile
         )
-    _dynamo.check_per_call_kwargs({"recompile_limit": 32}, caller="x", compile_fn=_new_compile)
-    _dynamo.check_per_call_kwargs({"backend": "eager"}, caller="x", compile_fn=_old_compile)
+    check_compile_kwargs({"recompile_limit": 32}, caller="x", compile_fn=_new_compile)
+    check_compile_kwargs({"backend": "eager"}, caller="x", compile_fn=_old_compile)
 
 
 @pytest.mark.skipif(

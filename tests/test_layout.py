@@ -48,6 +48,7 @@ def test_import_contracts_are_kept():
         ("regional/plan.py", "from ..bench import RECIPES", "layers"),
         ("shapes/planner.py", "from ..regional import compile_regional", "layers"),
         ("_checks.py", "from . import _dynamo", "layers"),
+        ("errors.py", "from . import _checks", "layers"),
         ("adapters/rule_table.py", "from .evaluation import rule_by_id", "rule table is data"),
     ],
 )

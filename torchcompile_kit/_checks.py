@@ -1,16 +1,29 @@
 """Argument checks shared by every topic: one wording for "must be one of" and "positive int",
-raising the caller's error class with the argument, the value and what would be accepted.
+raising the caller's error class with the argument, the value and what would be accepted; one
+meaning per flag; one check of the keywords a call passes on to ``torch.compile``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import inspect
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-__all__ = ["check_choice", "check_flag", "check_module", "check_positive_int", "parameters_of"]
+from .errors import UnsupportedTorchError
+
+__all__ = [
+    "FLAGS",
+    "PER_CALL_KWARGS",
+    "check_choice",
+    "check_compile_kwargs",
+    "check_flag",
+    "check_module",
+    "check_positive_int",
+    "parameters_of",
+]
 
 T = TypeVar("T")
 
@@ -47,20 +60,77 @@ def check_positive_int(name: str, value: Any, *, error: type[Exception] = ValueE
     return value
 
 
-def check_flag(name: str, value: Any, *, caller: str, meaning: str) -> bool:
-    """``value`` if it is ``True`` or ``False``, else ``TypeError`` naming the call and the flag.
+FLAGS = {
+    "verify": "compare the first call in each state with eager",
+    "precompile": "save the traced code with the compile cache, so a restart does not trace",
+}
+"""The flags the compile recipes take, and the one meaning each has in every recipe."""
+
+
+def check_flag(name: str, value: Any, *, caller: str) -> bool:
+    """``value`` if it is ``True`` or ``False``, else ``TypeError`` naming the call, the flag and
+    what it means (:data:`FLAGS`).
 
     A string such as ``"yes"`` or ``"false"`` is refused: it is truthy whatever it says.
 
     Example:
-        >>> check_flag("precompile", True, caller="compile_regional", meaning="save traced code")
+        >>> check_flag("precompile", True, caller="compile_regional")
         True
     """
     if isinstance(value, bool):
         return value
     raise TypeError(
-        f"{caller}: {name}={value!r} must be True or False ({meaning}); got {type(value).__name__}"
+        f"{caller}: {name}={value!r} must be True or False ({FLAGS[name]}); "
+        f"got {type(value).__name__}"
     )
+
+
+PER_CALL_KWARGS = ("recompile_limit", "isolate_recompiles")
+"""``torch.compile`` keywords that only some torches in the tested window take (2.13 and newer):
+``_dynamo.recompile_limit_kwarg`` and ``isolated_cache_kwarg`` say where they came from."""
+
+
+def check_compile_kwargs(
+    compile_kwargs: Mapping[str, Any],
+    *,
+    caller: str,
+    flags: Mapping[str, Any] | None = None,
+    takes: Collection[str] = (),
+    moved: Mapping[str, str] | None = None,
+    compile_fn: Callable[..., Any] | None = None,
+) -> None:
+    """The keywords a call passes on to ``torch.compile``, checked before anything is copied or
+    compiled (torch would raise after part of the model was): ``TypeError`` for one that moved
+    (``moved``: what to pass now) or that neither the caller (``takes``) nor ``torch.compile``
+    takes; ``UnsupportedTorchError`` for a per-call one (:data:`PER_CALL_KWARGS`) this torch's
+    ``torch.compile`` lacks. The caller's ``flags`` (name: value) are checked with them
+    (:func:`check_flag`). ``compile_fn`` stands in for ``torch.compile`` (tests).
+
+    Example:
+        >>> check_compile_kwargs({"backend": "eager"}, caller="compile", flags={"verify": True})
+    """
+    for name, value in (flags or {}).items():
+        check_flag(name, value, caller=caller)
+    params = inspect.signature(compile_fn or torch.compile).parameters
+    for name, value in compile_kwargs.items():
+        if moved and name in moved:
+            raise TypeError(f"{caller}({name}=...): {moved[name]}")
+        if name in PER_CALL_KWARGS and name not in params:
+            raise UnsupportedTorchError(
+                f"{caller}({name}={value!r}): torch {torch.__version__}'s torch.compile takes no "
+                f"per-call {name}= (torch 2.13 and newer do). Drop it, "
+                + (
+                    "or raise the limit for the whole process around your loop with "
+                    "torch._dynamo.config.patch(recompile_limit=N), or upgrade torch."
+                    if name == "recompile_limit"
+                    else "or upgrade torch."
+                )
+            )
+        if name not in params and name not in PER_CALL_KWARGS and name not in takes:
+            raise TypeError(
+                f"{caller}: unexpected keyword {name}=; it is not one of {caller}'s and "
+                f"torch.compile takes {', '.join(p for p in params if p != 'model')}"
+            )
 
 
 def check_module(name: str, value: Any) -> nn.Module:

@@ -444,3 +444,14 @@ def test_uncompile_restores_the_eager_step_and_keeps_the_state():
     assert all(torch.equal(state[k], opt.state[params[0]][k]) for k in state)
     opt.step()  # eager, from the kept state
     assert int(opt.state[params[0]]["step"]) == 4
+
+
+def test_a_misspelt_compile_keyword_is_refused_before_the_step_is_replaced():
+    """compile_optimizer passes its other keywords to torch.compile: one torch.compile does not
+    take is refused at the call, with the optimizer left as it was."""
+    optimizer = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())
+    with pytest.raises(TypeError, match=r"compile_optimizer: unexpected keyword bakend="):
+        compile_optimizer(optimizer, bakend="eager")
+    assert "step" not in optimizer.__dict__  # still torch's own step
+    with pytest.raises(TypeError, match=r"verify='yes' must be True or False \(compare"):
+        compile_optimizer(optimizer, verify="yes", backend="eager")

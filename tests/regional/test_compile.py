@@ -728,3 +728,21 @@ def test_swin_stages_named_in_no_split_modules_give_way_to_their_layers():
     (group,) = find_repeated_blocks(model).groups
     assert (group.class_name, len(group.names)) == ("SwinLayer", 6)
     assert group.selector.startswith("discovered inside the stages SwinStage (3 of different")
+
+
+def test_a_no_split_hint_outside_transformers_finds_blocks_no_container_holds():
+    """``_no_split_modules`` names a model's blocks in transformers and diffusers alike: read on
+    any module, it finds blocks held as plain attributes (no ModuleList)."""
+
+    class Twice(nn.Module):
+        _no_split_modules = ("Block",)
+
+        def __init__(self):
+            super().__init__()
+            self.first, self.second, self.head = Block(), Block(), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.second(self.first(x)))
+
+    plan = find_repeated_blocks(Twice())
+    assert plan.blocks == ["first", "second"] and plan.eager == ["head"]

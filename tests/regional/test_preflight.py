@@ -259,3 +259,19 @@ def test_more_frozen_patterns_than_the_limit_get_a_sized_limit_and_no_hit():
     )  # the block group, the loss's row
     assert report.graphs == report.predicted_graphs == 10 and not monitor.limit_hits, report
     assert not loss.flags, loss
+
+
+def test_the_plan_holds_every_recompile_limit_before_anything_compiles():
+    """Deciding, then applying: plan_regional sizes each group's limit and the loss's, and
+    compiles nothing; a recompile_limit= the user gave is kept for torch.compile to hold."""
+    from torchcompile_kit._dynamo import compiled_module_names, recompile_limit
+    from torchcompile_kit.regional.preflight import plan_regional
+
+    model = tm.gpt2()
+    plan = plan_regional(model, None, {}, keep_kv_cache=False)
+    (group,) = plan.groups
+    assert group.budget.limit == group.budget.region_limit == max(recompile_limit(), 2)
+    assert plan.loss_limit == recompile_limit()  # one variant, one shape: dynamo's own
+    assert group.compiled is None and not compiled_module_names(model)
+    given = plan_regional(model, None, {"recompile_limit": 3}, keep_kv_cache=False)
+    assert given.groups[0].budget.limit == 3 and given.groups[0].budget.region_limit is None

@@ -11,11 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedTorchError
-
 __all__ = [
-    "PER_CALL_KWARGS",
-    "check_per_call_kwargs",
     "isolated_cache_kwarg",
     "recompile_limit",
     "recompile_limit_at_least",
@@ -91,29 +87,3 @@ def isolated_cache_kwarg(compile_fn: Callable[..., Any] | None = None) -> dict[s
     """
     params = inspect.signature(compile_fn or torch.compile).parameters
     return {"isolate_recompiles": True} if "isolate_recompiles" in params else {}
-
-
-PER_CALL_KWARGS = ("recompile_limit", "isolate_recompiles")
-"""``torch.compile`` keywords that only some torches in the tested window take (see above)."""
-
-
-def check_per_call_kwargs(
-    compile_kwargs: dict[str, Any], *, caller: str, compile_fn: Callable[..., Any] | None = None
-) -> None:
-    """Raise ``UnsupportedTorchError`` for a per-call keyword (``recompile_limit=``,
-    ``isolate_recompiles=``) this torch's ``torch.compile`` does not take, before anything is
-    compiled (torch would raise ``TypeError`` after part of the model was). ``compile_fn`` stands in
-    for ``torch.compile`` in tests."""
-    params = inspect.signature(compile_fn or torch.compile).parameters
-    for name in PER_CALL_KWARGS:
-        if name in compile_kwargs and name not in params:
-            raise UnsupportedTorchError(
-                f"{caller}({name}={compile_kwargs[name]!r}): torch {torch.__version__}'s "
-                f"torch.compile takes no per-call {name}= (torch 2.13 and newer do). Drop it, "
-                + (
-                    "or raise the limit for the whole process around your loop with "
-                    "torch._dynamo.config.patch(recompile_limit=N), or upgrade torch."
-                    if name == "recompile_limit"
-                    else "or upgrade torch."
-                )
-            )

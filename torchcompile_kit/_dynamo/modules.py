@@ -18,6 +18,7 @@ __all__ = [
     "is_compiled_module",
     "is_torch_compile_wrapper",
     "set_compiled_call",
+    "wrap_compiled_call",
 ]
 
 
@@ -52,6 +53,17 @@ def set_compiled_call(module: nn.Module, compiled: Callable[..., Any] | None) ->
 def get_compiled_call(module: nn.Module) -> Callable[..., Any] | None:
     """What ``module(...)`` runs instead of its eager ``_call_impl``, if anything."""
     return getattr(module, "_compiled_call_impl", None)
+
+
+def wrap_compiled_call(
+    module: nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> bool:
+    """Make ``module(...)`` run ``wrap(compiled)`` instead of its compiled call ``compiled``;
+    ``False`` (nothing done) when it has none."""
+    compiled = get_compiled_call(module)
+    if compiled is not None:
+        set_compiled_call(module, wrap(compiled))
+    return compiled is not None
 
 
 def clear_compiled_call(module: nn.Module) -> None:

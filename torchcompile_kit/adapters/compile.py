@@ -13,7 +13,6 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_choice, check_flag
-from ..diagnostics import VERIFY_MEANING
 from ..regional import compile_model, compile_regional, find_repeated_blocks, get_regional_plan
 from .evaluation import check_on_violation, enforce, evaluate_rules
 from .facts import describe_peft_model
@@ -150,7 +149,7 @@ def compile_peft(
         ("eager", "compiled"),
         hint="'eager' skips the compiled blocks in generate(); 'compiled' compiles them",
     )
-    check_flag("verify", verify, caller="compile_peft", meaning=VERIFY_MEANING)
+    check_flag("verify", verify, caller="compile_peft")
     fullgraph = bool(compile_kwargs.get("fullgraph", False))
     decisions: list[Decision] = []
     facts, _ = _check(
@@ -191,7 +190,6 @@ def compile_peft(
             "precompile",
             compile_kwargs.pop("precompile", False),
             caller="compile_peft",
-            meaning="save the traced code with the compile cache",
         ):
             warnings.warn(
                 "compile_peft(regional=False, precompile=True): a whole PeftModel is "

@@ -85,8 +85,7 @@ class AdapterGuard:
         if self.regional:
             for name in _dynamo.compiled_module_names(model):
                 module = model.get_submodule(name)
-                call = _dynamo.get_compiled_call(module)
-                _dynamo.set_compiled_call(module, _dynamo.with_module_hook_guards(call))
+                _dynamo.wrap_compiled_call(module, _dynamo.with_module_hook_guards)
             # the PeftModel's own forward stays eager: a pre-hook runs in Python on every call
             self.hook = model.register_forward_pre_hook(self.before_forward, with_kwargs=True)
             if self.verifier is not None:  # after the guard's hook: a refused call is not checked

@@ -7,7 +7,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 from .comparator import TensorDiff, judge_tensors, leaves, needs_reference
 from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
 from .explain import explain_graph_breaks, explaining
-from .first_call import VERIFY_MEANING, FirstCallVerifier
+from .first_call import FirstCallVerifier
 from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
@@ -69,7 +69,6 @@ __all__ = [
     "first_call_checks_made",
     # for the recipes' verify=: the first-call check, and what the flag means everywhere
     "FirstCallVerifier",
-    "VERIFY_MEANING",
     "check_in_place_update",
     # for other topics (tune's gate): the comparator's verdict on tensors of its own
     "judge_tensors",

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import _dynamo
+from .._checks import check_compile_kwargs
 from .comparator import (
     TensorDiff,
     judge_trees,
@@ -307,21 +308,12 @@ def _check_uncompiled(model: object) -> None:
 def _check_keywords(compile_fn: Callable[..., Any] | None, compile_kwargs: dict[str, Any]) -> None:
     """Refuse a keyword before anything is copied or compiled: one that was moved, or one neither
     ``torch.compile`` nor ``compile_fn`` takes (any, when ``compile_fn`` takes ``**kwargs``)."""
-    for name in compile_kwargs:
-        if name in _MOVED:
-            raise TypeError(f"check_compile_equivalence({name}=...): {_MOVED[name]}")
-    known = set(inspect.signature(torch.compile).parameters)
-    if compile_fn is not None:
-        parameters = inspect.signature(compile_fn).parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            return
-        known |= {p.name for p in parameters}
-    unknown = sorted(set(compile_kwargs) - known)
-    if unknown:
-        raise TypeError(
-            f"check_compile_equivalence: unexpected keyword(s) {unknown}: not torch.compile's"
-            + (f" nor {getattr(compile_fn, '__name__', 'compile_fn')}'s" if compile_fn else "")
-        )
+    takes = inspect.signature(compile_fn).parameters if compile_fn is not None else {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
+        takes = compile_kwargs
+    check_compile_kwargs(
+        compile_kwargs, caller="check_compile_equivalence", takes=takes, moved=_MOVED
+    )
 
 
 def _check_tolerance(tolerance: tuple[float, float] | None) -> tuple[float, float] | None:

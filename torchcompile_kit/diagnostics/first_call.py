@@ -40,7 +40,6 @@ from .reference import Reference, at_precision, autocast_active, cast_floating, 
 from .trace_records import FirstCallCheck
 
 __all__ = [
-    "VERIFY_MEANING",
     "FirstCallVerifier",
     "copy_into",
     "distributed_initialized",
@@ -55,10 +54,6 @@ _RNG_EXACT_BACKENDS = frozenset({"eager", "aot_eager"})
 StateFn = Callable[[tuple, dict], Hashable]
 # the note of a gradient comparison that should have run and could not: the check is "partial"
 _GRADS_FAILED = "gradients not compared, autograd refused"
-
-
-VERIFY_MEANING = "compare the first call in each state with eager"
-"""What ``verify=`` means in every recipe that takes it (its default is stated per recipe)."""
 
 
 def _default_state(args: tuple, kwargs: dict) -> Hashable:

@@ -124,7 +124,11 @@ def current_region() -> str | None:
 
 
 def mark_region(
-    modules: Iterable[nn.Module], label: str, *, names: Iterable[str] | None = None
+    modules: Iterable[nn.Module],
+    label: str,
+    *,
+    names: Iterable[str] | None = None,
+    limit: int | None = None,
 ) -> str:
     """Tag every compile inside these compiled modules' calls with one region; returns its id (the
     key for :meth:`CompileMonitor.record_for_region`).
@@ -133,7 +137,8 @@ def mark_region(
     while it runs (stepping aside under an outer compile); ``uncompile`` removes it. The first call
     of each module is logged at INFO before and after, with its seconds. ``label`` is readable (the
     group's class name); ``names`` are the modules' paths in the model, for a
-    :class:`CompileFailure`; uncompiled modules are skipped.
+    :class:`CompileFailure`; ``limit`` is the region's recompile limit
+    (:func:`set_recompile_limit`); uncompiled modules are skipped.
 
     Example:
         >>> region = mark_region(blocks, "GPT2Block")  # doctest: +SKIP
@@ -144,10 +149,11 @@ def mark_region(
     modules = list(modules)
     _CLASSES[region] = list(dict.fromkeys(type(m) for m in modules))
     names = list(names) if names is not None else [label] * len(modules)
+    set_recompile_limit(region, limit)
     for module, name in zip(modules, names, strict=True):
-        compiled = _dynamo.get_compiled_call(module)
-        if compiled is not None:
-            _dynamo.set_compiled_call(module, _in_region(compiled, region, module, name))
+        _dynamo.wrap_compiled_call(
+            module, lambda call, m=module, n=name: _in_region(call, region, m, n)
+        )
     return region
 
 
@@ -177,7 +183,9 @@ def region_owner(
     return None
 
 
-def mark_call(call: Callable[..., Any], label: str) -> tuple[Callable[..., Any], str]:
+def mark_call(
+    call: Callable[..., Any], label: str, *, limit: int | None = None
+) -> tuple[Callable[..., Any], str]:
     """:func:`mark_region` for a compiled function (``torch.compile(loss_fn)``): the wrapped
     function to call instead, and the region's id.
 
@@ -187,6 +195,7 @@ def mark_call(call: Callable[..., Any], label: str) -> tuple[Callable[..., Any],
         tensor([0.])
     """
     region = f"{label}#{next(_NUMBERS)}"
+    set_recompile_limit(region, limit)
     return _in_region(call, region, None, label), region
 
 

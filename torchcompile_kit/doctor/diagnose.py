@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _dynamo
+from .._checks import check_compile_kwargs
 from .locate import Located, locate
 from .record import RECIPES, Diagnosis, Trial, TrialOutcome
 from .repro import capture_calls, check_repro, write_repro
@@ -83,8 +84,6 @@ def diagnose(
         raise ValueError(
             f"diagnose(recipe={recipe!r}): pass None (torch.compile) or one of {list(RECIPES)}"
         )
-    from ..regional import check_compile_kwargs  # the recipes' own check, loaded when used
-
     check_compile_kwargs(compile_kwargs, caller="diagnose")
     kwargs = dict(compile_kwargs)
     backend = kwargs.pop("backend", "inductor")

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 
 from .. import _dynamo
-from .._checks import check_choice, check_flag
+from .._checks import check_choice, check_compile_kwargs
 from .._undo import register_undo
-from ..diagnostics import VERIFY_MEANING, allow_first_compile, check_in_place_update
+from ..diagnostics import allow_first_compile, check_in_place_update
 from ..errors import UnsupportedOptimizerError
 
 __all__ = ["compile_optimizer"]
@@ -98,8 +98,7 @@ def compile_optimizer(
         >>> opt.step(); sched.step(); opt.zero_grad()
     """
     wrapper, optimizer = optimizer, _unwrap_accelerated(optimizer)
-    check_flag("verify", verify, caller="compile_optimizer", meaning=VERIFY_MEANING)
-    _check_arguments(optimizer, impl, scheduler, compile_kwargs)
+    _check_arguments(optimizer, impl, scheduler, verify, compile_kwargs)
     runner = _CompiledStep(
         optimizer, impl=impl, static_grads=static_grads, verify=verify, **compile_kwargs
     )
@@ -112,8 +111,12 @@ def compile_optimizer(
     step.__doc__ = f"Compiled {type(optimizer).__name__}.step (torchcompile_kit, impl={impl!r})."
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     hook = optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
-    register_undo(optimizer, hook.remove)
-    register_undo(optimizer, lambda: optimizer.__dict__.pop("step", None))
+
+    def undo() -> None:
+        optimizer.__dict__.pop("step", None)
+        hook.remove()
+
+    register_undo(optimizer, undo)
     return wrapper
 
 
@@ -137,7 +140,7 @@ def _unwrap_accelerated(optimizer: Any) -> Any:
 
 
 def _check_arguments(
-    optimizer: Any, impl: str, scheduler: Any, compile_kwargs: dict[str, Any]
+    optimizer: Any, impl: str, scheduler: Any, verify: bool, compile_kwargs: dict[str, Any]
 ) -> None:
     check_choice(
         "impl",
@@ -146,7 +149,7 @@ def _check_arguments(
         error=UnsupportedOptimizerError,
         hint="use impl='step' (any supported optimizer) or impl='foreach_map' (Adam/AdamW)",
     )
-    _dynamo.check_per_call_kwargs(compile_kwargs, caller="compile_optimizer")
+    check_compile_kwargs(compile_kwargs, caller="compile_optimizer", flags={"verify": verify})
     if not isinstance(optimizer, _SUPPORTED):
         names = ", ".join(cls.__name__ for cls in _SUPPORTED)
         raise UnsupportedOptimizerError(

@@ -10,7 +10,6 @@ from .background import (
     get_background_compile,
 )
 from .compile import (
-    check_compile_kwargs,
     compile_in_place,
     compile_model,
     compile_regional,
@@ -41,7 +40,6 @@ __all__ = [
     "RegionalPlan",
     # for helpers that compile next to a regional compile (compile_peft, integrations)
     "cache_calls_compiled",
-    "check_compile_kwargs",
     "compile_in_place",
     "has_transformers_model",
 ]

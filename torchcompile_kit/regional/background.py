@@ -35,14 +35,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._checks import check_compile_kwargs
 from .._factory import check_factory
 from .._undo import register_undo
 from ..cache import Keys, load_with_keys, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
 from .compile import (
+    MOVED_OPTIONS,
     already_compiled,
-    check_compile_kwargs,
     check_model,
     compile_model,
     compile_regional,
@@ -268,9 +269,11 @@ def _check_options(
             "the switch checks the first call against eager); drop it"
         )
     # a misspelt keyword is refused now, not in the worker minutes later
-    own = inspect.signature(compile_fn).parameters
     check_compile_kwargs(
-        {k: v for k, v in compile_kwargs.items() if k not in own}, caller=compile_fn.__name__
+        compile_kwargs,
+        caller=compile_fn.__name__,
+        takes=inspect.signature(compile_fn).parameters,
+        moved=MOVED_OPTIONS,
     )
     if options.factory is not None:
         check_factory(options.factory, flag="factory=")

@@ -5,7 +5,6 @@ keeps ``state_dict()`` keys free of ``_orig_mod.``), and undo it.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import warnings
 from collections.abc import Callable
@@ -15,14 +14,14 @@ import torch
 from torch import nn
 
 from .. import _dynamo
-from .._checks import check_flag, check_module
+from .._checks import check_compile_kwargs, check_module
 from .._undo import has_undo, register_undo, run_undo
-from ..diagnostics import VERIFY_MEANING, FirstCallVerifier, explaining, mark_region
+from ..diagnostics import FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
 from .discovery import BlocksArg
-from .plan import PENDING_ATTR, PLAN_ATTR, CompiledGroup, get_regional_plan
+from .plan import PENDING_ATTR, PLAN_ATTR, CompiledGroup
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
-from .preflight import plan_regional, size_recompile_limits
+from .preflight import plan_regional
 from .transformers_support import prepare_transformers, set_explicit_loss_functions
 
 __all__ = [
@@ -35,8 +34,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-PRECOMPILE_MEANING = "save the traced code with the compile cache, so a restart does not trace"
 
 
 def compile_regional(
@@ -99,11 +96,12 @@ def compile_regional(
         ...     vit_gpt2, blocks={"encoder.*": {"dynamic": False}, "decoder.*": {}}
         ... )  # doctest: +SKIP
     """
-    check_model(model)
-    check_flag("verify", verify, caller="compile_regional", meaning=VERIFY_MEANING)
-    check_flag("precompile", precompile, caller="compile_regional", meaning=PRECOMPILE_MEANING)
-    check_compile_kwargs(compile_kwargs, caller="compile_regional")
-    if already_compiled(model):
+    check_module("model", model)
+    flags = {"verify": verify, "precompile": precompile}
+    check_compile_kwargs(
+        compile_kwargs, caller="compile_regional", flags=flags, moved=MOVED_OPTIONS
+    )
+    if already_compiled(model):  # a torch.compile wrapper is refused
         return model
     # decide: the whole plan, before anything compiles
     plan = plan_regional(model, blocks, compile_kwargs, keep_kv_cache=keep_kv_cache)
@@ -120,8 +118,12 @@ def compile_regional(
         precompiled = _compile_modules(
             instances, group.label, precompile, group.preflight, **group.compile_kwargs
         )
-        # the measured report credits the group with what dynamo compiles inside these calls
-        region = mark_region(instances, group.class_name, names=group.names)
+        # the measured report credits the group with what dynamo compiles inside these calls,
+        # which run under the group's recompile limit (one code object, one limit: sized for all
+        # the groups that run it)
+        region = mark_region(
+            instances, group.class_name, names=group.names, limit=group.budget.region_limit
+        )
         group.compiled = CompiledGroup(region=region, precompile=precompiled)
     prepared = prepare_transformers(
         model,
@@ -132,7 +134,6 @@ def compile_regional(
         compile_kwargs=compile_kwargs,
     )
     plan.extra_regions = prepared.loss_regions
-    size_recompile_limits(plan)  # one code object, one limit: sized for all its groups
     for undo in (checking, prepared.undo, _warn_when_traced_whole(model, plan)):
         if undo is not None:
             register_undo(model, undo)
@@ -175,11 +176,10 @@ def compile_model(
         >>> model(torch.ones(1, 4)).shape
         torch.Size([1, 2])
     """
-    check_model(model)
-    check_flag("verify", verify, caller="compile_model", meaning=VERIFY_MEANING)
-    check_flag("precompile", precompile, caller="compile_model", meaning=PRECOMPILE_MEANING)
-    check_compile_kwargs(compile_kwargs, caller="compile_model")
-    if already_compiled(model):
+    check_module("model", model)
+    flags = {"verify": verify, "precompile": precompile}
+    check_compile_kwargs(compile_kwargs, caller="compile_model", flags=flags, moved=MOVED_OPTIONS)
+    if already_compiled(model):  # a torch.compile wrapper is refused
         return model
     for undo in set_explicit_loss_functions(model):
         register_undo(model, undo)
@@ -215,10 +215,7 @@ def install_first_call_check(
         backend=compile_kwargs.get("backend", "inductor"),
         grads_checked=grads_checked,
     )
-    compiled = _dynamo.get_compiled_call(model)
-    if compiled is not None:
-        _dynamo.set_compiled_call(model, verifier.wrap(compiled))
-    else:
+    if not _dynamo.wrap_compiled_call(model, verifier.wrap):
         register_undo(model, verifier.install_hooks())
 
 
@@ -265,30 +262,12 @@ MOVED_OPTIONS = {
 """Options the compile functions no longer take, and what replaced each (named in the error)."""
 
 
-def check_compile_kwargs(compile_kwargs: dict[str, Any], *, caller: str) -> None:
-    """``TypeError`` for a keyword that is neither the caller's nor ``torch.compile``'s, before
-    anything compiles (torch would raise after part of the model was); ``UnsupportedTorchError``
-    for a per-call one this torch lacks."""
-    known = inspect.signature(torch.compile).parameters
-    for name in compile_kwargs:
-        if name in MOVED_OPTIONS:
-            raise TypeError(f"{caller}({name}=...): {MOVED_OPTIONS[name]}")
-        if name not in known and name not in _dynamo.PER_CALL_KWARGS:
-            raise TypeError(
-                f"{caller}: unexpected keyword {name}=; it is not one of {caller}'s and "
-                f"torch.compile takes {', '.join(p for p in known if p != 'model')}"
-            )
-    _dynamo.check_per_call_kwargs(compile_kwargs, caller=caller)
-
-
 def already_compiled(model: nn.Module) -> bool:
     """Whether ``model`` is compiled in place already, or a background compile of it is under
-    way (then say so: nothing is done)."""
-    pending = PENDING_ATTR in model.__dict__
-    if (
-        get_regional_plan(model) is None
-        and not _dynamo.compiled_module_names(model)
-        and not pending
+    way (then say so: nothing is done); ``ValueError`` for a ``torch.compile`` wrapper."""
+    _refuse_wrapper(model)
+    if not (
+        {PLAN_ATTR, PENDING_ATTR} & model.__dict__.keys() or _dynamo.compiled_module_names(model)
     ):
         return False
     warnings.warn(
@@ -382,6 +361,10 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
 
 def check_model(model: object) -> None:
     check_module("model", model)
+    _refuse_wrapper(model)
+
+
+def _refuse_wrapper(model: nn.Module) -> None:
     if _dynamo.is_torch_compile_wrapper(model):
         raise ValueError(
             "model is already wrapped by torch.compile(model) (an OptimizedModule); "

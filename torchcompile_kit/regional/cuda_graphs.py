@@ -85,13 +85,15 @@ def check_cuda_graphs_at_first_call(
                 check()
 
         return model.register_forward_pre_hook(hook).remove
-    compiled = _dynamo.get_compiled_call(model)
 
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        check()
-        return compiled(*args, **kwargs)
+    def checked(compiled: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            check()
+            return compiled(*args, **kwargs)
 
-    _dynamo.set_compiled_call(model, checked)
+        return call
+
+    _dynamo.wrap_compiled_call(model, checked)
     return None
 
 

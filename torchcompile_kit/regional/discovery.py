@@ -12,12 +12,12 @@ from torch import nn
 from .._checks import check_module
 from ..errors import BlockSelectorError, NoRepeatedBlocksError
 from .plan import BlockGroup, RegionalPlan
-from .transformers_support import no_split_module_names
 
 __all__ = [
     "DECLARATION",
     "BlocksArg",
     "declared_blocks",
+    "group_blocks",
     "eager_remainder",
     "find_repeated_blocks",
     "select_blocks",
@@ -26,6 +26,8 @@ __all__ = [
 DECLARATION = "_repeated_blocks"
 """The attribute a model declares its repeated blocks in: class names, as diffusers'
 ``ModelMixin._repeated_blocks`` does; set it on any module to declare yours."""
+NO_SPLIT = "_no_split_modules"
+"""transformers' (and diffusers') list of the classes not to split across devices: a hint."""
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
@@ -64,7 +66,9 @@ def _discover(model: nn.Module) -> tuple[list[str], dict[type, str]]:
                 if _is_block_candidate(child):
                     in_containers[type(child)] += 1
     classes = {cls for cls, count in in_containers.items() if count >= 2}
-    hints = no_split_module_names(model)
+    # the classes a model says not to split across devices (transformers', diffusers'
+    # `_no_split_modules`): its blocks, where no container holds them
+    hints = {name for module in model.modules() for name in (getattr(module, NO_SPLIT, None) or ())}
     if hints:
         counts: dict[type, int] = defaultdict(int)
         for module in model.modules():
@@ -282,6 +286,11 @@ def find_repeated_blocks(model: nn.Module, blocks: BlocksArg = None) -> Regional
         ['transformer.h.0', 'transformer.h.1']
     """
     check_module("model", model)
+    return group_blocks(model, blocks)
+
+
+def group_blocks(model: nn.Module, blocks: BlocksArg) -> RegionalPlan:
+    """:func:`find_repeated_blocks` on a model checked already (``compile_regional``)."""
     declared = declared_blocks(model) if blocks is None else []
     if declared:
         selected = [(name, f"declared: {DECLARATION}", {}) for name in declared]

@@ -121,6 +121,9 @@ class SharedBudget:
     needed: int
     """Graphs those groups may need together (training and a no_grad evaluation, for the
     shapes expected)."""
+    region_limit: int | None = None
+    """The limit the group's marked region raises around its calls: ``limit``, or ``None`` where
+    it is the ``recompile_limit=`` the user gave (``torch.compile`` holds it)."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -206,6 +209,9 @@ class RegionalPlan:
     and recompile limits are sized for them."""
     dynamic: bool | None = None
     """``compile_regional``'s ``dynamic=`` (how shapes become graphs)."""
+    loss_limit: int = 8
+    """The recompile limit of the compiled loss (a region of one variant, for the shapes
+    expected): :func:`plan_recompile_limits`."""
 
     @property
     def blocks(self) -> list[str]:

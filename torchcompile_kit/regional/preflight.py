@@ -21,7 +21,7 @@ from torch import nn
 from .. import _dynamo
 from ..diagnostics import set_recompile_limit
 from .attribute_reads import DECIDES, attribute_uses
-from .discovery import BlocksArg, find_repeated_blocks
+from .discovery import BlocksArg, group_blocks
 from .plan import BlockGroup, Preflight, RegionalPlan, SharedBudget, predicted_graphs
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Preflight",
     "find_instance_variants",
     "preflight_group",
+    "plan_recompile_limits",
     "requires_grad_variants",
     "size_recompile_limits",
 ]
@@ -104,15 +105,15 @@ def plan_regional(
 ) -> RegionalPlan:
     """The whole plan of a regional compile, made before anything compiles: the block groups
     (discovered, or chosen by ``blocks``), each with its compile options (the call's, then the
-    group's own), its class, its label and what the guard preflight predicts for it (warned where
-    its blocks would recompile).
+    group's own), its class, its label, what the guard preflight predicts for it (warned where
+    its blocks would recompile) and its recompile limit (:func:`plan_recompile_limits`).
 
     Example:
         >>> plan = plan_regional(model, None, {}, keep_kv_cache=False)  # doctest: +SKIP
         >>> plan.groups[0].preflight.graphs  # doctest: +SKIP
         1
     """
-    plan = find_repeated_blocks(model, blocks)
+    plan = group_blocks(model, blocks)
     plan.dynamic = compile_kwargs.get("dynamic")
     names = [group.class_name for group in plan.groups]
     for index, group in enumerate(plan.groups):
@@ -127,6 +128,7 @@ def plan_regional(
             cache_disabled=not keep_kv_cache,
             requires_grad=requires_grad_variants(model, instances),
         )
+    plan_recompile_limits(plan)
     return plan
 
 
@@ -228,7 +230,7 @@ def preflight_group(
 
     Only state the block's code uses itself is warned about (each value is a graph); state only
     handed on *may* recompile and is logged at INFO. The recompile limit is sized afterwards, for
-    every group at once (:func:`size_recompile_limits`).
+    every group at once (:func:`plan_recompile_limits`).
     """
     findings, counts = find_instance_variants(instances, cache_disabled=cache_disabled)
     variants = sum(v for _, v in counts)
@@ -314,9 +316,10 @@ def _warn_about_variants(
     return result
 
 
-def size_recompile_limits(plan: RegionalPlan) -> None:
-    """Size the recompile limit of every region ``plan`` compiled for the graphs it may need, and
-    record it (:attr:`BlockGroup.budget`).
+def plan_recompile_limits(plan: RegionalPlan) -> None:
+    """Size the recompile limit of every group of ``plan`` for the graphs it may need
+    (:attr:`BlockGroup.budget`) and the loss's (:attr:`RegionalPlan.loss_limit`); sets nothing in
+    dynamo (``compile_regional`` marks each region with its limit as it compiles it).
 
     A group may need its training and ``no_grad`` graphs for each shape the run feeds
     (:func:`predicted_graphs`, with :attr:`RegionalPlan.expected`). Dynamo's limit is per code
@@ -324,24 +327,19 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
     (``forward_with_checkpointing``), so the groups that run one code object share one budget:
     their sum. Where it exceeds dynamo's limit, their calls compile under the raised limit, only
     while they run (:func:`~torchcompile_kit.diagnostics.set_recompile_limit`), never the
-    process's. A limit the user gave (``recompile_limit=``) is kept. The loss is sized
-    alike. Called by ``compile_regional`` and again by
-    :func:`expect_shapes` (the limit is read at every call, so it holds from the next one).
+    process's. A limit the user gave (``recompile_limit=``) is kept (torch.compile holds it).
     """
     limit = _dynamo.recompile_limit()
+
+    def graphs(train: int, evaluation: int) -> int:  # for the shapes expected
+        return sum(predicted_graphs(train, evaluation, plan.expected, plan.dynamic))
+
     by_code: dict[Any, list[BlockGroup]] = {}
     for group in plan.groups:
         code = _forward_code(group.block_class) or id(group)  # torch.nn's own classes: alone
         by_code.setdefault(code, []).append(group)
     for code, sharing in by_code.items():
-        needed = sum(
-            sum(
-                predicted_graphs(
-                    group.preflight.graphs, group.preflight.eval_graphs, plan.expected, plan.dynamic
-                )
-            )
-            for group in sharing
-        )
+        needed = sum(graphs(g.preflight.graphs, g.preflight.eval_graphs) for g in sharing)
         set_by_user = [
             g.compile_kwargs["recompile_limit"]
             for g in sharing
@@ -356,9 +354,13 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
         )
         for group in sharing:
             others = tuple(n for n in names if n != group.class_name) if len(sharing) > 1 else ()
-            group.budget = SharedBudget(code=where, shared_with=others, limit=budget, needed=needed)
-            if group.compiled is not None:
-                set_recompile_limit(group.compiled.region, None if set_by_user else budget)
+            group.budget = SharedBudget(
+                code=where,
+                shared_with=others,
+                limit=budget,
+                needed=needed,
+                region_limit=None if set_by_user else budget,
+            )
         if set_by_user and needed > budget:
             logger.info(
                 "%s: may need %d graphs (training and no_grad evaluation, for the shapes "
@@ -375,10 +377,19 @@ def size_recompile_limits(plan: RegionalPlan) -> None:
                 budget,
                 needed,
             )
+    plan.loss_limit = max(limit, graphs(1, 1))  # the loss: one variant
+
+
+def size_recompile_limits(plan: RegionalPlan) -> None:
+    """:func:`plan_recompile_limits` again, and the limits set on the regions compiled already:
+    :func:`expect_shapes` (more shapes expected after the compile; the limit is read at every
+    call, so it holds from the next one)."""
+    plan_recompile_limits(plan)
+    for group in plan.groups:
+        if group.compiled is not None:
+            set_recompile_limit(group.compiled.region, group.budget.region_limit)
     for extra in plan.extra_regions:  # the loss: one variant each
-        set_recompile_limit(
-            extra.region, max(limit, sum(predicted_graphs(1, 1, plan.expected, plan.dynamic)))
-        )
+        set_recompile_limit(extra.region, plan.loss_limit)
 
 
 def _forward_code(cls: type | None) -> Any:

@@ -30,7 +30,6 @@ __all__ = [
     "disable_cache_in_plain_forwards",
     "fix_loss_function",
     "has_transformers_model",
-    "no_split_module_names",
     "run_cache_calls_eagerly",
 ]
 
@@ -64,14 +63,6 @@ def has_transformers_model(model: nn.Module) -> bool:
     return next(_pretrained_modules(model), None) is not None
 
 
-def no_split_module_names(model: nn.Module) -> set[str]:
-    """Class names listed in ``_no_split_modules`` by any transformers model inside ``model``."""
-    names: set[str] = set()
-    for module in _pretrained_modules(model):
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    return names
-
-
 def _resolved_loss(module: nn.Module) -> Callable[..., Any]:
     from transformers import PreTrainedModel
     from transformers.loss.loss_utils import LOSS_MAPPING
@@ -89,12 +80,13 @@ def set_explicit_loss_functions(
     compile: bool = False,
     precompile: bool = False,
     regions: list[tuple[str, str]] | None = None,
+    limit: int | None = None,
     **compile_kwargs: Any,
 ) -> list[Undo]:
     """Pin each transformers model's ``loss_function``; return how to undo it (internal). With
     ``precompile`` (and where it can be), the compiled loss is a :class:`PrecompiledRegion`; with
-    ``regions``, each compiled loss is a marked region (``mark_call``) and ``(label, region id)``
-    is appended to it, for the measured report."""
+    ``regions``, each compiled loss is a marked region (``mark_call``, under the recompile limit
+    ``limit``) and ``(label, region id)`` is appended to it, for the measured report."""
     import torch
 
     undo: list[Undo] = []
@@ -110,7 +102,7 @@ def set_explicit_loss_functions(
             pinned = torch.compile(loss, **compile_kwargs) if compile else loss
         if compile and regions is not None:
             label = f"{path + '.' if path else ''}loss_function ({loss.__name__})"
-            pinned, region = mark_call(pinned, label)
+            pinned, region = mark_call(pinned, label, limit=limit)
             regions.append((label, region))
         module.loss_function = pinned
 
@@ -319,9 +311,11 @@ def run_cache_calls_eagerly(
         return call
 
     for module in modules:
-        arguments, compiled = CacheArguments(module), _dynamo.get_compiled_call(module)
-        if compiled is not None and arguments.may_pass_cache:
-            _dynamo.set_compiled_call(module, dispatch(module, compiled, arguments))
+        arguments = CacheArguments(module)
+        if arguments.may_pass_cache:
+            _dynamo.wrap_compiled_call(
+                module, lambda compiled, m=module, a=arguments: dispatch(m, compiled, a)
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +351,12 @@ def prepare_transformers(
     regions: list[tuple[str, str]] = []
     if compile_loss:
         undo += set_explicit_loss_functions(
-            model, compile=True, precompile=precompile, regions=regions, **compile_kwargs
+            model,
+            compile=True,
+            precompile=precompile,
+            regions=regions,
+            limit=plan.loss_limit,
+            **compile_kwargs,
         )
     if not keep_kv_cache:
         undo += disable_cache_in_plain_forwards(model, compiled_regions=plan.blocks)
