@@ -342,7 +342,9 @@ def not_quotable(metrics: Metrics) -> list[str]:
         reasons.append(
             f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})"
         )
-    speedup = metrics.speedup or Speedup(ratio=0.0)
+    speedup = metrics.speedup
+    if speedup is None:
+        return reasons
     ratio, low, high, blocks = speedup.ratio, speedup.low, speedup.high, speedup.blocks
     if blocks is not None and (low is None or high is None):
         reasons.append(
