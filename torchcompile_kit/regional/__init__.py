@@ -9,12 +9,7 @@ from .background import (
     compile_in_background,
     get_background_compile,
 )
-from .compile import (
-    compile_in_place,
-    compile_model,
-    compile_regional,
-    uncompile,
-)
+from .compile import compile_in_place, compile_model, compile_regional, uncompile
 from .discovery import find_repeated_blocks
 from .expected_shapes import expect_shapes
 from .plan import BlockGroup, CompiledGroup, ExpectedShapes, RegionalPlan, get_regional_plan

@@ -19,7 +19,7 @@ from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
 from .discovery import BlocksArg
-from .plan import PENDING_ATTR, PLAN_ATTR, CompiledGroup
+from .plan import PENDING_ATTR, PLAN_ATTR, CompiledGroup, get_regional_plan
 from .precompiled import PrecompiledRegion, precompile_refusal, region_fingerprint
 from .preflight import plan_regional
 from .transformers_support import prepare_transformers, set_explicit_loss_functions
@@ -96,12 +96,12 @@ def compile_regional(
         ...     vit_gpt2, blocks={"encoder.*": {"dynamic": False}, "decoder.*": {}}
         ... )  # doctest: +SKIP
     """
-    check_module("model", model)
+    check_model(model)
     flags = {"verify": verify, "precompile": precompile}
     check_compile_kwargs(
         compile_kwargs, caller="compile_regional", flags=flags, moved=MOVED_OPTIONS
     )
-    if already_compiled(model):  # a torch.compile wrapper is refused
+    if already_compiled(model):
         return model
     # decide: the whole plan, before anything compiles
     plan = plan_regional(model, blocks, compile_kwargs, keep_kv_cache=keep_kv_cache)
@@ -176,10 +176,10 @@ def compile_model(
         >>> model(torch.ones(1, 4)).shape
         torch.Size([1, 2])
     """
-    check_module("model", model)
+    check_model(model)
     flags = {"verify": verify, "precompile": precompile}
     check_compile_kwargs(compile_kwargs, caller="compile_model", flags=flags, moved=MOVED_OPTIONS)
-    if already_compiled(model):  # a torch.compile wrapper is refused
+    if already_compiled(model):
         return model
     for undo in set_explicit_loss_functions(model):
         register_undo(model, undo)
@@ -264,10 +264,12 @@ MOVED_OPTIONS = {
 
 def already_compiled(model: nn.Module) -> bool:
     """Whether ``model`` is compiled in place already, or a background compile of it is under
-    way (then say so: nothing is done); ``ValueError`` for a ``torch.compile`` wrapper."""
-    _refuse_wrapper(model)
-    if not (
-        {PLAN_ATTR, PENDING_ATTR} & model.__dict__.keys() or _dynamo.compiled_module_names(model)
+    way (then say so: nothing is done)."""
+    pending = PENDING_ATTR in model.__dict__
+    if (
+        get_regional_plan(model) is None
+        and not _dynamo.compiled_module_names(model)
+        and not pending
     ):
         return False
     warnings.warn(
@@ -361,10 +363,6 @@ def _warn_when_traced_whole(model: nn.Module, plan: Any) -> Callable[[], None]:
 
 def check_model(model: object) -> None:
     check_module("model", model)
-    _refuse_wrapper(model)
-
-
-def _refuse_wrapper(model: nn.Module) -> None:
     if _dynamo.is_torch_compile_wrapper(model):
         raise ValueError(
             "model is already wrapped by torch.compile(model) (an OptimizedModule); "

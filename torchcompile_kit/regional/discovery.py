@@ -17,9 +17,9 @@ __all__ = [
     "DECLARATION",
     "BlocksArg",
     "declared_blocks",
-    "group_blocks",
     "eager_remainder",
     "find_repeated_blocks",
+    "group_blocks",
     "select_blocks",
 ]
 

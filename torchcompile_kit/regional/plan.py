@@ -209,9 +209,9 @@ class RegionalPlan:
     and recompile limits are sized for them."""
     dynamic: bool | None = None
     """``compile_regional``'s ``dynamic=`` (how shapes become graphs)."""
-    loss_limit: int = 8
+    loss_limit: int | None = None
     """The recompile limit of the compiled loss (a region of one variant, for the shapes
-    expected): :func:`plan_recompile_limits`."""
+    expected), sized by :func:`plan_recompile_limits`; ``None`` before (dynamo's own)."""
 
     @property
     def blocks(self) -> list[str]:
