@@ -135,25 +135,7 @@ class EquivalenceStep:
         is left in eval mode.
         """
 
-        def run(model: nn.Module) -> Any:
-            _set_mode(model, training=True)
-            model.zero_grad(set_to_none=True)
-            loss = _loss(_call(model, example_inputs))
-            loss.backward()
-            trainable = {
-                n: p for n, p in model.named_parameters() if p.requires_grad and p.grad is not None
-            }
-            grads = {n: p.grad.detach().clone() for n, p in trainable.items()}
-            torch.optim.SGD(list(trainable.values()), lr=lr).step()
-            model.zero_grad(set_to_none=True)
-            _set_mode(model, training=False)
-            return {
-                "loss": loss.detach(),
-                "grad": grads,
-                "param": {n: p.detach().clone() for n, p in trainable.items()},
-            }
-
-        return cls(name=name, run=run)
+        return cls(name=name, run=lambda model: _sgd_step(model, example_inputs, lr))
 
 
 def check_compile_equivalence(
@@ -234,8 +216,10 @@ def check_compile_equivalence(
     if steps is not None:
         sequence = [_as_step(s) for s in steps]
         run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
-    else:
-        run = lambda m: _one_batch(m, example_inputs, seed, check_grads)
+    else:  # one unlabelled step: the same judging, its names without a step prefix
+        run = lambda m: [
+            _StepResult(label="", value=_one_batch(m, example_inputs, seed, check_grads))
+        ]
     random = steps is None and check_grads and _draws_random(start, example_inputs, seed)
     eager_result = run(eager)
     with _dynamo.inductor_settings({"fallback_random": True} if random else {}):
@@ -247,21 +231,20 @@ def check_compile_equivalence(
             "both sides drew the same ones (inductor's own random kernels were "
             "not compared)"
         )
-    judge_all = _judge_steps if steps is not None else _judge_batch
-    report.diffs = judge_all(eager_result, compiled_result, None, "", tolerance)
+    report.diffs = _judge(eager_result, compiled_result, None, "", tolerance)
     exact = None
     if tolerance is not None:
         rtol, atol = tolerance
         report.reference = Reference(dtype=None, note=f"rtol={rtol}, atol={atol} given")
     elif needs_reference(report.diffs):  # not rounding-level near eager: ask the reference
         exact, report.reference = _reference_run(start, precision, run)
-        report.diffs = judge_all(eager_result, compiled_result, exact, report.reference.name, None)
+        report.diffs = _judge(eager_result, compiled_result, exact, report.reference.name, None)
     else:
         report.reference = Reference(dtype=None, needed=False)
     if any(not d.ok for d in report.diffs) and tolerance is None:
         noise, said = _noise(start, compiled, run, eager_result, compiled_result, steps is not None)
         report.notes.append(said)
-        report.diffs = judge_all(
+        report.diffs = _judge(
             eager_result, compiled_result, exact, report.reference.name, None, noise
         )
     if steps is None and any(
@@ -270,7 +253,7 @@ def check_compile_equivalence(
         report.notes.append("dropout: off in every run (eval dropout)")
     if perturbed and steps is None:
         effect = max_abs_difference(
-            _run_eval(copy.deepcopy(model), example_inputs, seed), eager_result["output"]
+            _run_eval(copy.deepcopy(model), example_inputs, seed), eager_result[0].value["output"]
         )
         if effect == 0:
             report.notes.append(
@@ -415,21 +398,31 @@ def _one_batch(
     result: dict[str, Any] = {"output": _run_eval(model, example_inputs, seed)}
     if not check_grads:
         return result
-    _set_mode(model, training=True)
-    model.zero_grad(set_to_none=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        loss = _loss(_call(model, example_inputs))
-    loss.backward()
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    result["loss"] = loss.detach()
-    result["grad"] = {
-        n: None if p.grad is None else p.grad.detach().clone() for n, p in trainable.items()
-    }
-    torch.optim.SGD([p for p in trainable.values() if p.grad is not None], lr=_SGD_LR).step()
-    result["param_after_step"] = {n: p.detach().clone() for n, p in trainable.items()}
+        step = _sgd_step(model, example_inputs, _SGD_LR)
+    result |= {"loss": step["loss"], "grad": step["grad"], "param_after_step": step["param"]}
     result["output_after_step"] = _run_eval(model, example_inputs, seed)
     return result
+
+
+def _sgd_step(model: nn.Module, example_inputs: Any, lr: float) -> dict[str, Any]:
+    """A training step, dropout off: the loss, every trainable gradient (``None``: unused), SGD on
+    those that have one, and the parameters after it; the model is left in eval mode."""
+    _set_mode(model, training=True)
+    model.zero_grad(set_to_none=True)
+    loss = _loss(_call(model, example_inputs))
+    loss.backward()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in trainable.items()}
+    torch.optim.SGD([p for p in trainable.values() if p.grad is not None], lr=lr).step()
+    model.zero_grad(set_to_none=True)
+    _set_mode(model, training=False)
+    return {
+        "loss": loss.detach(),
+        "grad": grads,
+        "param": {n: p.detach().clone() for n, p in trainable.items()},
+    }
 
 
 def _run_steps(model: nn.Module, steps: list[EquivalenceStep], seed: int) -> list[_StepResult]:
@@ -469,7 +462,7 @@ def _reference_run(
             note=f"the model does not run in {precision.name}: "
             f"{type(error).__name__}: {str(error)[:160]}",
         )
-    raised = next((r for r in result if r.raised), None) if isinstance(result, list) else None
+    raised = next((r for r in result if r.raised), None)
     if raised is not None:  # its later steps would start from another state than eager's
         return None, Reference(
             dtype=None,
@@ -478,20 +471,7 @@ def _reference_run(
     return result, precision
 
 
-def _judge_batch(
-    eager: dict[str, Any],
-    compiled: dict[str, Any],
-    exact: dict[str, Any] | None,
-    reference: str,
-    tolerance: tuple | None,
-    noise: dict[str, float] | None = None,
-) -> list[TensorDiff]:
-    return judge_trees(
-        "", eager, compiled, exact, reference_dtype=reference, tolerance=tolerance, noise=noise
-    )
-
-
-def _judge_steps(
+def _judge(
     eager: list[_StepResult],
     compiled: list[_StepResult],
     exact: list[_StepResult] | None,
@@ -544,7 +524,7 @@ def _noise(
 ) -> tuple[dict[str, float], str]:
     """The run-to-run noise of every tensor, measured after a tensor failed: eager rerun on a fresh
     copy of the start and, for one batch, the compiled copy rerun from the start's weights."""
-    noise = _rms(eager_result, run(copy.deepcopy(start)), is_steps)
+    noise = _rms(eager_result, run(copy.deepcopy(start)))
     said = "noise measured (a tensor failed): eager against eager"
     if not is_steps:
         try:
@@ -553,7 +533,7 @@ def _noise(
         except Exception:  # noqa: BLE001 - the compiled copy cannot be replayed: eager's noise only
             again = None
         if again is not None:
-            for name, value in _rms(compiled_result, again, is_steps).items():
+            for name, value in _rms(compiled_result, again).items():
                 noise[name] = max(value, noise.get(name, 0.0))
             said += " and compiled against compiled"
     return noise, said + (
@@ -563,9 +543,7 @@ def _noise(
     )
 
 
-def _rms(first: Any, second: Any, is_steps: bool) -> dict[str, float]:
-    if not is_steps:
-        return rms_differences("", first, second)
+def _rms(first: list[_StepResult], second: list[_StepResult]) -> dict[str, float]:
     found: dict[str, float] = {}
     for left, right in zip(first, second):
         if left.raised is None and right.raised is None:
