@@ -70,9 +70,9 @@ def ratio_interval(
     recipe_s: Sequence[float],
     *,
     same_batches: bool = True,
-    confidence: float = CONFIDENCE,
 ) -> Speedup:
-    """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval.
+    """The ratio ``baseline time ÷ recipe time`` of paired blocks, with its interval (at
+    :data:`CONFIDENCE`).
 
     The median of the per-block ratios when both sides stepped on the same samples
     (``same_batches``), else the ratio of total seconds bootstrapped over blocks. Returns a paired
@@ -99,7 +99,7 @@ def ratio_interval(
         ratio, method = sum(base) / sum(recipe), "ratio of totals"
     low = high = None
     if len(ratios) >= MIN_BLOCKS:
-        low, high, how = _interval(base, recipe, ratios, same_batches, confidence)
+        low, high, how = _interval(base, recipe, ratios, same_batches)
         # the percentile bootstrap of a median can sit just beside it on few distinct values
         low, high = min(low, ratio), max(high, ratio)
         method += f", {how}"
@@ -111,7 +111,6 @@ def _interval(
     recipe: list[float],
     ratios: list[float],
     same_batches: bool,
-    confidence: float,
 ) -> tuple[float, float, str]:
     try:
         import numpy as np
@@ -126,7 +125,7 @@ def _interval(
             result = stats.bootstrap(
                 (np.asarray(ratios),),
                 np.median,
-                confidence_level=confidence,
+                confidence_level=CONFIDENCE,
                 n_resamples=_RESAMPLES,
                 method="percentile",
                 random_state=rng,
@@ -138,7 +137,7 @@ def _interval(
                 lambda b, r, axis=-1: b.sum(axis=axis) / r.sum(axis=axis),
                 paired=True,
                 vectorized=True,
-                confidence_level=confidence,
+                confidence_level=CONFIDENCE,
                 n_resamples=_RESAMPLES,
                 method="percentile",
                 random_state=rng,
