@@ -42,6 +42,7 @@ from .trace_records import FirstCallCheck
 __all__ = [
     "FirstCallVerifier",
     "copy_into",
+    "describe_reference",
     "distributed_initialized",
     "make_record",
     "mismatch_message",
@@ -302,7 +303,7 @@ class FirstCallVerifier:
             check_seconds=seconds,
             compiled_seconds=compiled_seconds,
             partial=skipped,
-            reference=_describe_reference(pending.reference, diffs),
+            reference=describe_reference(pending.reference, diffs),
         )
         return output
 
@@ -514,8 +515,10 @@ def _judged(reference: str) -> str:
     return f"judged against eager in {reference}, autocast off"
 
 
-def _describe_reference(reference: Reference | None, diffs: list[TensorDiff]) -> str:
-    if reference is None:
+def describe_reference(reference: Reference | None, diffs: list[TensorDiff]) -> str:
+    """A check record's ``reference``: its dtype, ``none (why)``, or why none was needed
+    (``reference`` ``None`` or not ``needed``: every tensor was rounding-level near eager)."""
+    if reference is None or not reference.needed:
         near = sum(d.judged_by == "eager" for d in diffs)
         return (
             f"not needed: {near} of {len(diffs)} tensors within {NEAR_EPS:g} epsilons of eager, "

@@ -14,7 +14,14 @@ import torch
 from ..errors import CompiledMismatchError
 from .comparator import TensorDiff, judge, needs_reference, pool_small_tensors
 from .equivalence import _backend_name
-from .first_call import copy_into, distributed_initialized, logger, make_record, mismatch_message
+from .first_call import (
+    copy_into,
+    describe_reference,
+    distributed_initialized,
+    logger,
+    make_record,
+    mismatch_message,
+)
 from .monitor import record_first_call_check
 from .reference import Reference
 from .trace_records import FirstCallCheck
@@ -94,12 +101,7 @@ def check_in_place_update(
         compared=["updates", "state"],
         check_seconds=check_seconds,
         compiled_seconds=compiled_seconds,
-        reference=reference.name
-        or (
-            f"none ({reference.note})"
-            if reference.needed
-            else "not needed: rounding-level near eager"
-        ),
+        reference=describe_reference(reference, diffs),
     )
     record_first_call_check(record)
     logger.info("%s", record.message())
