@@ -67,7 +67,7 @@ __all__ = [
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process
     "first_call_checks_made",
-    # for the recipes' verify=: the first-call check, and what the flag means everywhere
+    # for the recipes' verify=: the first-call check (the flag's one meaning: _checks.FLAGS)
     "FirstCallVerifier",
     "check_in_place_update",
     # for other topics (tune's gate): the comparator's verdict on tensors of its own

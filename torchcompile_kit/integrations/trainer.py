@@ -96,7 +96,7 @@ class CompileTrainerMixin:
         if not isinstance(compile_optimizer_kwargs, (Mapping, type(None))):
             raise TypeError(
                 "compile_optimizer_kwargs must be a dict of compile_optimizer's arguments ({} "
-                f"for its defaults) or None (keep the optimizer eager), got "
+                "for its defaults) or None (keep the optimizer eager), got "
                 f"{compile_optimizer_kwargs!r}"
             )
         self.compile_optimizer_kwargs = compile_optimizer_kwargs
