@@ -196,6 +196,52 @@ def test_a_background_compile_switches_every_rank_at_the_same_call(tmp_path):
     run_on_ranks(background_body, str(tmp_path))
 
 
+def gpu_short_body(rank: int, world: int, cwd: str) -> None:
+    """Rank 0 alone decides not to start the worker (the training GPU is short of memory): every
+    rank gives up at the same call and trains on eagerly under DDP. Before, rank 0 gave up alone
+    and rank 1 waited for rank 0's worker status in a collective that never came."""
+    import faulthandler
+    import os
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchcompile_kit.errors import CompileCacheWarning
+    from torchcompile_kit.regional import (
+        BackgroundCompile,
+        BackgroundState,
+        background,
+        compile_in_background,
+        get_background_compile,
+    )
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a rank stuck in a collective fails
+    os.chdir(cwd)
+    if rank == 0:  # the memory check runs where the worker would start: rank 0
+        background._gpu_memory_short = lambda options: "the GPU is short of memory (stood in)"
+    torch.manual_seed(0)
+    model = compile_in_background(tiny_models.gpt2(), worker=BackgroundCompile(start_after_s=0))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(CompileCacheWarning, match="short of memory"):
+        ddp(**local_rows(global_batch(0), rank, world)).loss.backward()
+    opt.step(), opt.zero_grad()
+    for step in range(1, 3):  # eager DDP steps, in step on both ranks
+        ddp(**local_rows(global_batch(step), rank, world)).loss.backward()
+        opt.step(), opt.zero_grad()
+    record = get_background_compile(model)
+    seen = [None] * world
+    dist.all_gather_object(seen, (record.state, record.eager_reason, record.eager_steps))
+    assert seen[0] == seen[1], seen
+    assert seen[0][0] is BackgroundState.EAGER and seen[0][2] == 1, seen
+    assert "short of memory" in seen[0][1], seen
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.distributed
+def test_a_background_worker_refused_on_rank_0_leaves_every_rank_eager_at_the_same_call(tmp_path):
+    run_on_ranks(gpu_short_body, str(tmp_path))
+
+
 def test_discovery_finds_fsdp_renamed_blocks_outside_containers():
     """``_no_split_modules`` names GPT2Block; fully_shard makes it FSDPGPT2Block (a subclass)."""
     model = tiny_models.gpt2()

@@ -341,19 +341,16 @@ def _after_call(
         options.eager_steps += 1
     if options.state is BackgroundState.WAITING:
         _send_batch(model, args, kwargs, options)
+    refused = None  # rank 0 alone decides to start the worker; every rank learns the outcome
     if (
         options._proc is None
         and options._handed_at
         and time.perf_counter() - options._handed_at >= options.start_after_s
     ):
-        short = _gpu_memory_short(options)
-        if short is not None:
-            _give_up(model, options, short)
-            return
-        _start_worker(model, options)
-    if options._calls == 1:
-        return
-    status = _worker_status(options)
+        refused = _gpu_memory_short(options)
+        if refused is None:
+            _start_worker(model, options)
+    status = _worker_status(options, refused)
     if status == "done":
         _switch(model, options, compile_fn, compile_kwargs)
     elif status != "running":
@@ -509,10 +506,11 @@ def _send_batch(model: nn.Module, args: tuple, kwargs: dict, options: Background
     options.handoff_s = options._handed_at - began
 
 
-def _worker_status(options: BackgroundCompile) -> str:
-    """``"running"``, ``"done"`` or why it failed; the same answer on every rank (rank 0's)."""
-    status = "running"
-    if options._proc is not None:
+def _worker_status(options: BackgroundCompile, refused: str | None) -> str:
+    """``"running"``, ``"done"``, or why it failed or was not started (``refused``); the same
+    answer on every rank (rank 0's)."""
+    status = refused or "running"
+    if refused is None and options._proc is not None:
         code = options._proc.poll()
         elapsed = time.perf_counter() - options._started
         if code is None and elapsed > options.timeout_s:  # _give_up stops it
