@@ -334,6 +334,59 @@ def test_uncompile_before_the_switch_stops_the_worker(factory):
     assert record._proc is not None and os.path.exists(str(record._job)) is False
 
 
+TRAINING = """
+import sys, time
+import torch
+import tck_bg_model
+from torchcompile_kit.regional import BackgroundCompile, compile_in_background
+from torchcompile_kit.regional import get_background_compile
+
+model = compile_in_background(
+    tck_bg_model.build(), worker=BackgroundCompile(factory="tck_bg_model:hang", start_after_s=0)
+)
+model(torch.randn(4, 16)).backward()  # the first call starts the worker
+print(get_background_compile(model)._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie no one reaped counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_killed_training_process_takes_its_worker_with_it(factory, tmp_path):
+    """A training process killed outright (SIGKILL, the OOM killer, a job's time limit) runs no
+    exit handler: its worker, in a session of its own, went on compiling for minutes on the CPUs
+    or GPU the next run needs. It now watches the training process and stops with it."""
+    import signal
+    import subprocess
+
+    (tmp_path / "train.py").write_text(TRAINING)
+    training = subprocess.Popen(
+        [sys.executable, "train.py"], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        worker = int(training.stdout.readline())
+        time.sleep(3.0)  # the worker imports torch and reaches its factory, which hangs
+        assert not _gone(worker)
+        training.send_signal(signal.SIGKILL)
+        training.wait()
+        deadline = time.monotonic() + 30.0
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(worker), "the worker outlived the training process"
+    finally:
+        training.kill()
+        if not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
 def test_the_worker_starts_start_after_s_into_training_with_its_job_in_hand(factory):
     model = factory.build()
     compile_in_background(

@@ -399,7 +399,13 @@ def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
     }
     with open(folder / "worker.log", "wb") as log:
         options._proc = subprocess.Popen(
-            [sys.executable, "-m", "torchcompile_kit.regional.background_worker", str(folder)],
+            [
+                sys.executable,
+                "-m",
+                "torchcompile_kit.regional.background_worker",
+                str(folder),
+                str(os.getpid()),  # the worker stops when this process is gone
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -1,5 +1,5 @@
 """The worker of a background compile: ``python -m torchcompile_kit.regional.background_worker
-FOLDER`` rebuilds the model ``FOLDER/model.json`` describes and compiles it as the training
+FOLDER PID`` rebuilds the model ``FOLDER/model.json`` describes and compiles it as the training
 process will (with ``precompile=True``), runs the training process's first batch (``batch.pt``)
 through it in the state ``job.json`` records (its parameters' dtypes and ``requires_grad``, grad
 mode, autocast), backward too as training did, and saves the compile cache. That first call is
@@ -7,7 +7,8 @@ checked against eager (``verify=True``: outputs and gradients; a difference rais
 fails). ``result.json`` holds every region's key and the check's verdict (``status``;
 ``gradients_passed_in``: the state, ``[training, grad]``, whose gradients matched): the training
 process compiles only regions with those keys, and then compares only the outputs of its first
-compiled call in that state. Exit code 0 only when the artifact was written."""
+compiled call in that state. Exit code 0 only when the artifact was written; it stops when the
+training process (``PID``) is gone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import importlib
 import io
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,8 @@ from .background import RECIPES
 from .precompiled import regions_created
 
 
-def main(folder: str) -> int:
+def main(folder: str, parent: int) -> int:
+    _stop_with(parent)
     root = Path(folder)
     keys = resolve_keys(None, caller="background worker")  # the training process's, inherited
     spec = json.loads(read_signed(root / "model.json", keys))  # checked before it names code
@@ -89,6 +94,20 @@ def main(folder: str) -> int:
     return 0
 
 
+def _stop_with(parent: int) -> None:
+    """Once the training process ``parent`` is gone, stop this worker and the compile workers of
+    its session: a training process killed outright (SIGKILL, the OOM killer, a job's time limit)
+    runs no exit handler to stop it, and it would compile on for minutes on the CPUs or the GPU
+    that the next run needs."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(0, signal.SIGKILL)  # this worker leads its own session and process group
+
+    threading.Thread(target=watch, name="stop-with-training", daemon=True).start()
+
+
 def _build(source: dict[str, Any]) -> torch.nn.Module:
     if "factory" in source:
         built = import_factory(source["factory"], flag="background")()
@@ -126,4 +145,4 @@ def _loss(output: Any) -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], parent=int(sys.argv[2])))
