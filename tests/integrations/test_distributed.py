@@ -242,6 +242,54 @@ def test_a_background_worker_refused_on_rank_0_leaves_every_rank_eager_at_the_sa
     run_on_ranks(gpu_short_body, str(tmp_path))
 
 
+def rank_0_eval_body(rank: int, world: int, cwd: str) -> None:
+    """Evaluation on rank 0 alone between DDP training steps, as many training loops do: its
+    calls take no part in the background compile's status exchange, which only calls every rank
+    makes (those in the first call's mode) share. Before, each of rank 0's evaluation calls
+    broadcast a status that rank 1 never asked for, and the ranks' collectives went out of step."""
+    import faulthandler
+    import os
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchcompile_kit.regional import (
+        BackgroundCompile,
+        BackgroundState,
+        compile_in_background,
+        get_background_compile,
+    )
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a rank stuck in a collective fails
+    os.chdir(cwd)
+    torch.manual_seed(0)
+    # the worker starts after 10 minutes: the status is asked at every call until then
+    model = compile_in_background(tiny_models.gpt2(), worker=BackgroundCompile(start_after_s=600))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(3):
+        loss = ddp(**local_rows(global_batch(step), rank, world)).loss
+        loss.backward(), opt.step(), opt.zero_grad()
+        losses.append(mean_over_ranks(loss).item())
+        if rank == 0:
+            model.eval()
+            with torch.no_grad():
+                model(**global_batch(step))
+            model.train()
+    record = get_background_compile(model)
+    seen = [None] * world
+    dist.all_gather_object(seen, (record.state, record.eager_steps))
+    assert seen == [(BackgroundState.COMPILING, 3)] * world, seen
+    assert all(math.isfinite(x) for x in losses)
+    uncompile(model)  # no worker started; rank 0 removes the folder
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.distributed
+def test_evaluation_on_rank_0_alone_keeps_the_background_compile_in_step(tmp_path):
+    run_on_ranks(rank_0_eval_body, str(tmp_path))
+
+
 def test_discovery_finds_fsdp_renamed_blocks_outside_containers():
     """``_no_split_modules`` names GPT2Block; fully_shard makes it FSDPGPT2Block (a subclass)."""
     model = tiny_models.gpt2()

@@ -6,9 +6,10 @@ The model trains eagerly from its first call. That call's batch, the model's rec
 config, or a factory) and the state the graphs depend on go to a worker process, started
 ``start_after_s`` of training later, which rebuilds the model, compiles the same regions on that
 batch with ``precompile=True`` and saves a compile cache.
-At the first call after the worker is done, the model loads that cache and compiles in place: a
-warm start, each region's entry checked against the model's own fingerprint first (a mismatch
-keeps training eager, never a stale graph). docs/cache.md ("Train while it compiles").
+At the first call after the worker is done (under ``torch.distributed``, of the first call's
+kind: a training step when training came first), the model loads that cache and compiles in
+place: a warm start, each region's entry checked against the model's own fingerprint first (a
+mismatch keeps training eager, never a stale graph). docs/cache.md ("Train while it compiles").
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ class BackgroundCompile:
         default=None, init=False, repr=False
     )  # the after-call hook (re-added at the switch)
     _grads_checked: dict[Any, str] = field(default_factory=dict, init=False, repr=False)
+    # the first call's (training, grad mode): under torch.distributed, the calls that ask the
+    # worker's status and switch
+    _mode: tuple[bool, bool] | None = field(default=None, init=False, repr=False)
 
     def summary(self) -> str:
         """One line for a training log."""
@@ -337,10 +341,16 @@ def _after_call(
         return
     if options.state not in (BackgroundState.WAITING, BackgroundState.COMPILING):
         return
-    if torch.is_grad_enabled() and model.training:
+    mode = (model.training, torch.is_grad_enabled())
+    if mode == (True, True):
         options.eager_steps += 1
     if options.state is BackgroundState.WAITING:
+        options._mode = mode
         _send_batch(model, args, kwargs, options)
+    elif mode != options._mode and _rank() is not None:
+        # every rank makes calls of the first one's kind (training steps); another kind (an
+        # evaluation on rank 0 alone) must not enter the status exchange below
+        return
     refused = None  # rank 0 alone decides to start the worker; every rank learns the outcome
     if (
         options._proc is None
