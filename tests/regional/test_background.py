@@ -335,7 +335,7 @@ def test_uncompile_before_the_switch_stops_the_worker(factory):
 
 
 TRAINING = """
-import sys, time
+import time
 import torch
 import tck_bg_model
 from torchcompile_kit.regional import BackgroundCompile, compile_in_background
@@ -371,6 +371,7 @@ def test_a_killed_training_process_takes_its_worker_with_it(factory, tmp_path):
     training = subprocess.Popen(
         [sys.executable, "train.py"], stdout=subprocess.PIPE, text=True, cwd=tmp_path
     )
+    worker = None
     try:
         worker = int(training.stdout.readline())
         time.sleep(3.0)  # the worker imports torch and reaches its factory, which hangs
@@ -383,7 +384,7 @@ def test_a_killed_training_process_takes_its_worker_with_it(factory, tmp_path):
         assert _gone(worker), "the worker outlived the training process"
     finally:
         training.kill()
-        if not _gone(worker):
+        if worker is not None and not _gone(worker):
             os.kill(worker, signal.SIGKILL)
 
 
