@@ -58,3 +58,17 @@ def perturbed_updates(gm: torch.fx.GraphModule, example_inputs):
         return out
 
     return run
+
+
+def scaled_dropout_output(graph: torch.fx.Graph) -> None:
+    """An inductor pre-grad pass (``torch._inductor.config.pre_grad_custom_pass``) that multiplies
+    each dropout's output by 1.01: a miscompute inside inductor itself (``backend="inductor"``),
+    next to the random numbers. On a LoRA model whose B is zero (peft's initialisation) the outputs
+    stay equal and only the ``lora_B`` gradients go wrong, through the dropout's mask."""
+    import operator
+
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.nn.functional.dropout:
+            with graph.inserting_after(node):
+                scaled = graph.call_function(operator.mul, (node, 1.01))
+            node.replace_all_uses_with(scaled, delete_user_cb=lambda user, s=scaled: user is not s)

@@ -455,3 +455,42 @@ def test_a_misspelt_compile_keyword_is_refused_before_the_step_is_replaced():
     assert "step" not in optimizer.__dict__  # still torch's own step
     with pytest.raises(TypeError, match=r"verify='yes' must be True or False \(compare"):
         compile_optimizer(optimizer, verify="yes", backend="eager")
+
+
+def _trainer_like_groups(model: torch.nn.Module) -> list[dict]:
+    """HF Trainer's two groups (``get_decay_parameter_names``): decayed weights, and biases and
+    norms without decay, empty for a LoRA model (no trainable bias or norm). A frozen parameter
+    stays in its group, with no gradient."""
+    return [
+        {"params": list(model.parameters()), "weight_decay": 0.01},
+        {"params": [], "weight_decay": 0.0},
+    ]
+
+
+@pytest.mark.parametrize("opt_name", ["adam", "adamw", "sgd_momentum"])
+def test_an_empty_param_group_compiles_once_over_a_schedule(opt_name):
+    """Regression: dynamo sets ``capturable=True`` in an empty group as it traces, and putting the
+    user's value back after each step failed that guard at the next: a recompile per step until
+    the limit (7 recompiles and a limit hit in 12 steps with Trainer's AdamW groups)."""
+    model = _model()
+    model[0].bias.requires_grad_(False)  # frozen, as a PEFT base model's
+    opt = OPTIMIZERS[opt_name](_trainer_like_groups(model))
+    sched = SCHEDULERS["hf_linear_warmup"](opt)
+    counter = CompileCounterWithBackend("eager")
+    compile_optimizer(opt, scheduler=sched, backend=counter)
+    frames = _train(model, opt, sched, steps=STEPS, counter=counter)
+    assert _recompiles(frames) == 0, frames
+    assert [type(g.get("capturable", False)) for g in opt.param_groups] == [bool, bool]
+    assert all(not g.get("capturable", False) for g in opt.param_groups)  # the user's value
+
+
+def test_a_group_added_later_compiles_once_more_and_then_never():
+    model = _model()
+    opt = torch.optim.AdamW([{"params": model[0].parameters()}, {"params": []}], lr=0.01)
+    counter = CompileCounterWithBackend("eager")
+    compile_optimizer(opt, backend=counter)
+    _train(model, opt, None, steps=3, counter=counter)
+    opt.add_param_group({"params": model[2].parameters(), "lr": 0.001})
+    frames = _train(model, opt, None, steps=STEPS, counter=counter)
+    # the new group's first step runs eagerly (no state), its second compiles once; then none
+    assert _recompiles(frames[1:]) == 0, frames

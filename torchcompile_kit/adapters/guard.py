@@ -21,7 +21,7 @@ from ..diagnostics import FirstCallVerifier
 from ..regional import cache_calls_compiled
 from .evaluation import enforce, evaluate_rules, finding, rule_by_id
 from .facts import describe_peft_model
-from .record import RECORD_ATTR, PeftCompileRecord
+from .record import RECORD_ATTR, AdapterState, PeftCompileRecord
 from .schema import OnViolation, SafetyFinding
 
 __all__ = ["GUARD_ATTR", "AdapterGuard"]
@@ -173,17 +173,19 @@ class AdapterGuard:
             (name, id(config)) for name, config in getattr(self.model, "peft_config", {}).items()
         )
 
-    def verify_state(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def verify_state(self, args: tuple, kwargs: dict[str, Any]) -> AdapterState:
         """The state a first-call check is made once for (a bound method: deepcopy rebinds it)."""
         return self._state(kwargs.get("adapter_names"))
 
-    def _state(self, adapter_names: Any) -> tuple[Any, ...]:
+    def _state(self, adapter_names: Any) -> AdapterState:
         names = tuple(adapter_names) if adapter_names is not None else None
         grad = torch.is_grad_enabled()
         if self.probe is None:
-            return (names, grad)
+            return AdapterState(None, None, None, names, grad)
         probe = self.probe
-        return (tuple(probe.active_adapters), probe.disable_adapters, probe.merged, names, grad)
+        return AdapterState(
+            tuple(probe.active_adapters), probe.disable_adapters, probe.merged, names, grad
+        )
 
     # wrapped methods ------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ the model: :func:`get_peft_compile_record`), with its measured side from a ``Com
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from torch import nn
 
@@ -15,13 +15,56 @@ from .schema import SafetyFinding
 if TYPE_CHECKING:
     from ..diagnostics import CompileMonitor
 
-__all__ = ["RECORD_ATTR", "Decision", "PeftCompileRecord", "get_peft_compile_record"]
+__all__ = [
+    "RECORD_ATTR",
+    "AdapterState",
+    "Decision",
+    "PeftCompileRecord",
+    "get_peft_compile_record",
+]
 
 RECORD_ATTR = "_torchcompile_kit_peft_record"
 
 Verdict = Literal["refused", "warned", "ignored"]
 Stage = Literal["compile", "runtime"]
 GenerateMode = Literal["eager", "compiled"]
+
+
+class AdapterState(NamedTuple):
+    """The adapter state a call of a compiled PEFT model ran in (each is a graph of its own, and
+    the first call in each is checked against eager). ``str()`` says it in words.
+
+    Example:
+        >>> str(AdapterState(("default",), False, False, None, True))
+        "adapter 'default' active, not merged, grad on"
+    """
+
+    active: tuple[str, ...] | None
+    """The active adapters (``None``: the model has no adapter layer)."""
+    disabled: bool | None
+    """Inside ``disable_adapter()``."""
+    merged: bool | None
+    """The adapters merged into the base weights."""
+    adapter_names: tuple[str, ...] | None
+    """The per-sample ``adapter_names=`` of a mixed batch, if the call passed them."""
+    grad: bool
+    """Grad mode on."""
+
+    def __str__(self) -> str:
+        parts = []
+        if self.active is not None:
+            names = ", ".join(repr(n) for n in self.active)
+            parts.append(f"adapter{'s' if len(self.active) != 1 else ''} {names} active")
+        if self.disabled:
+            parts.append("adapters disabled (disable_adapter())")
+        if self.merged is not None:
+            parts.append("merged" if self.merged else "not merged")
+        if self.adapter_names is not None:
+            shown = ", ".join(repr(n) for n in self.adapter_names[:4])
+            more = ", ..." if len(self.adapter_names) > 4 else ""
+            parts.append(f"adapter_names=[{shown}{more}] per sample")
+        parts.append(f"grad {'on' if self.grad else 'off'}")
+        return ", ".join(parts)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -80,9 +123,8 @@ class PeftCompileRecord:
     """Graphs dynamo keeps per compiled region before it runs it eagerly."""
     decisions: list[Decision] = field(default_factory=list)
     """Every rule that fired, in order, at compile time and at run time."""
-    adapter_states: list[tuple[Any, ...]] = field(default_factory=list)
-    """The distinct states the model ran in: (active adapters, disabled, merged, adapter_names,
-    training)."""
+    adapter_states: list[AdapterState] = field(default_factory=list)
+    """The distinct adapter states the model ran in."""
     adapters: list[str] = field(default_factory=list)
     """The adapters loaded when the rules were last checked (compile time, or the first call
     after one was added or deleted)."""

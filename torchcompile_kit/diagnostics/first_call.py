@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _dynamo
 from ..errors import CompiledMismatchError
 from .comparator import (
     NEAR_EPS,
     TensorDiff,
     judge_trees,
     leaves,
-    max_abs_difference,
     needs_reference,
     rms_differences,
 )
@@ -109,7 +109,12 @@ class FirstCallVerifier:
                 lambda *a, **k: _force_eager(compiled_call, a, k),
                 rerun=lambda: compiled_call(*args, **kwargs),
             )
-            return self._finish(compiled_call(*args, **kwargs))
+            try:
+                output = compiled_call(*args, **kwargs)
+            except BaseException:
+                self._abandon()
+                raise
+            return self._finish(output)
 
         return checked_call
 
@@ -126,7 +131,7 @@ class FirstCallVerifier:
         return remove
 
     def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._pending = None
+        self._abandon()  # a checked call that raised left its pending check (and settings) open
         if self._busy or not self._due(args, kwargs):
             return
         # the eager call runs the hooks again; _busy makes ours step aside
@@ -185,6 +190,11 @@ class FirstCallVerifier:
             grad_mode=torch.is_grad_enabled(),
         )
         pending.eager, pending.note = self._run(pending.run_eager, pending)
+        if pending.drew and self.backend == "inductor":
+            # the compiled call draws the eager run's random numbers: its graphs compile with
+            # inductor's fallback_random (torch's own random ops, not inductor's), so dropout's
+            # masks match and the gradients that depend on them compare exactly
+            pending.same_draws.enter_context(_dynamo.inductor_settings({"fallback_random": True}))
         pending.check_seconds = time.perf_counter() - start
         pending.compiled_start = time.perf_counter()
         self._pending = pending
@@ -215,32 +225,31 @@ class FirstCallVerifier:
             _set_rng_state(pending.rng_state)
             _restore_buffers(self.model, pending.buffers)
             output = call()
+            pending.drew |= _rng_moved(pending.rng_state, _rng_state(self.model))
             grads, note = (
                 _grads(output, pending.params, retain=False) if pending.grads_wanted else (None, "")
             )
             return _tree(output, pending.params, grads), note
 
-    def _draws_its_own_random_numbers(self, pending: _Pending, diffs: list[TensorDiff]) -> bool:
-        """Whether outputs that differ from eager's come from random numbers the backend draws
-        its own way (dropout under inductor): an eager rerun from another seed then differs too.
-        Asked only of a mismatch, so a passing check costs no extra run."""
-        if (
-            all(d.ok for d in diffs)
-            or self.backend in _RNG_EXACT_BACKENDS
-            or self.backend.startswith("aot_eager")
-        ):
-            return False
-        with self._aside(), _fork_rng(self.model), torch.no_grad():
-            torch.manual_seed(torch.initial_seed() + 1)
-            again = _detached(pending.run_eager())
-        return max_abs_difference(pending.eager["output"], again) > 0
+    def _abandon(self) -> None:
+        """Drop a pending check whose compiled call raised, and the settings it holds."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.same_draws.close()
 
     def _finish(self, output: Any) -> Any:
         pending, self._pending = self._pending, None
         if pending is None:
             return output
+        with pending.same_draws:  # the compiled backward compiles in it too
+            return self._compare(pending, output)
+
+    def _compare(self, pending: _Pending, output: Any) -> Any:
         compiled_seconds = time.perf_counter() - pending.compiled_start
         start = time.perf_counter()
+        if pending.drew and not self._draws_alike():
+            self._skip_random(pending, compiled_seconds)
+            return output
         compiled = {"output": _detached(output)}
         compared = ["outputs"]
         note = pending.note
@@ -265,32 +274,10 @@ class FirstCallVerifier:
         if needs_reference(diffs):  # not rounding-level near eager: ask the reference
             self._reference(pending)
             diffs = self._judge(pending, compiled)
-        if any(not d.ok for d in diffs) and self._draws_its_own_random_numbers(pending, diffs):
-            self.checked.add(pending.key)
-            note = (
-                f"the model draws random numbers (dropout) and backend {self.backend!r} draws "
-                "them differently from eager, so the outputs cannot be compared; run "
-                "check_compile_equivalence(model, batch) (dropout off) to check it"
-            )
-            self._record(
-                pending.key,
-                "skipped",
-                note=note,
-                compiled_seconds=compiled_seconds,
-                check_seconds=pending.check_seconds + time.perf_counter() - start,
-            )
-            if not self._warned_skip:
-                self._warned_skip = True
-                warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=4)
-            return output
         if any(not d.ok for d in diffs):
             diffs = self._judge(pending, compiled, noise=self._noise(pending, compiled))
-        if _active_dropout(self.model):
-            same = (
-                "dropout active: every run of the check drew from the RNG state the compiled "
-                "call started from"
-            )
-            note = "; ".join(filter(None, [note, same]))
+        if pending.drew:
+            note = "; ".join(filter(None, [note, self._random_note()]))
         seconds = pending.check_seconds + time.perf_counter() - start
         skipped = (
             pending.grads_wanted and "gradients" not in compared and note.startswith(_GRADS_FAILED)
@@ -306,6 +293,46 @@ class FirstCallVerifier:
             reference=describe_reference(pending.reference, diffs),
         )
         return output
+
+    def _draws_alike(self) -> bool:
+        """Whether the compiled call draws the random numbers eager drew from the same state:
+        backends that run torch's own random ops, and inductor under ``fallback_random``."""
+        return (
+            self.backend in _RNG_EXACT_BACKENDS
+            or self.backend.startswith("aot_eager")
+            or self.backend == "inductor"
+        )
+
+    def _random_note(self) -> str:
+        """What the record says of a call that drew random numbers (dropout)."""
+        said = (
+            "random numbers drawn (dropout): every run of the check started from the RNG state "
+            "the compiled call started from"
+        )
+        if self.backend == "inductor":
+            return said + (
+                "; the graphs this call compiled use inductor's fallback_random (torch's own "
+                "random ops), so they drew eager's numbers"
+            )
+        return said + f", and backend {self.backend!r} draws them as eager does"
+
+    def _skip_random(self, pending: _Pending, compiled_seconds: float) -> None:
+        self.checked.add(pending.key)
+        note = (
+            f"the call draws random numbers (dropout) and backend {self.backend!r} may draw "
+            "them its own way, so its results cannot be compared with eager's; run "
+            "check_compile_equivalence(model, batch) (dropout off) to check it"
+        )
+        self._record(
+            pending.key,
+            "skipped",
+            note=note,
+            compiled_seconds=compiled_seconds,
+            check_seconds=pending.check_seconds,
+        )
+        if not self._warned_skip:
+            self._warned_skip = True
+            warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=5)
 
     def _judge(
         self, pending: _Pending, compiled: dict[str, Any], noise: dict[str, float] | None = None
@@ -409,6 +436,11 @@ class _Pending:
     note: str = ""
     check_seconds: float = 0.0
     compiled_start: float = 0.0
+    drew: bool = False
+    """The eager run moved a random generator (dropout, ``torch.rand``): detected from the
+    generators' states, never from whether outputs happened to differ."""
+    same_draws: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """The settings under which the compiled call draws what eager drew; closed after it."""
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -446,6 +478,13 @@ def _rng_state(model: nn.Module) -> tuple[torch.Tensor, list[tuple[Any, int, tor
         return torch.random.get_rng_state(), []
     module = torch.get_device_module(found[0])
     return torch.random.get_rng_state(), [(module, i, module.get_rng_state(i)) for i in found[1]]
+
+
+def _rng_moved(before: tuple[torch.Tensor, list], after: tuple[torch.Tensor, list]) -> bool:
+    """Whether a generator's state differs between two :func:`_rng_state` readings."""
+    if not torch.equal(before[0], after[0]):
+        return True
+    return any(not torch.equal(a[2], b[2]) for a, b in zip(before[1], after[1]))
 
 
 def _set_rng_state(state: tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]) -> None:
@@ -490,13 +529,6 @@ def _tree(
     if grads is not None:
         tree["grad"] = {name: grad for (name, _), grad in zip(params, grads)}
     return tree
-
-
-def _active_dropout(model: nn.Module) -> bool:
-    return any(
-        isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
-        for m in model.modules()
-    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -548,7 +580,7 @@ def _describe_state(key: Hashable) -> str:
     training, state = key
     if isinstance(state, bool):  # the default state: grad mode
         return f"{'train' if training else 'eval'} mode, grad {'on' if state else 'off'}"
-    return f"{'train' if training else 'eval'} mode, {state!r}"
+    return f"{'train' if training else 'eval'} mode, {state}"  # a state's str() is its words
 
 
 def make_record(

@@ -352,7 +352,15 @@ class _CompiledStep:
         """What the group's device needs with a tensor lr (decided once per group, not per step)."""
         if not self.is_adam:
             return {}  # SGD's foreach path accepts a tensor lr on every device
-        if group["params"] and all(_is_capturable_device(p.device) for p in group["params"]):
+        if not group["params"]:
+            # Dynamo sets capturable=True in a group whose params are all on an accelerator and
+            # without state as it traces (torch/_dynamo/variables/optimizer.py, _set_capturable),
+            # and all() of no params is True: an empty group (HF Trainer's no-decay group of a
+            # LoRA model) gets it at every trace. The user's value, put back after each step,
+            # then failed that guard at the next: a recompile per step. True here matches the
+            # trace; an empty group computes nothing either way.
+            return {"capturable": True}
+        if all(_is_capturable_device(p.device) for p in group["params"]):
             return {"capturable": True}
         return {"foreach": False}
 
