@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from tiny_models import gpt2, token_batch
 from torch import nn
 
-from torchcompile_kit import check_compile_equivalence
+from torchcompile_kit import EquivalenceStep, check_compile_equivalence
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:fan_in_fan_out:UserWarning"),
@@ -324,3 +326,66 @@ def test_random_draws_in_training_are_found_and_drawn_alike_on_both_sides():
     assert report.ok and any(note.startswith("random ops:") for note in report.notes), report.notes
     quiet = check_compile_equivalence(MLP(), x, backend="aot_eager")
     assert not any(note.startswith("random ops:") for note in quiet.notes), quiet.notes
+
+
+# --- a KV cache: regionally compiled blocks run such calls eagerly ------------------------------
+
+
+def _regional_llama_with_cache():
+    from tiny_models import llama
+
+    torch.manual_seed(0)
+    model = llama()  # use_cache=True, the config's default
+    assert model.config.use_cache
+    return model
+
+
+def test_eval_forwards_of_a_cache_building_model_are_compared_compiled():
+    """Regression: with the config's use_cache=True the eval forward built a KV cache, the
+    regionally compiled blocks ran it eagerly, and a miscompute in the compiled eval graph was
+    reported as 'every tensor passing' (eager against eager)."""
+    from torchcompile_kit import compile_regional
+
+    model = _regional_llama_with_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "called to build a KV cache" warning
+        report = check_compile_equivalence(
+            model,
+            token_batch(),
+            compile_fn=compile_regional,
+            backend=shifted_backend(1e-2),
+            check_grads=False,
+        )
+    assert not report.ok and report.not_compared == []
+    assert "output.logits" in {d.name for d in report.failures}, report.summary()
+
+
+def test_a_step_run_eagerly_on_both_sides_is_not_compared_and_says_so():
+    from torchcompile_kit import compile_regional
+
+    batch = token_batch()
+    with_cache = EquivalenceStep(
+        name="with cache", run=lambda m: m.eval()(**batch, use_cache=True).logits
+    )
+    without = EquivalenceStep.forward(batch, name="without")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the regional recipe's KV-cache warning
+        report = check_compile_equivalence(
+            _regional_llama_with_cache(),
+            steps=[with_cache, without],
+            compile_fn=compile_regional,
+            backend=shifted_backend(1e-2),
+        )
+    assert report.not_compared == ["0:with cache"]
+    assert {d.step for d in report.diffs} == {"1:without"}  # compared: caught
+    assert not report.ok
+    note = next(n for n in report.notes if n.startswith("0:with cache: not compared"))
+    assert "LlamaDecoderLayer" in note and "use_cache=False" in note
+    only = check_compile_equivalence(
+        _regional_llama_with_cache(),
+        steps=[with_cache],
+        compile_fn=compile_regional,
+        backend="aot_eager",
+    )
+    assert (only.ok, only.diffs) == (False, [])
+    assert "NOTHING COMPARED" in only.summary()

@@ -5,7 +5,12 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 """
 
 from .comparator import TensorDiff, judge_tensors, leaves, needs_reference
-from .equivalence import EquivalenceReport, EquivalenceStep, check_compile_equivalence
+from .equivalence import (
+    EquivalenceReport,
+    EquivalenceStep,
+    check_compile_equivalence,
+    note_ran_eagerly,
+)
 from .explain import explain_graph_breaks, explaining
 from .first_call import FirstCallVerifier
 from .in_place_check import check_in_place_update
@@ -63,6 +68,9 @@ __all__ = [
     "was_called",
     # for other topics: explain_graph_breaks is tracing (the regional recipe's own warning waits)
     "explaining",
+    # for other topics: a compiled call run eagerly on purpose (a KV cache), which a running
+    # check_compile_equivalence must not count as compared
+    "note_ran_eagerly",
     # for other topics: an event a recipe reports to the running monitors (a background switch)
     "note_running_monitors",
     # for other topics: the checks a background worker made, for the training process

@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_compile_kwargs
+from .._collect import Collector
 from .comparator import (
     TensorDiff,
     judge_trees,
@@ -31,7 +32,13 @@ from .comparator import (
 )
 from .reference import Reference, at_precision, autocast_active, casting_inputs, reference_dtype
 
-__all__ = ["EquivalenceReport", "EquivalenceStep", "TensorDiff", "check_compile_equivalence"]
+__all__ = [
+    "EquivalenceReport",
+    "EquivalenceStep",
+    "TensorDiff",
+    "check_compile_equivalence",
+    "note_ran_eagerly",
+]
 
 _PERTURB_SCALE = 0.1  # adapter weights get N(0, 0.1^2) noise: far from identity, still stable
 _SGD_LR = 1e-2
@@ -46,12 +53,22 @@ _MOVED = {
 }
 
 
+_RAN_EAGERLY: Collector[str] = Collector()
+
+
+def note_ran_eagerly(module: nn.Module) -> None:
+    """Tell a running check that a compiled ``module``'s call ran eagerly on purpose (regional
+    compile runs a call that passes or builds a KV cache eagerly): what it compares of that call
+    is eager against eager."""
+    _RAN_EAGERLY.add(type(module).__name__)
+
+
 @dataclass(kw_only=True, slots=True)
 class EquivalenceReport:
     """Result of :func:`check_compile_equivalence`."""
 
     ok: bool
-    """No compared tensor was judged wrong."""
+    """Tensors were compared and none was judged wrong."""
     backend: str
     diffs: list[TensorDiff] = field(default_factory=list)
     """One entry per compared tensor."""
@@ -59,6 +76,9 @@ class EquivalenceReport:
     """What the tensors were judged against (``reference.describe()``)."""
     notes: list[str] = field(default_factory=list)
     """What was perturbed, and anything that weakens the check."""
+    not_compared: list[str] = field(default_factory=list)
+    """Steps left out because the compiled copy ran them eagerly (a KV cache under regional
+    compile): eager against eager says nothing (``"batch"`` for ``example_inputs``)."""
 
     @property
     def failures(self) -> list[TensorDiff]:
@@ -78,9 +98,10 @@ class EquivalenceReport:
     def summary(self) -> str:
         """A few lines: verdict, counts, what it was judged against, the worst tensor, notes."""
         worst = self.worst
+        verdict = "OK" if self.ok else "NOT OK" if self.diffs else "NOTHING COMPARED"
         lines = [
             (
-                f"compile equivalence ({self.backend}): {'OK' if self.ok else 'NOT OK'} - "
+                f"compile equivalence ({self.backend}): {verdict} - "
                 f"{len(self.diffs) - len(self.failures)}/{len(self.diffs)} tensors pass"
             ),
             f"judged against: {self.reference.describe()}",
@@ -116,12 +137,14 @@ class EquivalenceStep:
         cls, example_inputs: Any, *, name: str = "forward", **call_kwargs: Any
     ) -> EquivalenceStep:
         """An eval-mode forward without gradients, ``model(**batch, **call_kwargs)``
-        (or ``*args``)."""
+        (or ``*args``); ``use_cache=False`` unless the batch or ``call_kwargs`` set it (with a KV
+        cache, regionally compiled blocks run eagerly)."""
 
         def run(model: nn.Module) -> Any:
             _set_mode(model, training=False)
+            kwargs = _without_cache(model, example_inputs) | call_kwargs
             with torch.no_grad():
-                return _call(model, example_inputs, **call_kwargs)
+                return _call(model, example_inputs, **kwargs)
 
         return cls(name=name, run=run)
 
@@ -217,9 +240,8 @@ def check_compile_equivalence(
         sequence = [_as_step(s) for s in steps]
         run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
     else:  # one unlabelled step: the same judging, its names without a step prefix
-        run = lambda m: [
-            _StepResult(label="", value=_one_batch(m, example_inputs, seed, check_grads))
-        ]
+        one = lambda m: _one_batch(m, example_inputs, seed, check_grads)
+        run = lambda m: [_run_step(m, "", one)]
     random = steps is None and check_grads and _draws_random(start, example_inputs, seed)
     eager_result = run(eager)
     with _dynamo.inductor_settings({"fallback_random": True} if random else {}):
@@ -251,6 +273,7 @@ def check_compile_equivalence(
         isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
     ):
         report.notes.append("dropout: off in every run (eval dropout)")
+    _leave_out_eager_steps(report, compiled_result)
     if perturbed and steps is None:
         effect = max_abs_difference(
             _run_eval(copy.deepcopy(model), example_inputs, seed), eager_result[0].value["output"]
@@ -260,8 +283,24 @@ def check_compile_equivalence(
                 "the perturbed adapters do not change the outputs: this check "
                 "cannot tell whether the compiled model applies them"
             )
-    report.ok = all(d.ok for d in report.diffs)
+    report.ok = bool(report.diffs) and all(d.ok for d in report.diffs)
     return report
+
+
+def _leave_out_eager_steps(report: EquivalenceReport, compiled: list[_StepResult]) -> None:
+    """Steps whose compiled side ran calls eagerly are not evidence: their tensors leave the
+    report, which says why and how to compare them compiled."""
+    for result in compiled:
+        if not result.ran_eagerly:
+            continue
+        label = result.label or "batch"
+        report.not_compared.append(label)
+        report.diffs = [d for d in report.diffs if d.step != result.label]
+        report.notes.append(
+            f"{label}: not compared: the compiled copy ran {', '.join(result.ran_eagerly)} "
+            "eagerly (a call that passes or builds a KV cache, which regionally compiled blocks "
+            "run eagerly), so both sides were eager; pass use_cache=False to compare it compiled"
+        )
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -372,7 +411,19 @@ def _run_eval(model: nn.Module, example_inputs: Any, seed: int) -> Any:
     _set_mode(model, training=False)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(seed)
-        return _call(model, example_inputs)
+        return _call(model, example_inputs, **_without_cache(model, example_inputs))
+
+
+def _without_cache(model: nn.Module, example_inputs: Any) -> dict[str, Any]:
+    """``use_cache=False`` for an eval forward of a model whose config builds a KV cache, unless
+    the inputs ask for one: regional compile runs a cache-building call eagerly, so with it both
+    sides would be eager."""
+    asked = isinstance(example_inputs, Mapping) and "use_cache" in example_inputs
+    config = getattr(model, "config", None)
+    if asked or not getattr(config, "use_cache", False):
+        return {}
+    takes = inspect.signature(model.forward).parameters
+    return {"use_cache": False} if "use_cache" in takes else {}
 
 
 def _loss(output: Any) -> torch.Tensor:
@@ -432,11 +483,17 @@ def _run_steps(model: nn.Module, steps: list[EquivalenceStep], seed: int) -> lis
         label = f"{index}:{step.name}"
         with torch.random.fork_rng():
             torch.manual_seed(seed + index)  # e.g. add_adapter initialises alike in every copy
-            try:
-                results.append(_StepResult(label=label, value=step.run(model)))
-            except Exception as error:  # noqa: BLE001 - reported as a difference
-                results.append(_StepResult(label=label, raised=f"{type(error).__name__}: {error}"))
+            results.append(_run_step(model, label, step.run))
     return results
+
+
+def _run_step(model: nn.Module, label: str, run: Callable[[nn.Module], Any]) -> _StepResult:
+    with _RAN_EAGERLY.collecting() as eager:
+        try:
+            value = run(model)
+        except Exception as error:  # noqa: BLE001 - reported as a difference
+            return _StepResult(label=label, raised=f"{type(error).__name__}: {error}")
+    return _StepResult(label=label, value=value, ran_eagerly=tuple(dict.fromkeys(eager)))
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -444,6 +501,8 @@ class _StepResult:
     label: str
     value: Any = None
     raised: str | None = None
+    ran_eagerly: tuple[str, ...] = ()
+    """Compiled modules whose calls ran eagerly on purpose in this step (a KV cache)."""
 
 
 def _reference_run(

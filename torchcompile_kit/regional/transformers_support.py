@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from .. import _dynamo
-from ..diagnostics import mark_call
+from ..diagnostics import mark_call, note_ran_eagerly
 from .plan import ExtraRegion, RegionalPlan
 from .precompiled import PrecompiledRegion, function_fingerprint, precompile_refusal
 
@@ -306,6 +306,7 @@ def run_cache_calls_eagerly(
                     "one): run eagerly",
                     label,
                 )
+            note_ran_eagerly(module)
             return _dynamo.eager_call(module, *args, **kwargs)
 
         return call
