@@ -51,3 +51,14 @@ def test_readme_installs_the_torch_ci_tests_and_names_the_window():
     assert Version(floor) <= Version(readme_torch) <= Version(newest)
     for version in (floor, readme_torch, newest):
         assert version in readme, f"README.md does not name the tested torch {version}"
+
+
+def test_the_changelog_names_the_version_being_released():
+    """A public API change raises the version, and CHANGELOG.md says what changed in it."""
+    import torchcompile_kit
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert torchcompile_kit.__version__ == version
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", changelog, re.MULTILINE)
+    assert newest and newest[1] == version, "the newest CHANGELOG.md entry is not the version"

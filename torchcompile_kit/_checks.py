@@ -96,15 +96,15 @@ def check_compile_kwargs(
     caller: str,
     flags: Mapping[str, Any] | None = None,
     takes: Collection[str] = (),
-    moved: Mapping[str, str] | None = None,
     compile_fn: Callable[..., Any] | None = None,
 ) -> None:
     """The keywords a call passes on to ``torch.compile``, checked before anything is copied or
-    compiled (torch would raise after part of the model was): ``TypeError`` for one that moved
-    (``moved``: what to pass now) or that neither the caller (``takes``) nor ``torch.compile``
-    takes; ``UnsupportedTorchError`` for a per-call one (:data:`PER_CALL_KWARGS`) this torch's
-    ``torch.compile`` lacks. The caller's ``flags`` (name: value) are checked with them
-    (:func:`check_flag`). ``compile_fn`` stands in for ``torch.compile`` (tests).
+    compiled (torch would raise after part of the model was): ``TypeError`` for one that neither
+    the caller (``takes``) nor ``torch.compile`` takes (a removed one is refused before that, with
+    its replacement: ``_moved.py``); ``UnsupportedTorchError`` for a per-call one
+    (:data:`PER_CALL_KWARGS`) this torch's ``torch.compile`` lacks. The caller's ``flags`` (name:
+    value) are checked with them (:func:`check_flag`). ``compile_fn`` stands in for
+    ``torch.compile`` (tests).
 
     Example:
         >>> check_compile_kwargs({"backend": "eager"}, caller="compile", flags={"verify": True})
@@ -113,8 +113,6 @@ def check_compile_kwargs(
         check_flag(name, value, caller=caller)
     params = inspect.signature(compile_fn or torch.compile).parameters
     for name, value in compile_kwargs.items():
-        if moved and name in moved:
-            raise TypeError(f"{caller}({name}=...): {moved[name]}")
         if name in PER_CALL_KWARGS and name not in params:
             raise UnsupportedTorchError(
                 f"{caller}({name}={value!r}): torch {torch.__version__}'s torch.compile takes no "

@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_choice, check_flag
+from .._moved import refuses_moved
 from ..regional import compile_model, compile_regional, find_repeated_blocks, get_regional_plan
 from .evaluation import check_on_violation, enforce, evaluate_rules
 from .facts import describe_peft_model
@@ -89,6 +90,7 @@ def _check(
     return facts, findings
 
 
+@refuses_moved
 def compile_peft(
     model: nn.Module,
     *,

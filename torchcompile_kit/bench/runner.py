@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._moved import refuses_moved
 from .config import MeasureConfig
 from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
 
@@ -77,6 +78,7 @@ class RunRequest:
             )
 
 
+@refuses_moved
 def run_recipe_isolated(
     request: RunRequest,
     *,

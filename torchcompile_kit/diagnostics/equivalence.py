@@ -9,6 +9,7 @@ the comparator's reference (:mod:`.comparator`, :mod:`.reference`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -22,13 +23,18 @@ from torch import nn
 from .. import _dynamo
 from .._checks import check_compile_kwargs
 from .._collect import Collector
-from .comparator import (
-    TensorDiff,
-    judge_trees,
-    leaves,
-    max_abs_difference,
-    needs_reference,
-    rms_differences,
+from .._moved import refuses_moved
+from .comparator import TensorDiff, judge_trees, leaves, max_abs_difference, rms_differences
+from .compare import (
+    ReferenceUnavailable,
+    Rerun,
+    Sides,
+    backend_name,
+    compare,
+    fork_rng,
+    rng_moved,
+    rng_state,
+    same_draws,
 )
 from .reference import Reference, at_precision, autocast_active, casting_inputs, reference_dtype
 
@@ -43,14 +49,6 @@ __all__ = [
 _PERTURB_SCALE = 0.1  # adapter weights get N(0, 0.1^2) noise: far from identity, still stable
 _SGD_LR = 1e-2
 SEED = 0  # every run starts from it, so eager, compiled and reference draw alike
-# keywords check_compile_equivalence took before issue 44, and what says the same now
-_MOVED = {
-    "rtol": "pass tolerance=(rtol, atol)",
-    "atol": "pass tolerance=(rtol, atol)",
-    "compile_kwargs": "pass torch.compile's keywords directly, e.g. mode='max-autotune'",
-    "dropout": "dropout is always off (compiled random numbers need not match eager's)",
-    "seed": f"every run starts from seed {SEED}",
-}
 
 
 _RAN_EAGERLY: Collector[str] = Collector()
@@ -77,8 +75,9 @@ class EquivalenceReport:
     notes: list[str] = field(default_factory=list)
     """What was perturbed, and anything that weakens the check."""
     not_compared: list[str] = field(default_factory=list)
-    """Steps left out because the compiled copy ran them eagerly (a KV cache under regional
-    compile): eager against eager says nothing (``"batch"`` for ``example_inputs``)."""
+    """What was left out because the compiled copy ran it eagerly (a KV cache under regional
+    compile), eager against eager saying nothing: a step of a sequence, or a part of one batch
+    (``"output"``, ``"loss"``, ...)."""
 
     @property
     def failures(self) -> list[TensorDiff]:
@@ -161,6 +160,7 @@ class EquivalenceStep:
         return cls(name=name, run=lambda model: _sgd_step(model, example_inputs, lr))
 
 
+@refuses_moved
 def check_compile_equivalence(
     model: nn.Module,
     example_inputs: torch.Tensor | tuple[Any, ...] | Mapping[str, Any] | None = None,
@@ -227,7 +227,7 @@ def check_compile_equivalence(
     tolerance = _check_tolerance(tolerance)
     _check_keywords(compile_fn, compile_kwargs)
     kwargs = {"backend": "inductor", **compile_kwargs}
-    report = EquivalenceReport(ok=True, backend=_backend_name(kwargs["backend"]))
+    report = EquivalenceReport(ok=True, backend=backend_name(kwargs["backend"]))
     seed = SEED
     start = copy.deepcopy(model)
     perturbed = _perturb_adapters(start, seed) if hasattr(model, "peft_config") else []
@@ -235,16 +235,14 @@ def check_compile_equivalence(
         report.notes.append(f"perturbed {len(perturbed)} adapter parameters away from identity")
     eager = copy.deepcopy(start)
     compiled = (compile_fn or _compile_in_place)(copy.deepcopy(start), **kwargs)
-    precision = reference_dtype(start, autocast=autocast_active(start))
     if steps is not None:
         sequence = [_as_step(s) for s in steps]
         run: Callable[[nn.Module], Any] = lambda m: _run_steps(m, sequence, seed)
     else:  # one unlabelled step: the same judging, its names without a step prefix
-        one = lambda m: _one_batch(m, example_inputs, seed, check_grads)
-        run = lambda m: [_run_step(m, "", one)]
+        run = lambda m: [_one_batch(m, example_inputs, seed, check_grads)]
     random = steps is None and check_grads and _draws_random(start, example_inputs, seed)
     eager_result = run(eager)
-    with _dynamo.inductor_settings({"fallback_random": True} if random else {}):
+    with same_draws(report.backend) if random else contextlib.nullcontext():
         compiled_result = run(compiled)
     if random:
         report.notes.append(
@@ -253,22 +251,20 @@ def check_compile_equivalence(
             "both sides drew the same ones (inductor's own random kernels were "
             "not compared)"
         )
-    report.diffs = _judge(eager_result, compiled_result, None, "", tolerance)
-    exact = None
-    if tolerance is not None:
-        rtol, atol = tolerance
-        report.reference = Reference(dtype=None, note=f"rtol={rtol}, atol={atol} given")
-    elif needs_reference(report.diffs):  # not rounding-level near eager: ask the reference
-        exact, report.reference = _reference_run(start, precision, run)
-        report.diffs = _judge(eager_result, compiled_result, exact, report.reference.name, None)
-    else:
-        report.reference = Reference(dtype=None, needed=False)
-    if any(not d.ok for d in report.diffs) and tolerance is None:
-        noise, said = _noise(start, compiled, run, eager_result, compiled_result, steps is not None)
-        report.notes.append(said)
-        report.diffs = _judge(
-            eager_result, compiled_result, exact, report.reference.name, None, noise
-        )
+    verdict = compare(
+        Sides(
+            eager=eager_result,
+            compiled=compiled_result,
+            reference=lambda dtype: _reference_run(start, dtype, run),
+            precision=reference_dtype(start, autocast=autocast_active(start)),
+            rerun=lambda: _rerun(start, compiled, run, is_steps=steps is not None),
+            judge=_judge,
+            distance=_rms,
+        ),
+        tolerance=tolerance,
+    )
+    report.diffs, report.reference = verdict.diffs, verdict.reference
+    report.notes += verdict.notes
     if steps is None and any(
         isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
     ):
@@ -288,19 +284,29 @@ def check_compile_equivalence(
 
 
 def _leave_out_eager_steps(report: EquivalenceReport, compiled: list[_StepResult]) -> None:
-    """Steps whose compiled side ran calls eagerly are not evidence: their tensors leave the
-    report, which says why and how to compare them compiled."""
+    """Parts of a step whose compiled side ran calls eagerly are not evidence: their tensors leave
+    the report, which says why and how to compare them compiled."""
+    modules: dict[str, None] = {}
     for result in compiled:
-        if not result.ran_eagerly:
-            continue
-        label = result.label or "batch"
-        report.not_compared.append(label)
-        report.diffs = [d for d in report.diffs if d.step != result.label]
+        for part, names in result.ran_eagerly.items():
+            prefix = ".".join(filter(None, [result.label, part]))  # "": the whole step
+            report.diffs = [d for d in report.diffs if not _within(d, result.label, prefix)]
+            report.not_compared.append(prefix or "batch")
+            modules |= dict.fromkeys(names)
+    if modules:
         report.notes.append(
-            f"{label}: not compared: the compiled copy ran {', '.join(result.ran_eagerly)} "
-            "eagerly (a call that passes or builds a KV cache, which regionally compiled blocks "
-            "run eagerly), so both sides were eager; pass use_cache=False to compare it compiled"
+            f"not compared: {', '.join(report.not_compared)}: the compiled copy ran "
+            f"{', '.join(modules)} eagerly there (a call that passes or builds a KV cache, which "
+            "regionally compiled blocks run eagerly), so both sides were eager; pass "
+            "use_cache=False to compare them compiled"
         )
+
+
+def _within(diff: TensorDiff, step: str, prefix: str) -> bool:
+    """Whether ``diff`` is a tensor of ``step`` under ``prefix`` (``""``: any of the step's)."""
+    if diff.step != step:
+        return False
+    return not prefix or diff.name == prefix or diff.name.startswith(f"{prefix}.")
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -333,9 +339,7 @@ def _check_keywords(compile_fn: Callable[..., Any] | None, compile_kwargs: dict[
     takes = inspect.signature(compile_fn).parameters if compile_fn is not None else {}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
         takes = compile_kwargs
-    check_compile_kwargs(
-        compile_kwargs, caller="check_compile_equivalence", takes=takes, moved=_MOVED
-    )
+    check_compile_kwargs(compile_kwargs, caller="check_compile_equivalence", takes=takes)
 
 
 def _check_tolerance(tolerance: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -351,10 +355,6 @@ def _check_tolerance(tolerance: tuple[float, float] | None) -> tuple[float, floa
             "or None for the comparator's rule"
         )
     return float(tolerance[0]), float(tolerance[1])
-
-
-def _backend_name(backend: Any) -> str:
-    return backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
 
 
 def _compile_in_place(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
@@ -389,22 +389,17 @@ def _set_mode(model: nn.Module, *, training: bool) -> None:
 
 
 def _draws_random(model: nn.Module, example_inputs: Any, seed: int) -> bool:
-    """Whether a training forward of a copy of ``model`` moves torch's random generator (the CPU
-    one, and the model's CUDA device's): a dropout the dropout-off mode cannot reach
-    (``F.dropout(x, p, training=self.training)``). Inductor draws such
-    numbers its own way unless ``fallback_random`` is on, which is not a miscompute."""
+    """Whether a training forward of a copy of ``model`` moves a random generator (the CPU's, and
+    the model's accelerators'): a dropout the dropout-off mode cannot reach
+    (``F.dropout(x, p, training=self.training)``). Inductor draws such numbers its own way unless
+    both sides draw alike (:func:`~.compare.same_draws`), which is not a miscompute."""
     probe = copy.deepcopy(model)
     _set_mode(probe, training=True)
-    device = next((p.device for p in probe.parameters()), torch.device("cpu"))
-    state = lambda: (
-        [torch.random.get_rng_state()]
-        + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
-    )
-    with torch.no_grad(), torch.random.fork_rng():
+    with torch.no_grad(), fork_rng(probe):
         torch.manual_seed(seed)
-        before = state()
+        before = rng_state(probe)
         _call(probe, example_inputs)
-        return any(not torch.equal(a, b) for a, b in zip(before, state()))
+        return rng_moved(before, rng_state(probe))
 
 
 def _run_eval(model: nn.Module, example_inputs: Any, seed: int) -> Any:
@@ -422,8 +417,9 @@ def _without_cache(model: nn.Module, example_inputs: Any) -> dict[str, Any]:
     config = getattr(model, "config", None)
     if asked or not getattr(config, "use_cache", False):
         return {}
-    takes = inspect.signature(model.forward).parameters
-    return {"use_cache": False} if "use_cache" in takes else {}
+    takes = inspect.signature(model.forward).parameters.values()
+    passes_on = any(p.kind is p.VAR_KEYWORD for p in takes)  # a PeftModel: to its base model
+    return {"use_cache": False} if passes_on or any(p.name == "use_cache" for p in takes) else {}
 
 
 def _loss(output: Any) -> torch.Tensor:
@@ -441,20 +437,33 @@ def _loss(output: Any) -> torch.Tensor:
     return sum(t.to(torch.promote_types(t.dtype, torch.float32)).square().mean() for t in tensors)
 
 
-def _one_batch(
-    model: nn.Module, example_inputs: Any, seed: int, check_grads: bool
-) -> dict[str, Any]:
-    """What one batch compares: eval outputs; with ``check_grads`` the loss, every trainable
-    gradient, the parameters after one SGD step and the eval outputs after it."""
-    result: dict[str, Any] = {"output": _run_eval(model, example_inputs, seed)}
-    if not check_grads:
-        return result
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        step = _sgd_step(model, example_inputs, _SGD_LR)
-    result |= {"loss": step["loss"], "grad": step["grad"], "param_after_step": step["param"]}
-    result["output_after_step"] = _run_eval(model, example_inputs, seed)
-    return result
+def _one_batch(model: nn.Module, example_inputs: Any, seed: int, check_grads: bool) -> _StepResult:
+    """What one batch compares, as one unlabelled step: eval outputs; with ``check_grads`` the
+    loss, every trainable gradient, the parameters after one SGD step and the eval outputs after
+    it. Each part says which compiled modules it ran eagerly."""
+    parts: dict[str, tuple[str, ...]] = {}
+
+    def part(name: str, run: Callable[[], Any]) -> Any:
+        with _RAN_EAGERLY.collecting() as eager:
+            value = run()
+        if eager:
+            parts[name] = tuple(dict.fromkeys(eager))
+        return value
+
+    result: dict[str, Any] = {
+        "output": part("output", lambda: _run_eval(model, example_inputs, seed))
+    }
+    if check_grads:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            step = part("loss", lambda: _sgd_step(model, example_inputs, _SGD_LR))
+        if "loss" in parts:  # the training step's tensors all come from that run
+            parts["grad"] = parts["param_after_step"] = parts["loss"]
+        result |= {"loss": step["loss"], "grad": step["grad"], "param_after_step": step["param"]}
+        result["output_after_step"] = part(
+            "output_after_step", lambda: _run_eval(model, example_inputs, seed)
+        )
+    return _StepResult(label="", value=result, ran_eagerly=parts)
 
 
 def _sgd_step(model: nn.Module, example_inputs: Any, lr: float) -> dict[str, Any]:
@@ -493,7 +502,8 @@ def _run_step(model: nn.Module, label: str, run: Callable[[nn.Module], Any]) -> 
             value = run(model)
         except Exception as error:  # noqa: BLE001 - reported as a difference
             return _StepResult(label=label, raised=f"{type(error).__name__}: {error}")
-    return _StepResult(label=label, value=value, ran_eagerly=tuple(dict.fromkeys(eager)))
+    parts = {"": tuple(dict.fromkeys(eager))} if eager else {}
+    return _StepResult(label=label, value=value, ran_eagerly=parts)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -501,33 +511,21 @@ class _StepResult:
     label: str
     value: Any = None
     raised: str | None = None
-    ran_eagerly: tuple[str, ...] = ()
-    """Compiled modules whose calls ran eagerly on purpose in this step (a KV cache)."""
+    ran_eagerly: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per part of the result (``""``: all of it), the compiled modules whose calls ran eagerly on
+    purpose while it was computed (a KV cache)."""
 
 
-def _reference_run(
-    start: nn.Module, precision: Reference, run: Callable[[nn.Module], Any]
-) -> tuple[Any, Reference]:
-    """``run`` on a copy of ``start`` at the reference precision, autocast off, inputs cast."""
-    if precision.dtype is None:
-        return None, precision
+def _reference_run(start: nn.Module, dtype: torch.dtype, run: Callable[[nn.Module], Any]) -> Any:
+    """``run`` on a copy of ``start`` at ``dtype``, autocast off, inputs cast."""
     model = copy.deepcopy(start)
-    try:
-        with at_precision(model, precision.dtype), casting_inputs(model, precision.dtype):
-            result = run(model)
-    except Exception as error:  # noqa: BLE001 - the model cannot run at that precision
-        return None, Reference(
-            dtype=None,
-            note=f"the model does not run in {precision.name}: "
-            f"{type(error).__name__}: {str(error)[:160]}",
-        )
+    with at_precision(model, dtype), casting_inputs(model, dtype):
+        result = run(model)
     raised = next((r for r in result if r.raised), None)
     if raised is not None:  # its later steps would start from another state than eager's
-        return None, Reference(
-            dtype=None,
-            note=f"step {raised.label} raised in {precision.name}: {raised.raised[:160]}",
-        )
-    return result, precision
+        name = str(dtype).removeprefix("torch.")
+        raise ReferenceUnavailable(f"step {raised.label} raised in {name}: {raised.raised[:160]}")
+    return result
 
 
 def _judge(
@@ -535,7 +533,8 @@ def _judge(
     compiled: list[_StepResult],
     exact: list[_StepResult] | None,
     reference: str,
-    tolerance: tuple | None,
+    *,
+    tolerance: tuple | None = None,
     noise: dict[str, float] | None = None,
 ) -> list[TensorDiff]:
     diffs: list[TensorDiff] = []
@@ -573,32 +572,28 @@ def _judge(
     return diffs
 
 
-def _noise(
-    start: nn.Module,
-    compiled: nn.Module,
-    run: Callable[[nn.Module], Any],
-    eager_result: Any,
-    compiled_result: Any,
-    is_steps: bool,
-) -> tuple[dict[str, float], str]:
-    """The run-to-run noise of every tensor, measured after a tensor failed: eager rerun on a fresh
-    copy of the start and, for one batch, the compiled copy rerun from the start's weights."""
-    noise = _rms(eager_result, run(copy.deepcopy(start)))
+def _rerun(
+    start: nn.Module, compiled: nn.Module, run: Callable[[nn.Module], Any], *, is_steps: bool
+) -> Rerun:
+    """Both sides again for the noise: eager on a fresh copy of the start and, for one batch, the
+    compiled copy from the start's weights (a sequence is not replayed on the compiled copy)."""
+    eager_again = run(copy.deepcopy(start))
     said = "noise measured (a tensor failed): eager against eager"
-    if not is_steps:
-        try:
-            compiled.load_state_dict(start.state_dict())
-            again = run(compiled)
-        except Exception:  # noqa: BLE001 - the compiled copy cannot be replayed: eager's noise only
-            again = None
-        if again is not None:
-            for name, value in _rms(compiled_result, again).items():
-                noise[name] = max(value, noise.get(name, 0.0))
-            said += " and compiled against compiled"
-    return noise, said + (
-        ", rerun from the same start"
-        if not is_steps
-        else ", the sequence rerun from the start (a sequence is not replayed on the compiled copy)"
+    if is_steps:
+        return Rerun(
+            eager=eager_again,
+            said=said + ", the sequence rerun from the start (a sequence is not replayed on the "
+            "compiled copy)",
+        )
+    try:
+        compiled.load_state_dict(start.state_dict())
+        again = run(compiled)
+    except Exception:  # noqa: BLE001 - the compiled copy cannot be replayed: eager's noise only
+        return Rerun(eager=eager_again, said=said + ", rerun from the same start")
+    return Rerun(
+        eager=eager_again,
+        compiled=again,
+        said=said + " and compiled against compiled, rerun from the same start",
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
@@ -24,34 +23,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _dynamo
 from ..errors import CompiledMismatchError
-from .comparator import (
-    NEAR_EPS,
-    TensorDiff,
-    judge_trees,
-    leaves,
-    needs_reference,
-    rms_differences,
+from .comparator import TensorDiff, leaves
+from .compare import (
+    Rerun,
+    Sides,
+    backend_name,
+    compare,
+    fork_rng,
+    make_record,
+    mismatch_message,
+    random_note,
+    rng_moved,
+    rng_state,
+    same_draws,
+    set_rng_state,
 )
-from .equivalence import _backend_name, _loss
+from .equivalence import _loss
 from .monitor import record_first_call_check
-from .reference import Reference, at_precision, autocast_active, cast_floating, reference_dtype
+from .reference import at_precision, autocast_active, cast_floating, reference_dtype
 from .trace_records import FirstCallCheck
 
-__all__ = [
-    "FirstCallVerifier",
-    "copy_into",
-    "describe_reference",
-    "distributed_initialized",
-    "make_record",
-    "mismatch_message",
-]
+__all__ = ["FirstCallVerifier", "copy_into", "distributed_initialized"]
 
 logger = logging.getLogger(__name__)
 
-# backends that draw random numbers exactly as eager does (their graphs run torch's own ops)
-_RNG_EXACT_BACKENDS = frozenset({"eager", "aot_eager"})
 StateFn = Callable[[tuple, dict], Hashable]
 # the note of a gradient comparison that should have run and could not: the check is "partial"
 _GRADS_FAILED = "gradients not compared, autograd refused"
@@ -83,7 +79,7 @@ class FirstCallVerifier:
     ) -> None:
         self.model = model
         self.recipe = recipe
-        self.backend = _backend_name(backend)
+        self.backend = backend_name(backend)
         self.state = state or _default_state
         self.grads_checked = dict(grads_checked or {})
         self.checked: set[Hashable] = set()
@@ -184,48 +180,31 @@ class FirstCallVerifier:
             args=args,
             kwargs=kwargs,
             call_eager=run_eager,
-            rng_state=_rng_state(self.model),
+            rng_state=rng_state(self.model),
             buffers={n: b.detach().clone() for n, b in self.model.named_buffers()},
             autocast=autocast_active(self.model),
             grad_mode=torch.is_grad_enabled(),
         )
         pending.eager, pending.note = self._run(pending.run_eager, pending)
-        if pending.drew and self.backend == "inductor":
-            # the compiled call draws the eager run's random numbers: its graphs compile with
-            # inductor's fallback_random (torch's own random ops, not inductor's), so dropout's
-            # masks match and the gradients that depend on them compare exactly
-            pending.same_draws.enter_context(_dynamo.inductor_settings({"fallback_random": True}))
+        if pending.drew:  # the compiled call draws the eager run's numbers (inductor: its graphs
+            # compile with fallback_random), so the gradients that depend on them compare exactly
+            pending.same_draws.enter_context(same_draws(self.backend))
         pending.check_seconds = time.perf_counter() - start
         pending.compiled_start = time.perf_counter()
         self._pending = pending
-
-    def _reference(self, pending: _Pending) -> None:
-        """The eager run again at higher precision (the comparator's reference), as the first
-        one ran: same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast
-        off."""
-        pending.reference = reference_dtype(self.model, autocast=pending.autocast)
-        dtype = pending.reference.dtype
-        if dtype is None:
-            return
-        args, kwargs = cast_floating(pending.args, dtype), cast_floating(pending.kwargs, dtype)
-        try:
-            with at_precision(self.model, dtype), torch.set_grad_enabled(pending.grad_mode):
-                pending.exact, _ = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
-        except Exception as error:  # noqa: BLE001 - a model that cannot run in dtype
-            pending.reference = Reference(
-                dtype=None,
-                note=f"the model does not run in {pending.reference.name}: {_first_line(error)}",
-            )
 
     def _run(self, call: Callable[[], Any], pending: _Pending) -> tuple[dict[str, Any], str]:
         """One run of the check's own from the state the compiled call started from (RNG, buffers):
         ``{"output": ..., "grad": ...}`` (detached), and why gradients were not taken, if they were
         wanted and could not be."""
-        with self._aside(), _fork_rng(self.model):
-            _set_rng_state(pending.rng_state)
+        with self._aside(), fork_rng(self.model):
+            set_rng_state(pending.rng_state)
             _restore_buffers(self.model, pending.buffers)
             output = call()
-            pending.drew |= _rng_moved(pending.rng_state, _rng_state(self.model))
+            after = rng_state(self.model)
+            if pending.eager_rng_after is None:  # the first run: the eager one
+                pending.eager_rng_after = after
+                pending.drew = rng_moved(pending.rng_state, after)
             grads, note = (
                 _grads(output, pending.params, retain=False) if pending.grads_wanted else (None, "")
             )
@@ -241,13 +220,15 @@ class FirstCallVerifier:
         pending, self._pending = self._pending, None
         if pending is None:
             return output
+        # a compiled call that drew what eager drew left the generator where eager left it
+        pending.drew_alike = not rng_moved(pending.eager_rng_after, rng_state(self.model))
         with pending.same_draws:  # the compiled backward compiles in it too
             return self._compare(pending, output)
 
     def _compare(self, pending: _Pending, output: Any) -> Any:
         compiled_seconds = time.perf_counter() - pending.compiled_start
         start = time.perf_counter()
-        if pending.drew and not self._draws_alike():
+        if pending.drew and not pending.drew_alike:
             self._skip_random(pending, compiled_seconds)
             return output
         compiled = {"output": _detached(output)}
@@ -270,58 +251,55 @@ class FirstCallVerifier:
             if compiled_grads is not None:
                 compared.append("gradients")
                 compiled |= _tree(None, pending.params, compiled_grads)
-        diffs = self._judge(pending, compiled)
-        if needs_reference(diffs):  # not rounding-level near eager: ask the reference
-            self._reference(pending)
-            diffs = self._judge(pending, compiled)
-        if any(not d.ok for d in diffs):
-            diffs = self._judge(pending, compiled, noise=self._noise(pending, compiled))
+        verdict = compare(
+            Sides(
+                eager={k: v for k, v in pending.eager.items() if k in compiled},
+                compiled=compiled,
+                reference=lambda dtype: self._reference(pending, dtype, compiled.keys()),
+                precision=reference_dtype(self.model, autocast=pending.autocast),
+                rerun=lambda: self._rerun(pending),
+            )
+        )
         if pending.drew:
-            note = "; ".join(filter(None, [note, self._random_note()]))
+            note = "; ".join(filter(None, [note, random_note(self.backend)]))
         seconds = pending.check_seconds + time.perf_counter() - start
         skipped = (
             pending.grads_wanted and "gradients" not in compared and note.startswith(_GRADS_FAILED)
         )
         self._conclude(
             pending.key,
-            diffs,
+            verdict.diffs,
             compared,
             note=note,
             check_seconds=seconds,
             compiled_seconds=compiled_seconds,
             partial=skipped,
-            reference=describe_reference(pending.reference, diffs),
+            reference=verdict.describe_reference(),
         )
         return output
 
-    def _draws_alike(self) -> bool:
-        """Whether the compiled call draws the random numbers eager drew from the same state:
-        backends that run torch's own random ops, and inductor under ``fallback_random``."""
-        return (
-            self.backend in _RNG_EXACT_BACKENDS
-            or self.backend.startswith("aot_eager")
-            or self.backend == "inductor"
-        )
+    def _reference(self, pending: _Pending, dtype: torch.dtype, keys: Any) -> dict[str, Any]:
+        """The eager run again at ``dtype`` (the comparator's reference), as the first one ran:
+        same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast off."""
+        args, kwargs = cast_floating(pending.args, dtype), cast_floating(pending.kwargs, dtype)
+        with at_precision(self.model, dtype), torch.set_grad_enabled(pending.grad_mode):
+            exact, _ = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
+        return {k: v for k, v in exact.items() if k in keys}
 
-    def _random_note(self) -> str:
-        """What the record says of a call that drew random numbers (dropout)."""
-        said = (
-            "random numbers drawn (dropout): every run of the check started from the RNG state "
-            "the compiled call started from"
-        )
-        if self.backend == "inductor":
-            return said + (
-                "; the graphs this call compiled use inductor's fallback_random (torch's own "
-                "random ops), so they drew eager's numbers"
-            )
-        return said + f", and backend {self.backend!r} draws them as eager does"
+    def _rerun(self, pending: _Pending) -> Rerun:
+        """Eager and the compiled call again from the same state: the run-to-run noise
+        (nondeterministic kernels, atomics on a GPU)."""
+        eager_again, _ = self._run(pending.run_eager, pending)
+        compiled_again, _ = self._second_compiled_call(pending)
+        return Rerun(eager=eager_again, compiled=compiled_again)
 
     def _skip_random(self, pending: _Pending, compiled_seconds: float) -> None:
         self.checked.add(pending.key)
         note = (
-            f"the call draws random numbers (dropout) and backend {self.backend!r} may draw "
-            "them its own way, so its results cannot be compared with eager's; run "
-            "check_compile_equivalence(model, batch) (dropout off) to check it"
+            f"the call draws random numbers (dropout) and backend {self.backend!r} drew them "
+            "its own way (the generator ended elsewhere than after eager's run), so its results "
+            "cannot be compared with eager's; run check_compile_equivalence(model, batch) "
+            "(dropout off) to check it"
         )
         self._record(
             pending.key,
@@ -333,24 +311,6 @@ class FirstCallVerifier:
         if not self._warned_skip:
             self._warned_skip = True
             warnings.warn(f"{self.recipe}: first-call check skipped: {note}", stacklevel=5)
-
-    def _judge(
-        self, pending: _Pending, compiled: dict[str, Any], noise: dict[str, float] | None = None
-    ) -> list[TensorDiff]:
-        eager = {k: v for k, v in pending.eager.items() if k in compiled}
-        exact = {k: v for k, v in pending.exact.items() if k in compiled} or None  # None: not run
-        name = pending.reference.name if pending.reference is not None else ""
-        return judge_trees("", eager, compiled, exact, reference_dtype=name, noise=noise)
-
-    def _noise(self, pending: _Pending, compiled: dict[str, Any]) -> dict[str, float]:
-        """The run-to-run noise of each tensor: eager against eager and the compiled call against
-        itself, rerun from the same state (nondeterministic kernels, atomics on a GPU)."""
-        eager_again, _ = self._run(pending.run_eager, pending)
-        compiled_again, _ = self._second_compiled_call(pending)
-        noise = rms_differences("", pending.eager, eager_again)
-        for name, value in rms_differences("", compiled, compiled_again).items():
-            noise[name] = max(value, noise.get(name, 0.0))
-        return noise
 
     def _second_compiled_call(self, pending: _Pending) -> tuple[dict[str, Any], str]:
         """The compiled call again on the same batch, from the same RNG state (no compile), its
@@ -429,16 +389,17 @@ class _Pending:
     """Whether the call ran under autocast (the reference's precision depends on it)."""
     grad_mode: bool
     eager: dict[str, Any] = field(default_factory=dict)
-    exact: dict[str, Any] = field(default_factory=dict)
-    """The reference run's tree (empty until the reference runs: only when needed)."""
-    reference: Reference | None = None
-    """``None`` until the reference was asked for."""
     note: str = ""
     check_seconds: float = 0.0
     compiled_start: float = 0.0
     drew: bool = False
     """The eager run moved a random generator (dropout, ``torch.rand``): detected from the
     generators' states, never from whether outputs happened to differ."""
+    eager_rng_after: Any = None
+    """The generators' states after the eager run."""
+    drew_alike: bool = True
+    """The compiled call left the generators where the eager run did: it drew the same numbers
+    (measured after the call)."""
     same_draws: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     """The settings under which the compiled call draws what eager drew; closed after it."""
 
@@ -453,44 +414,6 @@ def distributed_initialized() -> bool:
 def _force_eager(call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     with torch.compiler.set_stance("force_eager"):
         return call(*args, **kwargs)
-
-
-def _accelerator(model: nn.Module) -> tuple[str, list[int]] | None:
-    accelerators = {p.device for p in model.parameters() if p.device.type != "cpu"}
-    if not accelerators:
-        return None
-    device_type = next(iter(accelerators)).type
-    return device_type, sorted({d.index or 0 for d in accelerators if d.type == device_type})
-
-
-def _fork_rng(model: nn.Module) -> Any:
-    found = _accelerator(model)
-    if found is None:
-        return torch.random.fork_rng(devices=[])
-    return torch.random.fork_rng(devices=found[1], device_type=found[0])
-
-
-def _rng_state(model: nn.Module) -> tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]:
-    """The CPU's RNG state and that of each accelerator the model is on: what every run of a
-    check starts from, so dropout draws the same masks in each."""
-    found = _accelerator(model)
-    if found is None:
-        return torch.random.get_rng_state(), []
-    module = torch.get_device_module(found[0])
-    return torch.random.get_rng_state(), [(module, i, module.get_rng_state(i)) for i in found[1]]
-
-
-def _rng_moved(before: tuple[torch.Tensor, list], after: tuple[torch.Tensor, list]) -> bool:
-    """Whether a generator's state differs between two :func:`_rng_state` readings."""
-    if not torch.equal(before[0], after[0]):
-        return True
-    return any(not torch.equal(a[2], b[2]) for a, b in zip(before[1], after[1]))
-
-
-def _set_rng_state(state: tuple[torch.Tensor, list[tuple[Any, int, torch.Tensor]]]) -> None:
-    torch.random.set_rng_state(state[0])
-    for module, index, device_state in state[1]:
-        module.set_rng_state(device_state, index)
 
 
 def _grads(
@@ -531,36 +454,6 @@ def _tree(
     return tree
 
 
-def _first_line(error: BaseException) -> str:
-    return (
-        f"{type(error).__name__}: "
-        f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:200]
-    )
-
-
-def _judged(reference: str) -> str:
-    if reference.startswith("none"):
-        return (
-            "judged by the fixed tolerance: no float64 reference, "
-            f"{reference.removeprefix('none ')}"
-        )
-    return f"judged against eager in {reference}, autocast off"
-
-
-def describe_reference(reference: Reference | None, diffs: list[TensorDiff]) -> str:
-    """A check record's ``reference``: its dtype, ``none (why)``, or why none was needed
-    (``reference`` ``None`` or not ``needed``: every tensor was rounding-level near eager)."""
-    if reference is None or not reference.needed:
-        near = sum(d.judged_by == "eager" for d in diffs)
-        return (
-            f"not needed: {near} of {len(diffs)} tensors within {NEAR_EPS:g} epsilons of eager, "
-            "the others exact"
-            if near < len(diffs)
-            else f"not needed: every tensor within {NEAR_EPS:g} epsilons of eager"
-        )
-    return reference.name or f"none ({reference.note})"
-
-
 def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, buffer in model.named_buffers():
@@ -581,49 +474,3 @@ def _describe_state(key: Hashable) -> str:
     if isinstance(state, bool):  # the default state: grad mode
         return f"{'train' if training else 'eval'} mode, grad {'on' if state else 'off'}"
     return f"{'train' if training else 'eval'} mode, {state}"  # a state's str() is its words
-
-
-def make_record(
-    recipe: str, backend: str, status: str, state: str, diffs: Any, **extra: Any
-) -> FirstCallCheck:
-    worst = max(diffs, key=lambda d: d.ratio, default=None)
-    return FirstCallCheck(
-        recipe=recipe,
-        status=status,
-        state=state,
-        torch_version=torch.__version__,
-        backend=backend,
-        tensors=len(diffs),
-        failures=sum(1 for d in diffs if not d.ok),
-        max_abs=max((d.max_abs for d in diffs), default=0.0),
-        worst=worst.name if worst else "",
-        worst_ratio=worst.ratio if worst else 0.0,
-        **extra,
-    )
-
-
-def mismatch_message(
-    record: FirstCallCheck, failures: list[TensorDiff], restored: bool = False
-) -> str:
-    worst = max(failures, key=lambda d: d.ratio)
-    largest = max(failures, key=lambda d: d.max_abs)
-    shown = ", ".join(d.name for d in failures[:5]) + (", ..." if len(failures) > 5 else "")
-    kept = (
-        "the parameters and state were restored to before the step"
-        if restored
-        else "the call raised before returning its result"
-    )
-    infinite = math.isinf(largest.max_abs)
-    biggest = f"{largest.note}" if infinite else f"{largest.max_abs:.3g}"
-    return (
-        f"{record.recipe} computed a different result than eager at its first call "
-        f"({record.state}) on torch {record.torch_version}, backend {record.backend!r}: "
-        f"largest difference {biggest} in {largest.name!r}; worst {worst.explain()}; "
-        f"{len(failures)} of {record.tensors} tensors wrong: {shown} "
-        f"({_judged(record.reference)}). "
-        f"Nothing was trained on it ({kept}). "
-        "This torch/backend "
-        "miscomputes this recipe: use another recipe or backend (e.g. "
-        "compile_regional(model) block by block), report it with "
-        "check_compile_equivalence(...).summary(), or pass verify=False to run it anyway."
-    )

@@ -12,18 +12,11 @@ from typing import Any
 import torch
 
 from ..errors import CompiledMismatchError
-from .comparator import TensorDiff, judge, needs_reference, pool_small_tensors
-from .equivalence import _backend_name
-from .first_call import (
-    copy_into,
-    describe_reference,
-    distributed_initialized,
-    logger,
-    make_record,
-    mismatch_message,
-)
+from .comparator import TensorDiff, judge, pool_small_tensors
+from .compare import Sides, backend_name, compare, make_record, mismatch_message
+from .first_call import copy_into, distributed_initialized, logger
 from .monitor import record_first_call_check
-from .reference import Reference
+from .reference import reference_dtype
 from .trace_records import FirstCallCheck
 
 __all__ = ["check_in_place_update"]
@@ -54,12 +47,12 @@ def check_in_place_update(
         >>> check_in_place_update({"w": w}, run_eager=eager_step,  # doctest: +SKIP
         ...     run_compiled=compiled_step, recipe="compile_optimizer", backend="inductor")
     """
-    backend_name = _backend_name(backend)
+    backend = backend_name(backend)
     if distributed_initialized():
         run_compiled()
         record = make_record(
             recipe,
-            backend_name,
+            backend,
             "skipped",
             "first compiled step",
             [],
@@ -80,28 +73,44 @@ def check_in_place_update(
     compiled_seconds = time.perf_counter() - started
     start = time.perf_counter()
     with torch.no_grad():
-        diffs = _judge(tensors, before, eager, None, Reference(dtype=None), updates)
-        reference = Reference(dtype=None, needed=False)
-        if needs_reference(diffs):  # not rounding-level near eager: the step at higher precision
-            compiled = {name: t.detach().clone() for name, t in tensors.items()}
+        compiled = {name: t.detach() for name, t in tensors.items()}  # the result, in place
+
+        def reference(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+            kept = {name: t.clone() for name, t in compiled.items()}
             copy_into(tensors, before)
-            exact, reference = _reference_step(tensors, updates, run_eager)
-            copy_into(tensors, compiled)
-            diffs = _judge(tensors, before, eager, exact, reference, updates)
-        failures = [d for d in diffs if not d.ok]
+            try:
+                return _reference_step(tensors, updates, run_eager, dtype)
+            finally:
+                copy_into(tensors, kept)
+
+        judged = lambda eager, compiled, exact, name, **_: _judge(
+            before, eager, compiled, exact, name, updates
+        )
+        floating = [t for t in tensors.values() if t.is_floating_point()]
+        verdict = compare(
+            Sides(
+                eager=eager,
+                compiled=compiled,
+                reference=reference,
+                precision=reference_dtype(floating),
+                judge=judged,
+                subject="the step",
+            )
+        )
+        failures = verdict.failures
         if failures:
             copy_into(tensors, before)
     check_seconds += time.perf_counter() - start
     record = make_record(
         recipe,
-        backend_name,
+        backend,
         "failed" if failures else "passed",
         "first compiled step",
-        diffs,
+        verdict.diffs,
         compared=["updates", "state"],
         check_seconds=check_seconds,
         compiled_seconds=compiled_seconds,
-        reference=describe_reference(reference, diffs),
+        reference=verdict.describe_reference(),
     )
     record_first_call_check(record)
     logger.info("%s", record.message())
@@ -113,15 +122,15 @@ def check_in_place_update(
 
 
 def _judge(
-    tensors: Mapping[str, torch.Tensor],
     before: dict[str, torch.Tensor],
     eager: dict[str, torch.Tensor],
+    compiled: dict[str, torch.Tensor],
     exact: dict[str, torch.Tensor] | None,
-    reference: Reference,
+    reference: str,
     updates: frozenset[str],
 ) -> list[TensorDiff]:
     diffs = []
-    for name, tensor in tensors.items():
+    for name, tensor in compiled.items():
         exact_value = None if exact is None else exact[name]
         if name in updates:  # the change a step made, in float64: the parameter's own
             base = before[name].double()  # magnitude sets the rounding floor
@@ -129,48 +138,31 @@ def _judge(
                 judge(
                     f"update.{name}",
                     eager[name].double() - base,
-                    tensor.detach().double() - base,
+                    tensor.double() - base,
                     None if exact_value is None else exact_value.double() - base,
-                    reference_dtype=reference.name,
+                    reference_dtype=reference,
                     floor_scale=base,
                     floor_dtype=tensor.dtype,
                 )
             )
         else:
-            diffs.append(
-                judge(
-                    name, eager[name], tensor.detach(), exact_value, reference_dtype=reference.name
-                )
-            )
+            diffs.append(judge(name, eager[name], tensor, exact_value, reference_dtype=reference))
     return pool_small_tensors(diffs)
 
 
 def _reference_step(
-    tensors: Mapping[str, torch.Tensor], updates: frozenset[str], run_eager: Callable[[], Any]
-) -> tuple[dict[str, torch.Tensor] | None, Reference]:
-    """The eager step with every floating tensor it reads and writes (and the gradients) at the
-    reference precision; the real tensors are untouched."""
+    tensors: Mapping[str, torch.Tensor],
+    updates: frozenset[str],
+    run_eager: Callable[[], Any],
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """The eager step with every floating tensor it reads and writes (and the gradients) in
+    ``dtype``; the real tensors' data is put back."""
     floating = [t for t in tensors.values() if t.is_floating_point()]
-    dtype = (
-        torch.float32
-        if any(t.dtype in (torch.float16, torch.bfloat16) for t in floating)
-        else torch.float64
-        if all(t.dtype == torch.float32 for t in floating)
-        else None
-    )
-    if dtype is None:
-        return None, Reference(dtype=None, note="the tensors are neither 16-bit nor float32")
     grads = [tensors[name].grad for name in updates if tensors[name].grad is not None]
-    try:
-        with _swapped([*floating, *grads], dtype):
-            run_eager()
-            return {name: t.detach().clone() for name, t in tensors.items()}, Reference(dtype=dtype)
-    except Exception as error:  # noqa: BLE001 - an optimizer that cannot step at that precision
-        name = str(dtype).removeprefix("torch.")
-        return None, Reference(
-            dtype=None,
-            note=f"the step does not run in {name}: {type(error).__name__}: {str(error)[:160]}",
-        )
+    with _swapped([*floating, *grads], dtype):
+        run_eager()
+        return {name: t.detach().clone() for name, t in tensors.items()}
 
 
 @contextlib.contextmanager

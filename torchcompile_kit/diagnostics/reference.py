@@ -13,7 +13,7 @@ says so (:attr:`Reference.note`) and judges by the fixed tolerance instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -82,25 +82,30 @@ def autocast_active(model: nn.Module) -> bool:
     return any(torch.is_autocast_enabled(kind) for kind in _device_types(model))
 
 
-def reference_dtype(model: nn.Module, *, autocast: bool) -> Reference:
-    """The reference precision for a step of ``model`` (see the module's docstring).
+def reference_dtype(
+    source: nn.Module | Iterable[torch.Tensor], *, autocast: bool = False
+) -> Reference:
+    """The reference precision for a step of a model, or of a step over ``source``'s tensors (an
+    optimizer's parameters and state): the one rule of the module's docstring.
 
     Example:
-        >>> reference_dtype(torch.nn.Linear(2, 2), autocast=False).dtype
+        >>> reference_dtype(torch.nn.Linear(2, 2)).dtype
         torch.float64
-        >>> reference_dtype(torch.nn.Linear(2, 2),  # doctest: +NORMALIZE_WHITESPACE
-        ...     autocast=True).dtype
+        >>> reference_dtype(torch.nn.Linear(2, 2), autocast=True).dtype
+        torch.float32
+        >>> reference_dtype([torch.ones(2, dtype=torch.bfloat16)]).dtype
         torch.float32
     """
-    dtypes = {t.dtype for t in chain(model.parameters(), model.buffers()) if t.is_floating_point()}
+    module = isinstance(source, nn.Module)
+    tensors = chain(source.parameters(), source.buffers()) if module else source
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()}
     if autocast or dtypes & _LOW:
         return Reference(dtype=torch.float32)
     if dtypes <= {torch.float32}:
         return Reference(dtype=torch.float64)
     shown = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-    return Reference(
-        dtype=None, note=f"the model's parameters are {shown}: nothing runs more precisely"
-    )
+    what = "the model's parameters are" if module else "the tensors are"
+    return Reference(dtype=None, note=f"{what} {shown}: nothing runs more precisely")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .. import _dynamo
+from .._moved import refuses_moved
 from ..errors import UnsupportedOptimizerError
 
 _foreach_map = _dynamo.foreach_map_op()
@@ -66,6 +67,7 @@ def _per_tensor(name: str, value: Hyperparameter, n: int) -> Hyperparameter:
 
 
 @torch.no_grad()
+@refuses_moved
 def foreach_map_adam_step(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],

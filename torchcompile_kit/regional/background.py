@@ -38,12 +38,12 @@ from torch import nn
 
 from .._checks import check_compile_kwargs
 from .._factory import check_factory
+from .._moved import refuses_moved
 from .._undo import register_undo
 from ..cache import Keys, load_with_keys, read_signed, resolve_keys, write_signed
 from ..diagnostics import note_running_monitors
 from ..errors import CompileCacheWarning
 from .compile import (
-    MOVED_OPTIONS,
     already_compiled,
     check_model,
     compile_model,
@@ -184,6 +184,7 @@ def get_background_compile(model: nn.Module) -> BackgroundCompile | None:
     return model.__dict__.get(_ATTR)
 
 
+@refuses_moved
 def compile_in_background(
     model: nn.Module,
     compile_fn: Callable[..., nn.Module] = compile_regional,
@@ -277,7 +278,6 @@ def _check_options(
         compile_kwargs,
         caller=compile_fn.__name__,
         takes=inspect.signature(compile_fn).parameters,
-        moved=MOVED_OPTIONS,
     )
     if options.factory is not None:
         check_factory(options.factory, flag="factory=")

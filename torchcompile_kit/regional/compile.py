@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import _dynamo
 from .._checks import check_compile_kwargs, check_module
+from .._moved import refuses_moved
 from .._undo import has_undo, register_undo, run_undo
 from ..diagnostics import FirstCallVerifier, explaining, mark_region
 from .cuda_graphs import check_cuda_graphs_at_first_call
@@ -36,6 +37,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+@refuses_moved
 def compile_regional(
     model: nn.Module,
     *,
@@ -98,9 +100,7 @@ def compile_regional(
     """
     check_model(model)
     flags = {"verify": verify, "precompile": precompile}
-    check_compile_kwargs(
-        compile_kwargs, caller="compile_regional", flags=flags, moved=MOVED_OPTIONS
-    )
+    check_compile_kwargs(compile_kwargs, caller="compile_regional", flags=flags)
     if already_compiled(model):
         return model
     # decide: the whole plan, before anything compiles
@@ -144,6 +144,7 @@ def compile_regional(
     return model
 
 
+@refuses_moved
 def compile_model(
     model: nn.Module, *, precompile: bool = False, verify: bool = False, **compile_kwargs: Any
 ) -> nn.Module:
@@ -178,7 +179,7 @@ def compile_model(
     """
     check_model(model)
     flags = {"verify": verify, "precompile": precompile}
-    check_compile_kwargs(compile_kwargs, caller="compile_model", flags=flags, moved=MOVED_OPTIONS)
+    check_compile_kwargs(compile_kwargs, caller="compile_model", flags=flags)
     if already_compiled(model):
         return model
     for undo in set_explicit_loss_functions(model):
@@ -247,19 +248,6 @@ def _compile_modules(
     for module in modules:
         _dynamo.set_compiled_call(module, functools.partial(region, module))
     return region
-
-
-MOVED_OPTIONS = {
-    "nested": "compile_regional(nested=True) is gone: compile_model(model) gives one whole-model "
-    "graph (torch.compiler.nested_compile_region stays public for the hybrid)",
-    "remainder": "remainder=True is gone (it never paid, docs/regional.md): name the other modules "
-    "in a blocks= list, e.g. blocks=['transformer.h.*', 'transformer.wte', 'lm_head']",
-    "background": "background= moved: compile_in_background(model, compile_regional, ...) (or "
-    "compile_model), with worker=BackgroundCompile(...)",
-    "hook_guards": "compile_peft(hook_guards=False) is gone: the module hook guards are always on "
-    "(tests/adapters/hook_guard_cost.py measures what they cost)",
-}
-"""Options the compile functions no longer take, and what replaced each (named in the error)."""
 
 
 def already_compiled(model: nn.Module) -> bool:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_positive_int
+from .._moved import refuses_moved
 from ..errors import BatchShapeError, SequenceTooLongError
 from .planner import bucket_for, check_buckets, round_up
 
@@ -172,6 +173,7 @@ class PadToBucketCollator:
         (torch.Size([2, 8]), [8, -100, -100])
     """
 
+    @refuses_moved
     def __init__(
         self,
         *,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_positive_int
+from .._moved import refuses_moved
 from ..errors import BatchShapeError, SequenceTooLongError
 from .segmentation import MAX_BATCHED_CANDIDATES, carry_rule, segment, segment_batched, thin
 
@@ -185,6 +186,7 @@ def check_token_budget(buckets: Sequence[int], max_tokens: int | None, *, caller
     )
 
 
+@refuses_moved
 def estimate_padding(
     lengths: Iterable[int] | torch.Tensor,
     buckets: Sequence[int],
@@ -259,6 +261,7 @@ def _take(carry: list[list[int]], count: int) -> list[tuple[int, int]]:
     return taken
 
 
+@refuses_moved
 def plan_buckets(
     lengths: Iterable[int] | torch.Tensor,
     *,

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .._checks import check_positive_int
+from .._moved import refuses_moved
 from ..errors import BatchShapeError, SequenceTooLongError
 from .planner import (
     Batching,
@@ -76,6 +77,7 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         [[0, 1, 4], [2, 3, 5]]
     """
 
+    @refuses_moved
     def __init__(
         self,
         lengths: Sequence[int] | torch.Tensor,

@@ -15,9 +15,11 @@ from ..bench import RECIPES, Recipe, RecipeContext, loss_of
 from ..diagnostics import (
     CompileMonitor,
     EquivalenceStep,
+    Sides,
     check_compile_equivalence,
+    compare,
     judge_tensors,
-    needs_reference,
+    reference_dtype,
 )
 
 __all__ = ["CHECK_HOOK", "GateVerdict", "check_candidate", "check_in_run"]
@@ -146,10 +148,9 @@ def _optimizer(
     model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateVerdict
 ) -> GateVerdict:
     """The run's compiled optimizer against an eager one of its class from the same state and
-    gradients, judged by the comparator (a third one stepping float64 copies is the reference,
-    when a parameter is not rounding-level near eager's)."""
-    import torch
-
+    gradients, by the one comparison procedure (:func:`~torchcompile_kit.diagnostics.compare`):
+    a third one stepping copies at the reference precision is the reference, when a parameter is
+    not rounding-level near eager's."""
     model.train()
     model.zero_grad(set_to_none=True)
     loss_of(model(**batch)).backward()
@@ -183,21 +184,25 @@ def _optimizer(
         optimizer.step()
     by_id = {id(p): n for n, p in model.named_parameters()}
     names = [f"param_after_compiled_optimizer_step.{by_id.get(id(p), '?')}" for p in params]
-    diffs = judge_tensors(names, eager, params)
-    against = "rounding-level near eager"
-    if needs_reference(diffs):
-        try:
-            diffs = judge_tensors(names, eager, params, eager_copy(torch.float64))
-            against = "a float64 reference"
-        except Exception:  # noqa: BLE001 - an optimizer that cannot step in float64: fixed tolerance
-            against = "the fixed tolerance (no float64 reference)"
-    failures = [d for d in diffs if not d.ok]
-    if failures:
+    judged = compare(
+        Sides(
+            eager=eager,
+            compiled=params,
+            reference=eager_copy,
+            precision=reference_dtype(starts),
+            judge=lambda eager, compiled, exact, _name, **_: judge_tensors(
+                names, eager, compiled, exact
+            ),
+            subject="the optimizer",
+        )
+    )
+    if judged.failures:
         verdict.ok = False
-        verdict.offending = failures[0].explain()
+        verdict.offending = max(judged.failures, key=lambda d: d.ratio).explain()  # the worst
     verdict.summary += (
         f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} "
         "steps of the run's compiled optimizer compared with an eager "
-        f"{type(optimizer).__name__} from the same state ({against})"
+        f"{type(optimizer).__name__} from the same state (reference: "
+        f"{judged.describe_reference()})"
     )
     return verdict

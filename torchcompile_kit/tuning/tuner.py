@@ -16,6 +16,7 @@ from typing import Any
 
 from .._checks import check_positive_int
 from .._compat import package_version
+from .._moved import refuses_moved
 from ..bench import (
     PRESETS,
     RECIPES,
@@ -41,6 +42,7 @@ STEADY_S = 30.0
 """Seconds of steady steps ``tune`` times per candidate unless its ``measure`` says otherwise."""
 
 
+@refuses_moved
 def tune(
     model: str | Callable[[], Any] | None = None,
     *,
