@@ -156,7 +156,7 @@ def _optimizer_step_checks(setting: str, backend) -> tuple[tuple[bool, str], tup
         optimizer=run_optimizer,
         backend="eager",
     )
-    found = re.search(r"reference: ([^)]*)\)", verdict.summary)
+    found = re.search(r"reference: ([^)]*)\)$", verdict.summary)
     gate = (verdict.ok, reference_of(found[1]) if found else "?")
     return in_place, gate
 

@@ -494,3 +494,30 @@ def test_a_group_added_later_compiles_once_more_and_then_never():
     frames = _train(model, opt, None, steps=STEPS, counter=counter)
     # the new group's first step runs eagerly (no state), its second compiles once; then none
     assert _recompiles(frames[1:]) == 0, frames
+
+
+def test_verify_next_step_checks_a_later_step_and_restores_a_wrong_one():
+    from miscompute import perturbed_updates
+
+    from torchcompile_kit.errors import CompiledMismatchError
+    from torchcompile_kit.optim import verify_next_step
+
+    with pytest.raises(TypeError, match="was not compiled by compile_optimizer"):
+        verify_next_step(torch.optim.SGD(_model().parameters(), lr=0.1))
+    model = _model()
+    opt = compile_optimizer(torch.optim.Adam(model.parameters(), lr=0.01), backend="eager")
+    _train(model, opt, None, steps=3)
+    verify_next_step(opt)
+    _train(model, opt, None, steps=1)  # a healthy step passes and trains on
+    wrong = _model()
+    opt = compile_optimizer(
+        torch.optim.Adam(wrong.parameters(), lr=0.01), backend=perturbed_updates
+    )
+    _train(wrong, opt, None, steps=3)  # unchecked: the compiled steps are wrong, silently
+    wrong(_batch(3)).pow(2).mean().backward()
+    before = [p.detach().clone() for p in wrong.parameters()]
+    verify_next_step(opt)
+    with pytest.raises(CompiledMismatchError, match="parameters and state were restored"):
+        opt.step()
+    for p, q in zip(wrong.parameters(), before):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)

@@ -62,7 +62,10 @@ def test_the_runs_own_compiled_model_and_optimizer_pass_without_compiling_again(
     verdict = check("compile-optimizer", ctx, reference, batch, "eager")
     assert verdict.ok, verdict.offending
     assert verdict.offending is None
-    assert "2 steps of the run's compiled optimizer compared with an eager Adam" in verdict.summary
+    assert (
+        "2 steps of the run's compiled optimizer, each compared with an eager Adam step"
+        in verdict.summary
+    )
     # the run's trained weights differ from the reference's by three Adam steps, far outside the
     # tolerance: a pass means the check set the compiled model back to the starting weights
     assert verdict.new_graphs == 0  # the run's graphs (model and optimizer step) were reused

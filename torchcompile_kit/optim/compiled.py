@@ -23,7 +23,7 @@ from .._undo import register_undo
 from ..diagnostics import allow_first_compile, check_in_place_update
 from ..errors import UnsupportedOptimizerError
 
-__all__ = ["compile_optimizer"]
+__all__ = ["compile_optimizer", "verify_next_step"]
 
 # Optimizers whose compiled step is tested for parity and recompiles (tests/optim/test_compiled.py).
 # Adam's subclasses (AdamW) share its hyperparameters; SGD keeps `momentum` a float because its
@@ -35,6 +35,7 @@ _IMPLS = ("step", "foreach_map")
 # this attribute) since the installed step records `_opt_called` itself.
 _SCHEDULER_WRAP_FLAG = "_wrapped_by_lr_sched"
 _COMPILED_FLAG = "_torchcompile_kit_impl"
+_RUNNER = "_torchcompile_kit_runner"  # on the installed step: its _CompiledStep
 # Param-group keys set for the step only: what the device allows with a tensor lr.
 _DEVICE_FLAGS = ("foreach", "capturable")
 
@@ -108,6 +109,7 @@ def compile_optimizer(
 
     setattr(step, _SCHEDULER_WRAP_FLAG, True)
     setattr(step, _COMPILED_FLAG, impl)
+    setattr(step, _RUNNER, runner)
     step.__doc__ = f"Compiled {type(optimizer).__name__}.step (torchcompile_kit, impl={impl!r})."
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     hook = optimizer.register_load_state_dict_post_hook(runner.after_load_state_dict)
@@ -118,6 +120,25 @@ def compile_optimizer(
 
     register_undo(optimizer, undo)
     return wrapper
+
+
+def verify_next_step(optimizer: torch.optim.Optimizer) -> None:
+    """Check the next compiled step of an optimizer ``compile_optimizer`` compiled against an eager
+    step from the same start, as ``verify=True`` checks the first (tune's gate uses it on a run's
+    optimizer). A wrong step raises ``CompiledMismatchError`` with the parameters and state
+    restored.
+
+    Example:
+        >>> opt = compile_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))  # doctest: +SKIP
+        >>> verify_next_step(opt); opt.step()  # doctest: +SKIP
+    """
+    runner = getattr(getattr(_unwrap_accelerated(optimizer), "step", None), _RUNNER, None)
+    if runner is None:
+        raise TypeError(
+            f"verify_next_step: this {type(optimizer).__name__} was not compiled by "
+            "compile_optimizer; compile it first: compile_optimizer(optimizer)"
+        )
+    runner.check_next = True
 
 
 def _unwrap_accelerated(optimizer: Any) -> Any:
@@ -225,6 +246,7 @@ class _CompiledStep:
         self._grads_marked = False
         self._warned_realloc = False
         self._compiled_once = False
+        self.check_next = False  # verify_next_step: the next compiled step is checked
         # The class's step (hooks included), not an instance wrapper an LR scheduler installed:
         # dynamo skips torch/optim/lr_scheduler.py, so tracing through that wrapper breaks.
         self.eager_step = type(optimizer).step.__get__(optimizer)
@@ -253,7 +275,10 @@ class _CompiledStep:
             else:
                 if self.static_grads:
                     self._mark_static_grads()
-                if self._compiled_once:
+                if self._compiled_once and self.check_next:
+                    self.check_next = False
+                    self._checked_step()
+                elif self._compiled_once:
                     self.compiled_step()
                 else:
                     # The first compile happens here, at the first step with state, which is
@@ -266,9 +291,13 @@ class _CompiledStep:
 
     def _first_compiled_step(self) -> None:
         """The first compiled step, compared with an eager step from the same start (``verify``)."""
-        if not self.verify:
+        if self.verify or self.check_next:
+            self.check_next = False
+            self._checked_step()
+        else:
             self.compiled_step()
-            return
+
+    def _checked_step(self) -> None:
         tensors, params = self._step_tensors()
         # raises CompiledMismatchError with the parameters and state restored; _compiled_once
         # stays False, so the next step is checked again

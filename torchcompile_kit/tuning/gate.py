@@ -5,7 +5,6 @@ docs/tune.md, "The correctness gate").
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,12 +14,11 @@ from ..bench import RECIPES, Recipe, RecipeContext, loss_of
 from ..diagnostics import (
     CompileMonitor,
     EquivalenceStep,
-    Sides,
     check_compile_equivalence,
-    compare,
-    judge_tensors,
-    reference_dtype,
+    first_call_checks_made,
 )
+from ..errors import CompiledMismatchError
+from ..optim import verify_next_step
 
 __all__ = ["CHECK_HOOK", "GateVerdict", "check_candidate", "check_in_run"]
 
@@ -147,62 +145,29 @@ def _equivalence(model: Any, reference: Any, batch: dict[str, Any], backend: str
 def _optimizer(
     model: Any, optimizer: Any, batch: dict[str, Any], verdict: GateVerdict
 ) -> GateVerdict:
-    """The run's compiled optimizer against an eager one of its class from the same state and
-    gradients, by the one comparison procedure (:func:`~torchcompile_kit.diagnostics.compare`):
-    a third one stepping copies at the reference precision is the reference, when a parameter is
-    not rounding-level near eager's."""
+    """The run's compiled optimizer, each of its next steps checked against an eager step from
+    the same state and gradients by ``compile_optimizer``'s own check
+    (:func:`~torchcompile_kit.optim.verify_next_step`)."""
     model.train()
     model.zero_grad(set_to_none=True)
     loss_of(model(**batch)).backward()
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    starts = [p.detach().clone() for p in params]
-    saved = copy.deepcopy(optimizer.state_dict())  # plain floats: a torch optimizer loads it
-
-    def eager_copy(dtype: Any) -> list[Any]:
-        clones = []
-        for param, start in zip(params, starts):
-            clone = start.to(dtype or param.dtype, copy=True).requires_grad_(param.requires_grad)
-            clone.grad = (
-                None if param.grad is None else param.grad.detach().to(clone.dtype, copy=True)
+    name = type(optimizer).__name__
+    with first_call_checks_made() as checked:
+        try:
+            for _ in range(_OPTIMIZER_STEPS):
+                verify_next_step(optimizer)
+                optimizer.step()
+        except CompiledMismatchError as error:
+            verdict.ok = False
+            worst = error.record
+            verdict.offending = (
+                f"{worst.worst}: {worst.worst_ratio:.3g} times its allowance (reference: "
+                f"{worst.reference})"
             )
-            clones.append(clone)
-        groups = [
-            {
-                **{k: v for k, v in group.items() if k != "params"},
-                "params": [clones[i] for i in group["params"]],
-            }
-            for group in saved["param_groups"]
-        ]
-        stepping = type(optimizer)(groups)
-        stepping.load_state_dict(saved)  # the state takes each clone's dtype
-        for _ in range(_OPTIMIZER_STEPS):
-            stepping.step()
-        return clones
-
-    eager = eager_copy(None)
-    for _ in range(_OPTIMIZER_STEPS):
-        optimizer.step()
-    by_id = {id(p): n for n, p in model.named_parameters()}
-    names = [f"param_after_compiled_optimizer_step.{by_id.get(id(p), '?')}" for p in params]
-    judged = compare(
-        Sides(
-            eager=eager,
-            compiled=params,
-            reference=eager_copy,
-            precision=reference_dtype(starts),
-            judge=lambda eager, compiled, exact, _name, **_: judge_tensors(
-                names, eager, compiled, exact
-            ),
-            subject="the optimizer",
-        )
-    )
-    if judged.failures:
-        verdict.ok = False
-        verdict.offending = max(judged.failures, key=lambda d: d.ratio).explain()  # the worst
+    record = checked[-1] if checked else None
     verdict.summary += (
-        f"\ncompile_optimizer({type(optimizer).__name__}): {_OPTIMIZER_STEPS} "
-        "steps of the run's compiled optimizer compared with an eager "
-        f"{type(optimizer).__name__} from the same state (reference: "
-        f"{judged.describe_reference()})"
+        f"\ncompile_optimizer({name}): {_OPTIMIZER_STEPS} steps of the run's compiled optimizer, "
+        f"each compared with an eager {name} step from the same state (reference: "
+        f"{record.reference if record is not None else 'none'})"
     )
     return verdict
