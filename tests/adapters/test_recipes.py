@@ -3,12 +3,21 @@
 ``CompileTrainer`` with Trainer's own AdamW (its two param groups, weight decay, a scheduler,
 gradient accumulation). Each case trains compiled with no false alarm, and a miscompute planted
 inside inductor in the same setting is still refused.
+
+Then the recipe matrix: PEFT methods the rule table allows x adapter dropout x precision x loop
+(a custom one, HF Trainer) x regional or whole x gradient checkpointing, every pair of settings in
+at least one row (pairwise, not the whole product). Each row trains a compiled copy and an eager
+one side by side: no false alarm, the compiled optimizer one graph with no recompile, the losses
+equal to eager's within rounding (trained to the same loss where dropout draws). Two rows run in
+the quick suite (aot_eager), every row in the slow one (inductor, the default).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
+from dataclasses import dataclass
 
 import pytest
 import tiny_models
@@ -170,3 +179,214 @@ def test_compile_trainer_trains_lora_with_dropout_compiled(tmp_path, bf16):
     assert _optimizer_figures(trainer) == (1, 0, 0)
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     assert len(losses) == 20 and sum(losses[:5]) - sum(losses[-5:]) > 0.5, losses  # 0.1 a step
+
+
+# --- the recipe matrix ----------------------------------------------------------------------------
+
+FACTORS: dict[str, list] = {
+    "method": ["lora", "dora", "ia3", "loha"],
+    "dropout": [0.0, 0.1],
+    "precision": ["fp32", "bf16-autocast", "bf16-weights"],
+    "loop": ["custom", "trainer"],
+    "compile": ["regional", "whole"],
+    "checkpointing": [False, True],
+}
+
+
+def _pairs(row: dict) -> set:
+    return {((a, row[a]), (b, row[b])) for a, b in itertools.combinations(FACTORS, 2)}
+
+
+def pairwise() -> list[dict]:
+    """Rows of the product, each the one covering most pairs not yet covered (the product's order
+    breaking ties), until every pair of values of two factors is in some row."""
+    product = [dict(zip(FACTORS, values)) for values in itertools.product(*FACTORS.values())]
+    uncovered = set().union(*(_pairs(row) for row in product))
+    rows = []
+    while uncovered:
+        best = max(product, key=lambda row: len(_pairs(row) & uncovered))
+        rows.append(best)
+        uncovered -= _pairs(best)
+    return rows
+
+
+MATRIX = pairwise()
+QUICK_ROWS = 2
+
+
+def row_id(row: dict) -> str:
+    return "-".join(
+        [
+            row["method"],
+            f"dropout{row['dropout']:g}",
+            row["precision"],
+            row["loop"],
+            row["compile"],
+            "ckpt" if row["checkpointing"] else "nockpt",
+        ]
+    )
+
+
+def test_every_pair_of_settings_is_in_a_row_of_the_matrix():
+    covered = set().union(*(_pairs(row) for row in MATRIX))
+    for (a, values_a), (b, values_b) in itertools.combinations(FACTORS.items(), 2):
+        for x, y in itertools.product(values_a, values_b):
+            assert ((a, x), (b, y)) in covered, (a, x, b, y)
+    assert len(MATRIX) <= 16  # CI's time: the slow suite runs every row under inductor
+
+
+def peft_model(row: dict):
+    """A tiny Llama with the row's adapter; the dropout is the adapter's (IA3 has none: the base
+    model's attention dropout then)."""
+    dropout, method = row["dropout"], row["method"]
+    torch.manual_seed(0)
+    base = tiny_models.llama(attention_dropout=dropout if method == "ia3" else 0.0)
+    if row["checkpointing"] and row["loop"] == "custom":  # Trainer enables it from its arguments
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    config = {
+        "lora": lambda: peft.LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=dropout, target_modules=TARGETS
+        ),
+        "dora": lambda: peft.LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=dropout, use_dora=True, target_modules=TARGETS
+        ),
+        "ia3": lambda: peft.IA3Config(
+            target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]
+        ),
+        "loha": lambda: peft.LoHaConfig(r=4, alpha=8, rank_dropout=dropout, target_modules=TARGETS),
+    }[method]()
+    model = peft.get_peft_model(base, config)
+    return model.to(torch.bfloat16) if row["precision"] == "bf16-weights" else model
+
+
+def trainers_adamw(model) -> torch.optim.AdamW:
+    """AdamW as HF Trainer builds it: weights with decay, the rest without (empty for these
+    adapters)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        [{"params": trainable, "weight_decay": 0.01}, {"params": [], "weight_decay": 0.0}],
+        lr=1e-2,
+    )
+
+
+def custom_loop(model, optimizer, row: dict, steps: int = 4) -> list[float]:
+    """A training loop of a user's own: a warm-up and linear schedule, gradient accumulation of
+    two batches."""
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 2) * (1 - step / (2 * steps))
+    )
+    torch.manual_seed(1)
+    losses = []
+    for step in range(steps):
+        for micro in range(2):
+            with autocast(row["precision"]):
+                loss = model(**tiny_models.token_batch(seed=2 * step + micro)).loss / 2
+            loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(2 * loss.item())
+    return losses
+
+
+def trainer_run(model, row: dict, tmp_path, *, compiled: bool, optimizer_kwargs=None):
+    from torchcompile_kit.integrations import CompileTrainer
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / ("compiled" if compiled else "eager")),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        learning_rate=1e-2,
+        weight_decay=0.01,
+        warmup_steps=1,
+        lr_scheduler_type="linear",
+        optim="adamw_torch",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        bf16=row["precision"] == "bf16-autocast",
+        gradient_checkpointing=row["checkpointing"],
+        gradient_checkpointing_kwargs={"use_reentrant": False} if row["checkpointing"] else None,
+    )
+    if compiled:
+        trainer = CompileTrainer(
+            model=model,
+            args=args,
+            train_dataset=_rows(16),
+            compile_optimizer_kwargs=optimizer_kwargs or {},
+        )
+    else:
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=_rows(16))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return trainer, losses
+
+
+@dataclass(kw_only=True)
+class RecipeRun:
+    eager: list[float]
+    compiled: list[float]
+    checks: list
+    optimizer: tuple[int, int, int]
+    """(graphs, recompiles, limit hits) of the compiled optimizer's step."""
+
+
+def run_recipe(row: dict, tmp_path, *, backend: str | None, optimizer_backend: str | None):
+    """The row trained eagerly and compiled, side by side (``None``: inductor, the default)."""
+    from torchcompile_kit import compile_optimizer
+
+    model_kwargs = {"backend": backend} if backend else {}
+    optimizer_kwargs = {"backend": optimizer_backend} if optimizer_backend else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DoRA's and LoHa's graph-break warnings, transformers'
+        compiled = compile_peft(
+            peft_model(row), regional=row["compile"] == "regional", **model_kwargs
+        )
+        if row["loop"] == "custom":
+            eager = peft_model(row)
+            eager_losses = custom_loop(eager, trainers_adamw(eager), row)
+            optimizer = compile_optimizer(trainers_adamw(compiled), **optimizer_kwargs)
+            with CompileMonitor() as monitor:
+                losses = custom_loop(compiled, optimizer, row)
+            record = monitor.record_for(optimizer)
+            checks = monitor.first_call_checks
+        else:
+            _, eager_losses = trainer_run(peft_model(row), row, tmp_path, compiled=False)
+            trainer, losses = trainer_run(
+                compiled, row, tmp_path, compiled=True, optimizer_kwargs=optimizer_kwargs
+            )
+            record = trainer.monitor.record_for(trainer.optimizer.optimizer)
+            checks = trainer.monitor.first_call_checks
+    figures = (record.counts.graphs, len(record.recompiles), len(record.limit_hits))
+    return RecipeRun(eager=eager_losses, compiled=losses, checks=checks, optimizer=figures)
+
+
+def assert_trains_as_eager(run: RecipeRun, row: dict) -> None:
+    assert run.checks and all(c.status == "passed" for c in run.checks), [
+        c.message() for c in run.checks
+    ]
+    assert run.optimizer == (1, 0, 0), run.optimizer  # one graph, no recompile, no limit hit
+    assert len(run.compiled) == len(run.eager) == 4
+    rtol = 1e-4 if row["precision"] == "fp32" else 2e-2  # bf16: rounding compounds over steps
+    if row["dropout"] == 0:  # equal within rounding, step by step
+        torch.testing.assert_close(run.compiled, run.eager, rtol=rtol, atol=0)
+    else:  # trained to the same loss
+        assert run.compiled[-1] == pytest.approx(run.eager[-1], rel=1e-2), (run.compiled, run.eager)
+    assert run.compiled[-1] < run.compiled[0], run.compiled
+
+
+@pytest.mark.parametrize("row", MATRIX[:QUICK_ROWS], ids=row_id)
+def test_the_matrix_quick_rows_wired_with_aot_eager(row, tmp_path):
+    run = run_recipe(row, tmp_path, backend="aot_eager", optimizer_backend="eager")
+    assert_trains_as_eager(run, row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", MATRIX, ids=row_id)
+def test_the_matrix_under_inductor(row, tmp_path):
+    run = run_recipe(row, tmp_path, backend=None, optimizer_backend=None)
+    assert_trains_as_eager(run, row)

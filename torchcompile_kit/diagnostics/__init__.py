@@ -4,8 +4,7 @@ The topic's API: ``CompileMonitor``, ``explain_graph_breaks``, ``no_recompiles``
 ``check_compile_equivalence`` and the first-call checks the fragile recipes run (``verify=``).
 """
 
-from .comparator import TensorDiff, judge_tensors, leaves
-from .compare import ReferenceUnavailable, Rerun, Sides, Verdict, compare
+from .comparator import TensorDiff, leaves
 from .equivalence import (
     EquivalenceReport,
     EquivalenceStep,
@@ -17,7 +16,6 @@ from .first_call import FirstCallVerifier
 from .in_place_check import check_in_place_update
 from .monitor import CompileMonitor, first_call_checks_made, note_running_monitors
 from .recompiles import allow_first_compile, no_recompiles
-from .reference import reference_dtype
 from .regions import (
     CompileFailure,
     compile_failure,
@@ -80,14 +78,6 @@ __all__ = [
     # for the recipes' verify=: the first-call check (the flag's one meaning: _checks.FLAGS)
     "FirstCallVerifier",
     "check_in_place_update",
-    # for other topics (tune's gate): the one comparison procedure, on tensors of its own
-    "ReferenceUnavailable",
-    "Rerun",
-    "Sides",
-    "Verdict",
-    "compare",
-    "judge_tensors",
-    "reference_dtype",
     # for other topics (the doctor's repro): the tensors of a nested output, in order
     "leaves",
 ]

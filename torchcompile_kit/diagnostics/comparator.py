@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,7 +55,6 @@ __all__ = [
     "SMALL",
     "TensorDiff",
     "judge",
-    "judge_tensors",
     "judge_trees",
     "leaves",
     "max_abs_difference",
@@ -260,29 +259,6 @@ def judge_trees(
             )
         )
     return pool_small_tensors(diffs)
-
-
-def judge_tensors(
-    names: Sequence[str],
-    eager: Sequence[torch.Tensor],
-    compiled: Sequence[torch.Tensor],
-    reference: Sequence[torch.Tensor] | None = None,
-) -> list[TensorDiff]:
-    """:func:`judge` for parallel lists of tensors (``reference`` in float64, or ``None``), pooled
-    as one run (:func:`pool_small_tensors`).
-
-    Example:
-        >>> [d.ok for d in judge_tensors(["w"], [torch.ones(3)], [torch.ones(3)])]
-        [True]
-    """
-    exact = [None] * len(names) if reference is None else list(reference)
-    name = "" if reference is None else str(exact[0].dtype).removeprefix("torch.") if exact else ""
-    return pool_small_tensors(
-        [
-            judge(n, e, c, x, reference_dtype=name)
-            for n, e, c, x in zip(names, eager, compiled, exact)
-        ]
-    )
 
 
 def pool_small_tensors(diffs: list[TensorDiff]) -> list[TensorDiff]:
