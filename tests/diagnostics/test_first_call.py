@@ -590,3 +590,38 @@ def test_inductors_own_planted_accuracy_bug_fails(bf16):
             model(torch.randn(8, 16))
     (check,) = mon.first_call_checks
     assert check.status == "failed" and check.reference == ("float32" if bf16 else "float64")
+
+
+def test_a_reference_whose_gradients_cannot_run_is_no_reference_and_says_why():
+    """Regression: the reference's gradients failed at float64 (here a backward that refuses it;
+    on torch 2.10 a float32 loss against a float64 target), the failure was dropped, and the
+    record said "float64" while the gradients were judged by the fixed tolerance."""
+
+    class NoFloat64Backward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.wide = x.dtype == torch.float64
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            if ctx.wide:
+                raise RuntimeError("no float64 backward here")
+            return grad * 2
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.b(NoFloat64Backward.apply(self.a(x))).square().mean()
+
+    torch.manual_seed(0)
+    model = compile_model(Model(), backend=perturbed_backward, verify=True)
+    with pytest.raises(CompiledMismatchError) as raised:
+        model(torch.randn(3, 4)).backward()
+    record = raised.value.record
+    assert record.reference.startswith("none (its gradients do not run in float64: ")
+    assert "no float64 backward here" in record.reference
+    assert "judged by the fixed tolerance" in str(raised.value)

@@ -1,7 +1,8 @@
 """One procedure for "compiled = eager?": the first-call check, ``check_compile_equivalence``,
 ``compile_optimizer``'s first-step check and tune's gate, given the same model and step, reach the
-same verdict against the same reference and name the same worst tensor, in fp32, with bf16
-weights, under bf16 autocast, with dropout, and with a planted miscompute
+same verdict against the same reference and name the same worst tensor (with dropout the verdict
+and the reference: check_compile_equivalence runs it off), in fp32, with bf16 weights, under bf16
+autocast, with dropout, and with a planted miscompute
 (``torchcompile_kit/diagnostics/compare.py`` is the procedure all of them go through).
 """
 
@@ -37,7 +38,7 @@ class Net(nn.Module):
 
     def forward(self, x, y):
         out = self.down(self.drop(torch.tanh(self.up(x)))).squeeze(-1)
-        return {"loss": nn.functional.mse_loss(out.float(), y)}
+        return {"loss": nn.functional.mse_loss(out.to(y.dtype), y)}  # a reference casts both
 
 
 # name -> (weights' dtype, autocast, dropout, backend of the model's compile)
@@ -110,7 +111,9 @@ def equivalence(setting: str) -> tuple[bool, str, str]:
 def test_the_first_call_check_and_check_compile_equivalence_agree(setting):
     ok, reference, worst = first_call_check(setting)
     assert (ok, reference) == equivalence(setting)[:2]
-    if not ok:  # the tensor a user is told about
+    if not ok and SETTINGS[setting][2] == 0:  # the tensor a user is told about
+        # (with dropout the two steps differ: the first-call check draws eager's masks in your
+        # call, check_compile_equivalence turns dropout off, so their worst tensors may differ)
         assert worst == equivalence(setting)[2]
     assert ok is not setting.startswith("planted")
     # healthy: aot_eager computes what eager computes, bit for bit, so no reference was needed;

@@ -26,6 +26,7 @@ from torch import nn
 from ..errors import CompiledMismatchError
 from .comparator import TensorDiff, leaves
 from .compare import (
+    ReferenceUnavailable,
     Rerun,
     Sides,
     backend_name,
@@ -283,7 +284,10 @@ class FirstCallVerifier:
         same inputs (cast, strides kept), RNG state, buffers and grad mode, autocast off."""
         args, kwargs = cast_floating(pending.args, dtype), cast_floating(pending.kwargs, dtype)
         with at_precision(self.model, dtype), torch.set_grad_enabled(pending.grad_mode):
-            exact, _ = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
+            exact, note = self._run(lambda: pending.call_eager(*args, **kwargs), pending)
+        if "grad" in keys and "grad" not in exact:  # a reference for the outputs alone is none
+            name = str(dtype).removeprefix("torch.")
+            raise ReferenceUnavailable(f"its gradients do not run in {name}: {note}")
         return {k: v for k, v in exact.items() if k in keys}
 
     def _rerun(self, pending: _Pending) -> Rerun:
