@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from ._factory import check_factory
     from .bench.model_spec import ModelSpecError
-    from .doctor import diagnose
+    from .doctor import EXIT_CODES, diagnose
 
     try:
         check_factory(args.model, error=ModelSpecError)
@@ -533,7 +533,9 @@ def _doctor(args: argparse.Namespace) -> int:
         return _error(str(err))
     print(diagnosis.summary())
     print(f"\nrecord: {Path(args.out) / 'doctor.json'}")
-    return 0
+    code = EXIT_CODES[diagnosis.result]
+    print(f"exit status {code} ({diagnosis.result}; the codes: docs/troubleshooting.md)")
+    return code
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -4,6 +4,6 @@ The topic's API: :func:`diagnose` and its records. ``torchcompile-kit doctor`` r
 """
 
 from .diagnose import diagnose
-from .record import RESULTS, Diagnosis, Trial, TrialOutcome
+from .record import EXIT_CODES, RESULTS, Diagnosis, Trial, TrialOutcome
 
-__all__ = ["RESULTS", "Diagnosis", "Trial", "TrialOutcome", "diagnose"]
+__all__ = ["EXIT_CODES", "RESULTS", "Diagnosis", "Trial", "TrialOutcome", "diagnose"]

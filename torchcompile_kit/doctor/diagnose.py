@@ -21,7 +21,7 @@ from typing import Any
 from .. import _dynamo
 from .._checks import check_compile_kwargs
 from .locate import Located, locate
-from .record import RECIPES, Diagnosis, Trial, TrialOutcome
+from .record import NUMERICS_SHARE, RECIPES, Diagnosis, Trial, TrialOutcome
 from .repro import capture_calls, check_repro, write_repro
 from .runner import TrialRunner
 
@@ -168,12 +168,19 @@ class _Doctor:
             )
             return
         if not triage.bad:
-            diagnosis.result = "numerics" if triage.rounding_only else "ok"
-            if triage.rounding_only:
+            share = triage.worst_share or 0.0
+            diagnosis.result = "numerics" if share > NUMERICS_SHARE else "ok"
+            if triage.worst:
                 diagnosis.notes.append(
-                    "compiled differs from eager beyond rounding, but is no "
-                    "farther from the float64 reference than eager: rounding "
-                    "(numerics), not a miscompile"
+                    f"compiled equals eager by the comparator, judged against "
+                    f"{triage.reference}; closest to its limit: {triage.worst}"
+                    + (
+                        f". More than {NUMERICS_SHARE:g} of its allowance (healthy compiles "
+                        "measured here use at most 0.41 of it): within the rule, but near its "
+                        "line; another torch or setting may tip it over"
+                        if diagnosis.result == "numerics"
+                        else ""
+                    )
                 )
             if not triage.graphs and triage.graphs is not None:
                 diagnosis.notes.append("compiled nothing: dynamo compiled no graph")

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RECIPES", "RESULTS", "Diagnosis", "Trial", "TrialOutcome"]
+__all__ = [
+    "EXIT_CODES",
+    "NUMERICS_SHARE",
+    "RECIPES",
+    "RESULTS",
+    "Diagnosis",
+    "Trial",
+    "TrialOutcome",
+]
 
 Status = Literal[
     "ok", "eager-error", "compile-error", "runtime-error", "crashed", "timeout", "miscompute"
@@ -24,6 +32,22 @@ RESULTS = (
     "eager-error",
 )
 """What a diagnosis can conclude (:attr:`Diagnosis.result`)."""
+EXIT_CODES = {
+    "ok": 0,
+    "miscompute": 10,
+    "crashed": 11,
+    "compile-error": 12,
+    "runtime-error": 13,
+    "nondeterministic": 14,
+    "numerics": 15,
+    "eager-error": 16,
+}
+"""``torchcompile-kit doctor``'s exit status for each result (2: a usage error; 1: the doctor
+itself failed), so that a CI job can gate on it (docs/troubleshooting.md)."""
+NUMERICS_SHARE = 0.5
+"""A passing compile whose worst tensor used more of its allowance than this is ``numerics``:
+within the rule, but near its line (healthy inductor compiles measured here use at most 0.41 of
+it, docs/diagnostics.md). Below it, a pass is ``ok``, bf16 rounding included."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,9 +101,12 @@ class TrialOutcome:
     differs: list[str] = field(default_factory=list)
     """Which parts differ: ``forward``, ``loss``, ``gradients``, ``step``."""
     worst: str | None = None
-    """The worst tensor, in the comparator's words."""
-    rounding_only: bool = False
-    """Every tensor passed, some only against the higher-precision reference (not near eager)."""
+    """The worst tensor, in the comparator's words (a passing one too: how close it came)."""
+    worst_share: float | None = None
+    """How much of its allowance the worst tensor used (at most 1 passes)."""
+    reference: str = ""
+    """What the tensors were judged against, in words (the right reference: float32 under
+    autocast or 16-bit weights, float64 otherwise, or none needed)."""
     error: str | None = None
     """``Type: first line`` of what was raised."""
     signal: int | None = None

@@ -95,9 +95,9 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
                 {_part(d.name) for d in failures},
                 key=["forward", "loss", "gradients", "step"].index,
             )
-            outcome.worst = report.worst.explain() if report.worst else None
-        else:
-            outcome.rounding_only = any(d.judged_by == "reference" for d in report.diffs)
+        outcome.worst = report.worst.explain() if report.worst else None
+        outcome.worst_share = report.worst.ratio if report.worst else None
+        outcome.reference = report.reference.describe()
     if trial.monitor and outcome.status == "ok" and compiled:
         outcome.pays = _pays(model, compiled[0], batch, monitor.snapshot()["compile_seconds"])
     if trial.monitor:
