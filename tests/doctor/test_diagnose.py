@@ -50,7 +50,9 @@ def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
     pays = diagnosis.pays
     assert pays["eager_step_s"] > 0 and pays["compiled_step_s"] > 0 and pays["compile_s"] > 0
     assert pays["low"] <= pays["speedup"] <= pays["high"]
-    assert (pays["payback_steps"] is None) == (pays["compiled_step_s"] >= pays["eager_step_s"])
+    if pays["payback_steps"] is not None:  # only from an interval that says faster
+        assert not pays["unquotable"] and pays["low"] > 1, pays
+        assert pays["compiled_step_s"] < pays["eager_step_s"]
     saved = json.loads((tmp_path / "doctor.json").read_text())
     assert saved["result"] == "ok" and saved["complete"] is True
     # the second batch shape recompiled (automatic dynamic), and said so
@@ -374,6 +376,38 @@ def test_the_command_takes_a_recipe_and_says_the_result(tmp_path, capsys):
     assert saved["result"] == "ok" and "recipe=model" in saved["notes"][0]
     # compiled whole: no block of its own, so no guard on the last block's gate
     assert not any("_modules['gate']" in guard for guard in saved["recompiles"])
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "said"),
+    [
+        (0.09, 20.27, "not measurable here: its 95% interval 0.09–20.27"),  # was "never paid back"
+        (0.73, 4.39, "not measurable here: its 95% interval 0.73–4.39"),  # was "after ~5774"
+        (1.18, 1.24, "paid back after ~"),
+        (0.80, 0.84, "never paid back: compiled is slower here"),
+        (0.97, 1.03, "no measurable gain (the interval includes 1x)"),
+    ],
+)
+def test_the_payback_is_said_only_as_far_as_the_interval_supports(low, high, said):
+    """The issue's two intervals (too wide to quote) and three quotable ones."""
+    from torchcompile_kit.bench import speedup_unquotable
+    from torchcompile_kit.bench.outcome import Speedup
+
+    ratio = (low + high) / 2
+    speedup = Speedup(ratio=ratio, low=low, high=high, paired=True, blocks=12)
+    faster = not speedup_unquotable(speedup) and low > 1
+    pays = {
+        "speedup": ratio,
+        "low": low,
+        "high": high,
+        "compile_s": 20.0,
+        "payback_steps": 400 if faster else None,
+        "unquotable": speedup_unquotable(speedup),
+    }
+    line = next(t for t in Diagnosis(pays=pays).summary().splitlines() if "pays" in t)
+    assert said in line, line
+    if "not measurable" in said:
+        assert "paid back" not in line and "bench --model" in line
 
 
 def test_the_command_exits_with_the_results_own_status(tmp_path, monkeypatch, capsys):

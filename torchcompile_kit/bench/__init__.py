@@ -18,7 +18,7 @@ from .model_spec import (
     portable_model_spec,
 )
 from .outcome import BackgroundUse, CacheUse, Metrics, Speedup
-from .paired import paired_ratio, ratio_interval
+from .paired import paired_ratio, ratio_interval, speedup_unquotable
 from .recipes import RECIPES, Recipe, RecipeContext, apply_recipe, setup_source
 from .report import render_table
 from .runner import RecipeResult, RunRequest, run_recipe_isolated
@@ -49,6 +49,7 @@ __all__ = [
     # also used by tune and the doctor: a ratio to eager from paired blocks, with its interval
     "paired_ratio",
     "ratio_interval",
+    "speedup_unquotable",
     "parse_model_spec",
     "portable_model_spec",
     "render_table",

@@ -35,6 +35,7 @@ __all__ = [
     "paired_ratio",
     "ratio_interval",
     "rerun_spread",
+    "speedup_unquotable",
     "widen_for_rerun",
 ]
 
@@ -341,21 +342,32 @@ def not_quotable(metrics: Metrics) -> list[str]:
         reasons.append(
             f"the hypervisor took {steal:.0%} of the CPU time (steal; limit {STEAL_LIMIT:.0%})"
         )
-    speedup = metrics.speedup
+    why = speedup_unquotable(metrics.speedup)
+    return reasons + ([why] if why else [])
+
+
+def speedup_unquotable(speedup: Speedup | None) -> str:
+    """Why a paired ratio cannot be quoted (too few blocks for an interval, or an interval wider
+    than :data:`WIDTH_LIMIT` of it); ``""`` when it can (the bench's rule, the doctor's too).
+
+    Example:
+        >>> speedup_unquotable(Speedup(ratio=1.0, low=0.5, high=1.5, paired=True, blocks=12))
+        'its 95% interval 0.50–1.50 spans 100% of the ratio (limit 20%)'
+    """
     if speedup is None:
-        return reasons
+        return ""
     ratio, low, high, blocks = speedup.ratio, speedup.low, speedup.high, speedup.blocks
     if blocks is not None and (low is None or high is None):
-        reasons.append(
+        return (
             f"{blocks} paired blocks are too few for an interval (at least {MIN_BLOCKS}: more "
             "--steps)"
         )
-    elif ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
-        reasons.append(
+    if ratio and low is not None and high is not None and (high - low) / ratio > WIDTH_LIMIT:
+        return (
             f"its {CONFIDENCE:.0%} interval {low:.2f}–{high:.2f} spans "
             f"{(high - low) / ratio:.0%} of the ratio (limit {WIDTH_LIMIT:.0%})"
         )
-    return reasons
+    return ""
 
 
 # --- --repeat ------------------------------------------------------------------------------------

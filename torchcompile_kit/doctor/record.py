@@ -266,19 +266,7 @@ class Diagnosis:
                 + f": {how}"
             )
         if self.pays:
-            pays = self.pays
-            back = pays.get("payback_steps")
-            lines.append(
-                f"  pays     compiled step {pays['speedup']:.2f}x eager's "
-                f"({pays['low']:.2f}-{pays['high']:.2f}); compile {pays['compile_s']:.1f} s, "
-                + (
-                    f"paid back after ~{back} steps"
-                    if back is not None
-                    else "never paid back: the reference post's reasons (small or launch-bound "
-                    "model, "
-                    "graph breaks, recompiles); `torchcompile-kit tune` compares the recipes"
-                )
-            )
+            lines.append(f"  pays     {_pays_line(self.pays)}")
         breaks = [b for b in self.graph_breaks if not b.get("in_torch")]
         lines.append(
             f"  breaks   {len(breaks)} outside torch (your code, your libraries)"
@@ -306,3 +294,31 @@ class Diagnosis:
             lines.append(f"  replay   {self.replay} (no standalone repro: see the notes)")
         lines += [f"  note     {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _pays_line(pays: dict[str, Any]) -> str:
+    """Whether the compile pays, said only as far as the paired interval supports it (the
+    bench's rule: ``speedup_unquotable``)."""
+    low, high = pays.get("low"), pays.get("high")
+    shown = (
+        f"compiled step {pays['speedup']:.2f}x eager's"
+        + (f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else "")
+        + f"; compile {pays['compile_s']:.1f} s"
+    )
+    if pays.get("unquotable"):
+        return (
+            f"{shown}: not measurable here: {pays['unquotable']}; measure it with "
+            "`torchcompile-kit bench --model ...` (more steps, --repeat, a quiet machine)"
+        )
+    if pays.get("payback_steps") is not None:
+        return f"{shown}, paid back after ~{pays['payback_steps']} steps"
+    if high is not None and high < 1:
+        return (
+            f"{shown}, never paid back: compiled is slower here (the reference post's reasons: "
+            "a small or launch-bound model, graph breaks, recompiles); `torchcompile-kit tune` "
+            "compares the recipes"
+        )
+    return (
+        f"{shown}: no measurable gain (the interval includes 1x); `torchcompile-kit tune` "
+        "compares the recipes"
+    )

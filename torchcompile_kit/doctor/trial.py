@@ -268,7 +268,7 @@ def _pays(
     """Eager and compiled forward and backward stepped in alternation on the batch (as the bench
     pairs its rows), their median step times, the ratio with its interval, and the steps after
     which the compile seconds are paid back."""
-    from ..bench import ratio_interval
+    from ..bench import ratio_interval, speedup_unquotable
 
     def step(model: Any) -> float:
         model.zero_grad(set_to_none=True)
@@ -285,6 +285,8 @@ def _pays(
         compiled_s.append(step(compiled))
     ratio = ratio_interval(eager_s, compiled_s)
     saved = sorted(eager_s)[blocks // 2] - sorted(compiled_s)[blocks // 2]
+    unquotable = speedup_unquotable(ratio)  # the bench's rule: no payback from a guess
+    faster = not unquotable and ratio.low is not None and ratio.low > 1 and saved > 0
     return {
         "eager_step_s": sorted(eager_s)[blocks // 2],
         "compiled_step_s": sorted(compiled_s)[blocks // 2],
@@ -292,7 +294,8 @@ def _pays(
         "low": ratio.low,
         "high": ratio.high,
         "compile_s": round(compile_s, 3),
-        "payback_steps": round(compile_s / saved) if saved > 0 else None,
+        "payback_steps": round(compile_s / saved) if faster else None,
+        "unquotable": unquotable,
     }
 
 
