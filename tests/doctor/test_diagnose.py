@@ -448,3 +448,14 @@ def test_a_hung_trial_is_killed_at_its_timeout_and_the_next_trial_still_runs(tmp
         assert after.status == "ok", after
     finally:
         runner.close()
+
+
+def test_a_long_break_reason_is_cut_at_a_word():
+    reason = "Data-dependent branching " + "on a value read from a tensor " * 6
+    record = Diagnosis(
+        graph_breaks=[{"location": "m.py:3", "reason": reason, "in_torch": False, "fix": None}]
+    )
+    line = next(t for t in record.summary().splitlines() if "m.py:3" in t)
+    shown = line.split("m.py:3: ", 1)[1]
+    assert shown.endswith("...") and len(shown) <= 120
+    assert reason.startswith(shown.removesuffix("...")) and reason[len(shown) - 3] == " "

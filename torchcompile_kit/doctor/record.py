@@ -271,8 +271,8 @@ class Diagnosis:
         lines.append(
             f"  breaks   {len(breaks)} outside torch (your code, your libraries)"
             + "".join(
-                f"\n           {b['location']}: {b['reason'][:120]}"
-                + (f"\n             fix: {b['fix'][:160]}" if b.get("fix") else "")
+                f"\n           {b['location']}: {_clip(b['reason'], 120)}"
+                + (f"\n             fix: {_clip(b['fix'], 160)}" if b.get("fix") else "")
                 for b in breaks[:5]
             )
         )
@@ -322,3 +322,19 @@ def _pays_line(pays: dict[str, Any]) -> str:
         f"{shown}: no measurable gain (the interval includes 1x); `torchcompile-kit tune` "
         "compares the recipes"
     )
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut at a word with "..." (never mid-word).
+
+    Example:
+        >>> _clip("Data-dependent branching on a tensor value", 30)
+        'Data-dependent branching on...'
+    """
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 3]
+    if text[width - 3] != " ":  # inside a word: drop it
+        cut = cut.rsplit(" ", 1)[0]
+    return f"{cut.rstrip(',;: ')}..."
