@@ -390,3 +390,24 @@ def test_the_matrix_quick_rows_wired_with_aot_eager(row, tmp_path):
 def test_the_matrix_under_inductor(row, tmp_path):
     run = run_recipe(row, tmp_path, backend=None, optimizer_backend=None)
     assert_trains_as_eager(run, row)
+
+
+@pytest.mark.slow
+def test_a_miscompute_planted_in_inductor_stops_compile_trainer_at_its_first_step(tmp_path):
+    """The same planted miscompute (x1.01 after each dropout, inside inductor) through
+    CompileTrainer with LoRA dropout 0.1: training stops at its first step with the check's
+    error, before an optimizer step is taken on wrong gradients."""
+    model = lora_llama(0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer = lora_trainer(tmp_path, model, model_backend=None)
+    with (
+        torch._inductor.config.patch(pre_grad_custom_pass=scaled_dropout_output),
+        warnings.catch_warnings(),
+        pytest.raises(CompiledMismatchError, match="compile_peft computed a different result"),
+    ):
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert trainer.state.global_step == 0
+    for name, param in model.named_parameters():
+        if name in before:
+            torch.testing.assert_close(param, before[name], rtol=0, atol=0, msg=name)
