@@ -129,15 +129,6 @@ class Verdict:
     def failures(self) -> list[TensorDiff]:
         return [d for d in self.diffs if not d.ok]
 
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    @property
-    def worst(self) -> TensorDiff | None:
-        """The tensor that used the most of its allowance."""
-        return max(self.diffs, key=lambda d: d.ratio, default=None)
-
     def describe_reference(self) -> str:
         """A record's ``reference``: its dtype, ``none (why)``, or why none was needed (every
         tensor was rounding-level near eager)."""
@@ -163,8 +154,8 @@ def compare(sides: Sides, *, tolerance: tuple[float, float] | None = None) -> Ve
         ...               reference=lambda dtype: {"y": x.to(dtype)},
         ...               precision=Reference(dtype=torch.float64))
         >>> verdict = compare(sides)
-        >>> verdict.ok, verdict.describe_reference()
-        (False, 'float64')
+        >>> len(verdict.failures), verdict.describe_reference()
+        (1, 'float64')
     """
     if tolerance is not None:
         rtol, atol = tolerance
