@@ -116,14 +116,19 @@ def lora_trainer(tmp_path, model, *, model_backend: str | None, **overrides):
     from torchcompile_kit.integrations import CompileTrainer
 
     compile_peft(model, **({"backend": model_backend} if model_backend else {}))
+    args = training_args(tmp_path, max_steps=20, warmup_steps=3, **overrides)
+    return CompileTrainer(model=model, args=args, train_dataset=_rows())
+
+
+def training_args(output_dir, **overrides) -> transformers.TrainingArguments:
+    """A fine-tuning script's arguments: Trainer's AdamW (``adamw_torch``) with weight decay, a
+    warm-up and linear schedule, gradient accumulation of two batches."""
     values = {
-        "output_dir": str(tmp_path),
+        "output_dir": str(output_dir),
         "per_device_train_batch_size": 2,
         "gradient_accumulation_steps": 2,
-        "max_steps": 20,
         "learning_rate": 1e-2,
         "weight_decay": 0.01,
-        "warmup_steps": 3,
         "lr_scheduler_type": "linear",
         "optim": "adamw_torch",
         "logging_steps": 1,
@@ -132,10 +137,8 @@ def lora_trainer(tmp_path, model, *, model_backend: str | None, **overrides):
         "use_cpu": True,
         "seed": 0,
         "disable_tqdm": True,
-        **overrides,
     }
-    args = transformers.TrainingArguments(**values)
-    return CompileTrainer(model=model, args=args, train_dataset=_rows())
+    return transformers.TrainingArguments(**(values | overrides))
 
 
 def _optimizer_figures(trainer) -> tuple[int, int, int]:
@@ -292,22 +295,10 @@ def custom_loop(model, optimizer, row: dict, steps: int = 4) -> list[float]:
 def trainer_run(model, row: dict, tmp_path, *, compiled: bool, optimizer_kwargs=None):
     from torchcompile_kit.integrations import CompileTrainer
 
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / ("compiled" if compiled else "eager")),
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
+    args = training_args(
+        tmp_path / ("compiled" if compiled else "eager"),
         max_steps=4,
-        learning_rate=1e-2,
-        weight_decay=0.01,
         warmup_steps=1,
-        lr_scheduler_type="linear",
-        optim="adamw_torch",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
         bf16=row["precision"] == "bf16-autocast",
         gradient_checkpointing=row["checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False} if row["checkpointing"] else None,

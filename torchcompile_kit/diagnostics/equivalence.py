@@ -444,10 +444,9 @@ def _one_batch(model: nn.Module, example_inputs: Any, seed: int, check_grads: bo
     parts: dict[str, tuple[str, ...]] = {}
 
     def part(name: str, run: Callable[[], Any]) -> Any:
-        with _RAN_EAGERLY.collecting() as eager:
-            value = run()
+        value, eager = _collecting_eager_calls(run)
         if eager:
-            parts[name] = tuple(dict.fromkeys(eager))
+            parts[name] = eager
         return value
 
     result: dict[str, Any] = {
@@ -497,13 +496,18 @@ def _run_steps(model: nn.Module, steps: list[EquivalenceStep], seed: int) -> lis
 
 
 def _run_step(model: nn.Module, label: str, run: Callable[[nn.Module], Any]) -> _StepResult:
+    try:
+        value, eager = _collecting_eager_calls(lambda: run(model))
+    except Exception as error:  # noqa: BLE001 - reported as a difference
+        return _StepResult(label=label, raised=f"{type(error).__name__}: {error}")
+    return _StepResult(label=label, value=value, ran_eagerly={"": eager} if eager else {})
+
+
+def _collecting_eager_calls(run: Callable[[], Any]) -> tuple[Any, tuple[str, ...]]:
+    """``run()``, and the compiled modules whose calls it ran eagerly on purpose (each once)."""
     with _RAN_EAGERLY.collecting() as eager:
-        try:
-            value = run(model)
-        except Exception as error:  # noqa: BLE001 - reported as a difference
-            return _StepResult(label=label, raised=f"{type(error).__name__}: {error}")
-    parts = {"": tuple(dict.fromkeys(eager))} if eager else {}
-    return _StepResult(label=label, value=value, ran_eagerly=parts)
+        value = run()
+    return value, tuple(dict.fromkeys(eager))
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)

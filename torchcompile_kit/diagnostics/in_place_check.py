@@ -86,13 +86,12 @@ def check_in_place_update(
         judged = lambda eager, compiled, exact, name, **_: _judge(
             before, eager, compiled, exact, name, updates
         )
-        floating = [t for t in tensors.values() if t.is_floating_point()]
         verdict = compare(
             Sides(
                 eager=eager,
                 compiled=compiled,
                 reference=reference,
-                precision=reference_dtype(floating),
+                precision=reference_dtype(tensors.values()),
                 judge=judged,
                 subject="the step",
             )

@@ -275,32 +275,27 @@ class _CompiledStep:
             else:
                 if self.static_grads:
                     self._mark_static_grads()
-                if self._compiled_once and self.check_next:
-                    self.check_next = False
-                    self._checked_step()
-                elif self._compiled_once:
-                    self.compiled_step()
+                if self._compiled_once:
+                    self._compiled_step(check=False)
                 else:
                     # The first compile happens here, at the first step with state, which is
                     # inside the user's no_recompiles() block when the whole loop is: let it
                     # through (once; a later recompile still fails there). See no_recompiles.
                     with allow_first_compile():
-                        self._first_compiled_step()
+                        self._compiled_step(check=self.verify)
                     self._compiled_once = True
         return loss
 
-    def _first_compiled_step(self) -> None:
-        """The first compiled step, compared with an eager step from the same start (``verify``)."""
-        if self.verify or self.check_next:
-            self.check_next = False
-            self._checked_step()
-        else:
+    def _compiled_step(self, *, check: bool) -> None:
+        """A compiled step, compared with an eager step from the same start when ``check``
+        (``verify``, at the first) or asked by :func:`verify_next_step`."""
+        if not (check or self.check_next):
             self.compiled_step()
-
-    def _checked_step(self) -> None:
+            return
+        self.check_next = False
         tensors, params = self._step_tensors()
-        # raises CompiledMismatchError with the parameters and state restored; _compiled_once
-        # stays False, so the next step is checked again
+        # raises CompiledMismatchError with the parameters and state restored; at the first step
+        # _compiled_once stays False, so the next step is checked again
         check_in_place_update(
             tensors,
             run_eager=self.eager_step,
@@ -381,14 +376,12 @@ class _CompiledStep:
         """What the group's device needs with a tensor lr (decided once per group, not per step)."""
         if not self.is_adam:
             return {}  # SGD's foreach path accepts a tensor lr on every device
-        if not group["params"]:
-            # Dynamo sets capturable=True in a group whose params are all on an accelerator and
-            # without state as it traces (torch/_dynamo/variables/optimizer.py, _set_capturable),
-            # and all() of no params is True: an empty group (HF Trainer's no-decay group of a
-            # LoRA model) gets it at every trace. The user's value, put back after each step,
-            # then failed that guard at the next: a recompile per step. True here matches the
-            # trace; an empty group computes nothing either way.
-            return {"capturable": True}
+        # An empty group (HF Trainer's no-decay group of a LoRA model) counts as on an
+        # accelerator, as dynamo counts it: it sets capturable=True in a group whose params are
+        # all on one and without state as it traces (torch/_dynamo/variables/optimizer.py,
+        # _set_capturable), and all() of no params is True. Any other value, put back after each
+        # step, fails that guard at the next: a recompile per step. An empty group computes
+        # nothing either way.
         if all(_is_capturable_device(p.device) for p in group["params"]):
             return {"capturable": True}
         return {"foreach": False}
