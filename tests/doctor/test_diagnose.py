@@ -3,6 +3,7 @@ each trial in its own process, the module found and confirmed both ways, a repro
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -247,7 +248,7 @@ def test_a_problem_that_needs_two_parts_together_is_named_as_their_parent_only()
 
     found = locate(Patient(), _judge(bad), Trial(label="failing"))
     assert [u.label for u in found.culprits] == ["blocks.*"]
-    assert found.whole_graph_only and found.confirmed
+    assert found.indivisible and found.confirmed and not found.whole_graph_only
 
 
 def test_a_model_without_parts_has_no_part_to_name():
@@ -255,7 +256,7 @@ def test_a_model_without_parts_has_no_part_to_name():
     from torchcompile_kit.doctor.locate import locate
 
     found = locate(nn.Linear(2, 2), _judge(lambda modules, exclude: True), Trial(label="failing"))
-    assert found.culprits == [] and not found.confirmed
+    assert found.culprits == [] and not found.confirmed and found.whole_graph_only
 
 
 @pytest.mark.parametrize("recipe", ["regional", "peft"])  # "model": the command's test below
@@ -459,3 +460,114 @@ def test_a_long_break_reason_is_cut_at_a_word():
     shown = line.split("m.py:3: ", 1)[1]
     assert shown.endswith("...") and len(shown) <= 120
     assert reason.startswith(shown.removesuffix("...")) and reason[len(shown) - 3] == " "
+
+
+@pytest.mark.slow
+def test_each_trial_compiles_afresh_and_shares_only_the_kernels_binaries(tmp_path):
+    """The same inductor trial twice: both trace and generate code (no graph or autograd graph
+    read from a cache: the second is a compile of its own, as "again" needs), and the second
+    builds no kernel binary the first built (one inductor cache dir for the diagnosis)."""
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.runner import TrialRunner
+
+    torch.save(patients.build_relu_mlp()[0].state_dict(), tmp_path / "state.pt")
+    torch.save(patients.make_batch(0), tmp_path / "batch.pt")
+    inputs = {
+        "spec": "tests.doctor.patients:build_relu_mlp",
+        "state": str(tmp_path / "state.pt"),
+        "batch": str(tmp_path / "batch.pt"),
+    }
+    runner = TrialRunner(tmp_path, inputs, timeout_s=600)
+    cache = tmp_path / "trials" / "inductor"
+    binaries = []
+    try:
+        for label in ("first", "second"):
+            outcome = runner.run(Trial(label=label, backend="inductor", monitor=True))
+            assert outcome.status == "ok" and outcome.graphs, outcome
+            binaries.append(sorted(p.name for p in cache.rglob("*.so")))
+    finally:
+        runner.close()
+    assert binaries[0] and binaries[1] == binaries[0]
+    cached_graphs = [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "locks"]
+    assert not [p for p in cached_graphs if {"fxgraph", "aotautograd"} & set(p.parts)]
+
+
+class _ScriptedTrials:
+    """The doctor's trial runner, answering from a rule instead of running: ``status`` where the
+    trial compiles ``culprit`` (or the whole model with ``culprit`` not excluded) at the user's
+    backend, ``ok`` elsewhere; the triage run again answers ``again``."""
+
+    def __init__(self, folder, status, culprit, again=None):
+        self.folder, self.status, self.culprit, self.again = folder, status, culprit, again
+        self.count, self.timeout_s = 0, 60
+
+    def request(self, trial, name):
+        return {"spec": SPEC, "trial": trial.as_dict(), "out": str(self.folder / f"{name}.json")}
+
+    def run(self, trial):
+        from torchcompile_kit.doctor import TrialOutcome
+
+        self.count += 1
+        compiled = trial.modules if trial.modules is not None else [""]
+        hit = (self.culprit is None and trial.modules is None and not trial.exclude) or any(
+            self.culprit is not None  # the culprit is compiled: it lies within a compiled module
+            and self.culprit.startswith(m)
+            and not any(self.culprit.startswith(e) for e in trial.exclude)
+            for m in compiled
+        )
+        status = self.status if hit and trial.backend == "inductor" else "ok"
+        if trial.label.startswith("triage, again") and self.again:
+            status = self.again
+        if trial.bisect:
+            return TrialOutcome(label=trial.label, status="ok", bisect={"error": "scripted"})
+        differs = ["gradients"] if status == "miscompute" else []
+        worst_share = 0.8 if self.status == "numerics" else 0.1
+        return TrialOutcome(
+            label=trial.label,
+            status="ok" if status == "numerics" else status,
+            differs=differs,
+            worst="grad of head.0.weight" if status in ("ok", "numerics") else None,
+            worst_share=worst_share,
+            signal=9 if status == "crashed" else None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("status", "culprit", "again", "result", "named"),
+    [
+        ("ok", None, None, "ok", None),
+        ("numerics", None, None, "numerics", None),
+        ("eager-error", None, None, "eager-error", None),
+        ("miscompute", "blocks.2.gate.proj", None, "miscompute", ["blocks.2.gate.proj"]),
+        ("miscompute", "blocks.2.gate", "ok", "nondeterministic", None),
+        ("miscompute", None, None, "miscompute", None),  # only the whole model reproduces it
+        ("miscompute", "blocks.0", None, "miscompute", ["blocks.*"]),  # no part of a block alone
+        ("compile-error", "head.1", None, "compile-error", ["head.1"]),
+        ("runtime-error", "embed", None, "runtime-error", ["embed"]),
+        ("crashed", "blocks.2.gate.proj", None, "crashed", ["blocks.2.gate.proj"]),
+        ("timeout", "head.1", None, "timeout", ["head.1"]),
+    ],
+)
+def test_every_result_is_recorded_without_contradicting_itself(
+    tmp_path, monkeypatch, status, culprit, again, result, named
+):
+    """The doctor's steps on trials that answer by rule, for every status a trial can give: the
+    result, and a record none of whose fields denies another (``contradictions``); the exit
+    status the command would return."""
+    import time
+
+    from torchcompile_kit.doctor import EXIT_CODES, Trial
+
+    module = importlib.import_module("torchcompile_kit.doctor.diagnose")
+    from torchcompile_kit.doctor.repro import ReproCheck
+
+    monkeypatch.setattr(module, "check_repro", lambda *a, **k: ReproCheck(fails=True, output=""))
+    scripted = _ScriptedTrials(tmp_path, status, culprit, again)
+    record = Diagnosis(torch=torch.__version__, device="cpu")
+    doctor = module._Doctor(scripted, record, tmp_path, time.perf_counter())
+    doctor.run(Trial(label="triage", monitor=True), Patient(), patients.make_batch(0))
+    assert record.result == result, record.summary()
+    assert record.contradictions() == [], record.as_dict()
+    assert result in EXIT_CODES and record.culprits == named
+    assert record.culprit_indivisible == (culprit == "blocks.0")
+    assert record.whole_graph_only == (culprit is None and result == "miscompute")

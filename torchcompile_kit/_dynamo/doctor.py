@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "DEBUG_SETTINGS",
+    "autotune_afresh",
     "compiler_bisect",
     "inductor_settings",
     "ladder_backends",
@@ -73,6 +74,22 @@ def missing_settings(settings: Mapping[str, Any]) -> list[str]:
         if owner is None or not hasattr(owner, leaf):
             missing.append(name)
     return missing
+
+
+def autotune_afresh() -> None:
+    """Inductor's local autotuning cache off in this process (the doctor's trial starter, whose
+    forks inherit it): each trial benchmarks its kernels' configurations itself, so a trial run
+    twice ("is it deterministic?") does not reuse the first one's picks.
+
+    Why: ``autotune_local_cache`` has no environment variable, unlike the graph caches
+    (``TORCHINDUCTOR_FX_GRAPH_CACHE``, ``TORCHINDUCTOR_AUTOGRAD_CACHE``). Upstream:
+    ``torch._inductor.config.autotune_local_cache``
+    (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/config.py). Can go when torch
+    reads it from the environment.
+    """
+    from torch._inductor import config
+
+    config.autotune_local_cache = False
 
 
 @contextlib.contextmanager

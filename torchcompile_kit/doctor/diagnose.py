@@ -295,6 +295,7 @@ class _Doctor:
         diagnosis.culprits = [unit.label for unit in located.culprits] or None
         diagnosis.culprit_confirmed = located.confirmed
         diagnosis.whole_graph_only = located.whole_graph_only
+        diagnosis.culprit_indivisible = located.indivisible
         if not located.culprits:
             diagnosis.notes.append(
                 "only the whole model compiled at once reproduces it: no part "

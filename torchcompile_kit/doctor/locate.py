@@ -95,7 +95,9 @@ class Located:
     culprits: list[Unit]
     """The smallest parts that reproduce it alone (empty: nothing smaller than the whole model)."""
     whole_graph_only: bool
-    """The culprit reproduces only as a whole, none of its parts alone."""
+    """No part alone reproduces it, only the whole model compiled at once (no culprits)."""
+    indivisible: bool
+    """The culprit reproduces alone, but none of its parts alone does (it has parts)."""
     confirmed: bool
     """The culprits alone fail and the model compiled with them eager passes."""
     complement: TrialOutcome | None
@@ -139,7 +141,9 @@ def locate(
             culprits, whole = ([node] if node.label else []), True
         break
     if not culprits:
-        return Located(culprits=[], whole_graph_only=True, confirmed=False, complement=None)
+        return Located(
+            culprits=[], whole_graph_only=True, indivisible=False, confirmed=False, complement=None
+        )
     paths = [p for unit in culprits for p in unit.paths]
     complement = run(
         base.variant(
@@ -150,7 +154,8 @@ def locate(
     )
     return Located(
         culprits=culprits,
-        whole_graph_only=whole and bool(children(model, culprits[0])),
+        whole_graph_only=False,
+        indivisible=whole and bool(children(model, culprits[0])),
         confirmed=not complement.bad and complement.status != "eager-error",
         complement=complement,
     )

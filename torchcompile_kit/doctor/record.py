@@ -30,8 +30,11 @@ RESULTS = (
     "numerics",
     "nondeterministic",
     "eager-error",
+    "timeout",
 )
 """What a diagnosis can conclude (:attr:`Diagnosis.result`)."""
+_FAILED = ("compile-error", "runtime-error", "crashed", "miscompute", "timeout")
+"""The results the doctor goes on to localise (a nondeterministic one it does not)."""
 EXIT_CODES = {
     "ok": 0,
     "miscompute": 10,
@@ -41,6 +44,7 @@ EXIT_CODES = {
     "nondeterministic": 14,
     "numerics": 15,
     "eager-error": 16,
+    "timeout": 17,
 }
 """``torchcompile-kit doctor``'s exit status for each result (2: a usage error; 1: the doctor
 itself failed), so that a CI job can gate on it (docs/troubleshooting.md)."""
@@ -167,8 +171,11 @@ class Diagnosis:
     """Confirmed both ways: the culprits compiled alone fail, and the model compiled with them
     eager passes."""
     whole_graph_only: bool = False
-    """Only compiling a part together reproduces it, none of its children alone (fusion across
-    modules?): :attr:`culprits` names that part."""
+    """Only the whole model compiled at once reproduces it, no part alone (its own forward, or a
+    fusion across modules): :attr:`culprits` is ``None``."""
+    culprit_indivisible: bool = False
+    """The culprit alone reproduces it, none of its parts alone (a fusion across them, or its own
+    forward)."""
     bisect: dict[str, Any] | None = None
     """torch's pass-level bisection inside the culprit, where run; ``None`` otherwise."""
     workaround: str | None = None
@@ -205,6 +212,38 @@ class Diagnosis:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (``doctor.json``)."""
         return asdict(self)
+
+    def contradictions(self) -> list[str]:
+        """What this record says that another of its fields denies (empty: nothing), so that a
+        tool reading ``doctor.json`` can trust each field alone.
+
+        Example:
+            >>> Diagnosis(result="ok", culprits=["head.1"]).contradictions()
+            ['result ok, yet culprits are named']
+        """
+        found = []
+        if self.result not in RESULTS:
+            found.append(f"result {self.result!r} is none of {list(RESULTS)}")
+        if self.result not in _FAILED:
+            named = {
+                "culprits are named": self.culprits,
+                "a first bad backend is named": self.first_bad_backend,
+                "parts differ": self.differs,
+                "settings hide it": self.hidden_by,
+                "a workaround is given": self.workaround,
+                "a repro is written": self.repro,
+                "only the whole graph reproduces": self.whole_graph_only,
+            }
+            found += [f"result {self.result}, yet {what}" for what, value in named.items() if value]
+        if bool(self.differs) != (self.result == "miscompute"):
+            found.append(f"result {self.result} with differs {self.differs}")
+        if self.whole_graph_only and self.culprits:
+            found.append("whole_graph_only, yet culprits are named")
+        if (self.culprit_confirmed or self.culprit_indivisible) and not self.culprits:
+            found.append("a culprit is confirmed or indivisible, yet none is named")
+        if self.repro_fails is not None and not self.repro:
+            found.append("repro_fails is set, yet no repro was written")
+        return found
 
     def summary(self) -> str:
         """One screen: the result, the ladder, where, the workaround, the repro."""
@@ -262,7 +301,11 @@ class Diagnosis:
             )
             lines.append(
                 f"  where    {where}"
-                + (" (only as a whole: none of its parts alone)" if self.whole_graph_only else "")
+                + (
+                    " (only as a whole: none of its parts alone)"
+                    if self.culprit_indivisible
+                    else ""
+                )
                 + f": {how}"
             )
         if self.pays:

@@ -3,8 +3,9 @@ once, then forks a fresh process for each trial (``python -m torchcompile_kit.do
 
 Importing them takes about 9 s on a 2-core CPU, a third to a half of a small model's trial; a fork
 of a process that has only imported them (as a ``DataLoader`` worker is forked) starts in
-milliseconds. Each trial is still a process of its own: its own compile cache (the environment
-it is given), its own log, and its death by a signal is reported, not shared.
+milliseconds. Each trial is still a process of its own: it compiles afresh (no cached graph or
+autotuning result; only the kernels' binaries of the diagnosis's inductor cache dir, the
+environment it is given), its own log, and its death by a signal is reported, not shared.
 
 Protocol, one JSON line each way: the doctor writes ``{"request", "log", "env"}``; this process
 answers ``{"pid"}`` once the trial's process runs and ``{"pid", "status"}`` (``os.waitpid``'s
@@ -28,6 +29,7 @@ def _preload() -> None:
     from . import trial  # noqa: F401
 
     _dynamo.preload_compiler()
+    _dynamo.autotune_afresh()
 
 
 def _child(request: str, log: str, env: dict[str, str]) -> None:
