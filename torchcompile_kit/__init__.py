@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # public name -> module that defines it (relative to this package). A name is here when a training
 # script calls or constructs it to apply, check or measure a recipe (docs/architecture.md gives
