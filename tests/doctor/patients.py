@@ -75,6 +75,24 @@ def build_chatty():
     return model, make_batch
 
 
+class CountingPatient(Patient):
+    """The loss summed and divided by a token count the batch carries as a Python int, as a
+    training loop passes ``num_items_in_batch``: a guard on a value that changes per batch."""
+
+    def forward(self, x, y, tokens):
+        loss = nn.functional.mse_loss(super().forward(x, y)["loss"], y.new_zeros(()))
+        return {"loss": loss * x.shape[0] / tokens}
+
+
+def make_counted_batch(step: int) -> dict[str, object]:
+    """The same shapes at every step, and a token count that changes."""
+    return {**make_batch(0), "tokens": 6 + step}
+
+
+def build_counting():
+    return CountingPatient(), make_counted_batch
+
+
 class ReluMLP(nn.Module):
     """Two linear layers with the model's only ReLU between them (``head.1``), and the loss."""
 

@@ -57,7 +57,10 @@ def test_a_healthy_model_is_ok_after_the_triage_alone(tmp_path):
     saved = json.loads((tmp_path / "doctor.json").read_text())
     assert saved["result"] == "ok" and saved["complete"] is True
     # the second batch shape recompiled (automatic dynamic), and said so
-    assert any("size mismatch" in guard for guard in diagnosis.recompiles), diagnosis.recompiles
+    shape = next(r for r in diagnosis.recompiles if "size mismatch" in r.guard)
+    assert "shape" in shape.kinds and shape.recurs, diagnosis.recompiles
+    own = [r for r in diagnosis.recompiles if r.kinds == ("mode",)]  # its no_grad check first
+    assert all(r.recurs is False for r in own), diagnosis.recompiles
 
 
 def test_a_model_whose_only_problem_is_a_graph_break_is_ok_with_the_break_named(tmp_path, capfd):
@@ -270,8 +273,8 @@ def test_the_librarys_recipes_are_diagnosed_as_they_compile(tmp_path, recipe):
     assert diagnosis.result == "ok", diagnosis.summary()
     request = json.loads((tmp_path / "trials" / "01.request.json").read_text())
     assert request["trial"]["recipe"] == recipe
-    per_block = any("_modules['gate']" in guard for guard in diagnosis.recompiles)
-    assert per_block, diagnosis.recompiles
+    per_block = [r for r in diagnosis.recompiles if "_modules['gate']" in r.guard]
+    assert per_block and per_block[0].recurs is False, diagnosis.recompiles
 
 
 def test_an_unknown_recipe_is_refused_with_the_known_ones(tmp_path):
@@ -376,7 +379,7 @@ def test_the_command_takes_a_recipe_and_says_the_result(tmp_path, capsys):
     saved = json.loads((tmp_path / "doctor.json").read_text())
     assert saved["result"] == "ok" and "recipe=model" in saved["notes"][0]
     # compiled whole: no block of its own, so no guard on the last block's gate
-    assert not any("_modules['gate']" in guard for guard in saved["recompiles"])
+    assert not any("_modules['gate']" in r["guard"] for r in saved["recompiles"])
 
 
 @pytest.mark.parametrize(
@@ -571,3 +574,51 @@ def test_every_result_is_recorded_without_contradicting_itself(
     assert result in EXIT_CODES and record.culprits == named
     assert record.culprit_indivisible == (culprit == "blocks.0")
     assert record.whole_graph_only == (culprit is None and result == "miscompute")
+
+
+def test_a_guard_on_a_per_batch_value_is_named_as_recurring_in_training(tmp_path):
+    """A token count passed as a Python int (same shapes every step): the triage's second batch
+    recompiles on its value; the doctor names the guard and says that training meets it too."""
+    diagnosis = diagnose("tests.doctor.patients:build_counting", backend="aot_eager", out=tmp_path)
+    assert diagnosis.result == "ok", diagnosis.summary()
+    value = [r for r in diagnosis.recompiles if "tokens" in r.guard]
+    assert value and "value" in value[0].kinds and value[0].recurs, diagnosis.recompiles
+    assert value[0].why.startswith("a Python number"), value[0].why
+    text = diagnosis.summary()
+    assert "1 will recur in training" in text and "RECURS: a Python number" in text, text
+
+
+@pytest.mark.parametrize(
+    ("guard", "kinds", "recurs"),
+    [  # guards as dynamo words them (torch 2.13, this machine)
+        ("0/0: tensor 'x' size mismatch at index 0. expected 6, actual 8", ("shape",), True),
+        ("0/0: GLOBAL_STATE changed: grad_mode", ("mode",), False),
+        (
+            (
+                "0/1: self._modules['drop'].training == True  # return F.dropout(input, self.p, "
+                "self.training, self.inplace)  # nn/modules/dropout.py:73 in forward; 0/2: "
+                "GLOBAL_STATE changed: grad_mode (and 1 earlier graph alike)"
+            ),
+            ("mode",),
+            False,
+        ),
+        (  # the doctor's no_grad graph refused too: the value is the cause to act on
+            '0/0: GLOBAL_STATE changed: grad_mode; 0/1: tokens == 6  # return {"loss": loss}',
+            ("mode", "value"),
+            True,
+        ),
+        ("1/0: n == 2  # return self.lin(x) * int(n)  # m.py:8 in forward", ("value",), True),
+        (
+            "0/0: tensor 'x' requires_grad mismatch. expected requires_grad=0",
+            ("requires_grad",),
+            False,
+        ),
+        ("0/0: something new", ("other",), None),
+    ],
+)
+def test_each_kind_of_guard_is_read_as_its_cause(guard, kinds, recurs):
+    from torchcompile_kit.doctor import explain_recompile
+
+    found = explain_recompile(guard)
+    assert (found.kinds, found.recurs) == (kinds, recurs)
+    assert found.why and (recurs is None or "training" in found.why or "once" in found.why)

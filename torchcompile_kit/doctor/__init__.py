@@ -4,6 +4,16 @@ The topic's API: :func:`diagnose` and its records. ``torchcompile-kit doctor`` r
 """
 
 from .diagnose import diagnose
+from .recompiles import RecompileFinding, explain_recompile
 from .record import EXIT_CODES, RESULTS, Diagnosis, Trial, TrialOutcome
 
-__all__ = ["EXIT_CODES", "RESULTS", "Diagnosis", "Trial", "TrialOutcome", "diagnose"]
+__all__ = [
+    "EXIT_CODES",
+    "RESULTS",
+    "Diagnosis",
+    "RecompileFinding",
+    "Trial",
+    "TrialOutcome",
+    "diagnose",
+    "explain_recompile",
+]

@@ -21,6 +21,7 @@ from typing import Any
 from .. import _dynamo
 from .._checks import check_compile_kwargs
 from .locate import Located, locate
+from .recompiles import explain_recompile
 from .record import NUMERICS_SHARE, RECIPES, Diagnosis, Trial, TrialOutcome
 from .repro import capture_calls, check_repro, write_repro
 from .runner import TrialRunner
@@ -154,7 +155,7 @@ class _Doctor:
         )
         triage = self.trial(user)
         diagnosis.graph_breaks = triage.graph_breaks
-        diagnosis.recompiles = triage.recompiles
+        diagnosis.recompiles = [explain_recompile(guard) for guard in triage.recompiles]
         diagnosis.pays = triage.pays
         if triage.limit_hits:
             diagnosis.notes.append(

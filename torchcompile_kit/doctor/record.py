@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .recompiles import RecompileFinding
+
 __all__ = [
     "EXIT_CODES",
     "NUMERICS_SHARE",
@@ -72,7 +74,7 @@ class Trial:
     exclude: list[str] = field(default_factory=list)
     """With the whole model compiled, leave these modules eager."""
     monitor: bool = False
-    """Record graph breaks and recompiles (with a second batch shape when the builder gives one)."""
+    """Record graph breaks and recompiles (with the builder's second batch when it differs)."""
     bisect: bool = False
     """Instead of one comparison, run torch's pass-level bisection over repeated ones."""
     autocast: str | None = None
@@ -192,8 +194,10 @@ class Diagnosis:
     """``TORCH_TRACE`` folder of the repro's run, for ``tlparse``."""
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
     """The triage's graph breaks (location, reason)."""
-    recompiles: list[str] = field(default_factory=list)
-    """The triage's recompiles (failed guards)."""
+    recompiles: list[RecompileFinding] = field(default_factory=list)
+    """The triage's recompiles: each failed guard, what changed and whether it recurs in
+    training (a shape or value that changes per batch) or happens once (the doctor's own
+    eval/train switch)."""
     pays: dict[str, Any] | None = None
     """Whether the compile pays on this batch (:attr:`TrialOutcome.pays` of the triage)."""
     torch: str = ""
@@ -319,7 +323,17 @@ class Diagnosis:
                 for b in breaks[:5]
             )
         )
-        lines.append(f"  recompiles {len(self.recompiles)}")
+        recurring = sum(1 for r in self.recompiles if r.recurs)
+        lines.append(
+            f"  recompiles {len(self.recompiles)}"
+            + (f" ({recurring} will recur in training)" if self.recompiles else "")
+            + "".join(
+                f"\n           {_clip(r.guard, 120)}"
+                f"\n             {'RECURS' if r.recurs else 'once' if r.recurs is False else '?'}:"
+                f" {_clip(r.why, 200)}"
+                for r in self.recompiles[:5]
+            )
+        )
         if self.workaround:
             lines.append(f"  workaround (verified on this batch only): {self.workaround}")
         if self.repro:

@@ -81,8 +81,8 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
                 backend=backend,
                 **trial.compile_kwargs,
             )
-            if trial.monitor and compiled and make_batch is not None:  # a second batch shape
-                _second_shape(compiled[0], make_batch, batch)
+            if trial.monitor and compiled and make_batch is not None:  # a second batch
+                _second_batch(compiled[0], make_batch, batch)
     except Exception as err:  # noqa: BLE001 - what the compiled run raised is the finding
         compiling = _dynamo.compile_failure_stack(err) is not None
         outcome.status = "compile-error" if compiling else "runtime-error"
@@ -253,13 +253,22 @@ def _recipe(name: str) -> Callable[..., Any]:
     return {"regional": compile_regional, "model": compile_model}[name]
 
 
-def _second_shape(model: Any, make_batch: Callable[[int], Any], first: Any) -> None:
-    """A forward and backward on the builder's next batch when its shapes differ from the first."""
+def _second_batch(model: Any, make_batch: Callable[[int], Any], first: Any) -> None:
+    """A forward and backward on the builder's next batch when it differs from the first in a
+    shape or in a Python value (what a guard can hold: a token count, a flag)."""
     second = make_batch(1)
-    shapes = lambda b: [tuple(v.shape) for v in b.values() if hasattr(v, "shape")]
-    if shapes(second) != shapes(first):
+    if _guarded(second) != _guarded(first):
         model.train()
         loss_of(call_model(model, second)).backward()
+
+
+def _guarded(batch: Any) -> list[Any]:
+    """What dynamo guards on in a batch: each tensor's shape, each other value as it is."""
+    import torch
+
+    parts = batch.values() if isinstance(batch, dict) else batch
+    parts = [parts] if isinstance(parts, torch.Tensor) else list(parts)
+    return [tuple(p.shape) if isinstance(p, torch.Tensor) else p for p in parts]
 
 
 def _pays(
