@@ -65,8 +65,42 @@ class ChattyBlock(Block):
         return super().forward(x)
 
 
+class BranchingBlock(Block):
+    """A block that prints and branches on a ``.item()``: two graph breaks, nothing wrong."""
+
+    def forward(self, x):
+        print("block", x.shape)  # THE_PRINT
+        h = super().forward(x)
+        if h.mean().item() > 0:  # THE_BRANCH
+            h = h * 0.5
+        return h
+
+
 def build():
     return Patient(), make_batch
+
+
+class NarrowingBlock(Block):
+    """A branch on a ``.item()`` that narrows ``h`` to one column, then code that reads its
+    width: ``torch.where`` broadcasts it back, so the rewrite changes what eager computes."""
+
+    def forward(self, x):
+        h = super().forward(x)
+        if h.mean().item() > -1e9:  # THE_NARROWING
+            h = h.mean(dim=-1, keepdim=True)
+        return h.expand(-1, WIDTH) / h.shape[-1]
+
+
+def build_narrowing():
+    model = Patient()
+    model.blocks[1] = NarrowingBlock(gated=False)
+    return model, make_batch
+
+
+def build_branching():
+    model = Patient()
+    model.blocks[1] = BranchingBlock(gated=False)
+    return model, make_batch
 
 
 def build_chatty():

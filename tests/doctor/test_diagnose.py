@@ -585,7 +585,8 @@ def test_a_guard_on_a_per_batch_value_is_named_as_recurring_in_training(tmp_path
     assert value and "value" in value[0].kinds and value[0].recurs, diagnosis.recompiles
     assert value[0].why.startswith("a Python number"), value[0].why
     text = diagnosis.summary()
-    assert "1 will recur in training" in text and "RECURS: a Python number" in text, text
+    assert "recompiles 2, 1 of a kind training meets too" in text, text
+    assert "RECURS 0/0: GLOBAL_STATE changed: grad_mode; 0/1: tokens == 6" in text, text
 
 
 @pytest.mark.parametrize(
@@ -622,3 +623,64 @@ def test_each_kind_of_guard_is_read_as_its_cause(guard, kinds, recurs):
     found = explain_recompile(guard)
     assert (found.kinds, found.recurs) == (kinds, recurs)
     assert found.why and (recurs is None or "training" in found.why or "once" in found.why)
+
+
+def _line_of(marker: str) -> int:
+    lines = Path(patients.__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+
+def test_the_fixes_for_a_print_and_an_item_branch_are_verified_in_trials(tmp_path):
+    """A block that prints and branches on ``.item()``: both breaks named at file:line, and each
+    fix (the print guarded by ``torch.compiler.is_compiling()``, the branch as ``torch.where``)
+    applied in a trial of its own: the break gone, eager's loss and gradients unchanged."""
+    diagnosis = diagnose("tests.doctor.patients:build_branching", backend="aot_eager", out=tmp_path)
+    assert diagnosis.result == "ok", diagnosis.summary()
+    breaks = [b for b in diagnosis.graph_breaks if b["file"] == patients.__file__]
+    assert {b["line"] for b in breaks} == {_line_of("THE_PRINT"), _line_of("THE_BRANCH")}
+    assert all(b["fix_verified"] is True for b in breaks), breaks  # "in loop" ones too
+    found = {b["line"]: b for b in breaks}
+    printing, branching = found[_line_of("THE_PRINT")], found[_line_of("THE_BRANCH")]
+    assert "is_compiling()" in printing["fix"] and printing["fix_verified"] is True, printing
+    assert "h = torch.where(h.mean() > 0, h * 0.5, h)" in branching["fix"], branching
+    assert branching["fix_verified"] is True, branching
+    assert "capture_scalar_outputs" not in branching["fix"]
+    text = diagnosis.summary()
+    assert "fix (verified in a trial: the break is gone, eager unchanged)" in text, text
+    assert [t.label for t in diagnosis.trials if t.label.startswith("fix: ")] == [
+        f"fix: {printing['location']}",
+        f"fix: {branching['location']}",
+    ]
+
+
+def test_a_rewrite_that_changes_what_eager_computes_does_not_check_out(tmp_path):
+    """A branch that narrows ``h`` to one column: the ``torch.where`` rewrite broadcasts it back
+    (the break is gone, the loss is not the same), so the fix is not called verified."""
+    diagnosis = diagnose("tests.doctor.patients:build_narrowing", backend="aot_eager", out=tmp_path)
+    line = _line_of("THE_NARROWING")
+    at_line = [b for b in diagnosis.graph_breaks if b["line"] == line]
+    assert at_line and all(b["fix_verified"] is False for b in at_line), at_line
+    assert all(b["fix_check"] == "eager's loss or gradients changed" for b in at_line), at_line
+    assert "did not check out: eager's loss or gradients changed" in diagnosis.summary()
+
+
+def test_a_branch_that_returns_gets_no_rewrite(tmp_path):
+    """No rewrite for an ``if`` whose branch returns, nor for a break of another kind: torch's
+    hint stays, unverified."""
+    import textwrap
+
+    from torchcompile_kit.doctor.fixes import propose_rewrite
+
+    source = tmp_path / "branchy.py"
+    source.write_text(
+        textwrap.dedent(
+            """\
+            def forward(self, h):
+                if h.mean().item() > 0:
+                    return h * 2
+                return h
+            """
+        )
+    )
+    assert propose_rewrite(str(source), 2, "Unsupported Tensor.item() call") is None
+    assert propose_rewrite(str(source), 2, "some other break") is None

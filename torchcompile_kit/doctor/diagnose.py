@@ -15,11 +15,13 @@ import logging
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .. import _dynamo
 from .._checks import check_compile_kwargs
+from .fixes import Rewrite, propose_rewrite
 from .locate import Located, locate
 from .recompiles import explain_recompile
 from .record import NUMERICS_SHARE, RECIPES, Diagnosis, Trial, TrialOutcome
@@ -27,6 +29,9 @@ from .repro import capture_calls, check_repro, write_repro
 from .runner import TrialRunner
 
 __all__ = ["diagnose"]
+
+_FIXES_CHECKED = 5
+"""Breaks whose fix the doctor checks (a trial each), as many as the summary shows."""
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +159,7 @@ class _Doctor:
             + (f", recipe={user.recipe}" if user.recipe else "")
         )
         triage = self.trial(user)
-        diagnosis.graph_breaks = triage.graph_breaks
+        diagnosis.graph_breaks = self.break_fixes(user, triage.graph_breaks)
         diagnosis.recompiles = [explain_recompile(guard) for guard in triage.recompiles]
         diagnosis.pays = triage.pays
         if triage.limit_hits:
@@ -233,6 +238,51 @@ class _Doctor:
                 )
                 + ")"
             )
+
+    def break_fixes(self, user: Trial, breaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The breaks with their fixes: for a line of the user's code that a known rewrite
+        fits (:mod:`.fixes`; any of the line's reasons, torch's "graph break in loop" among
+        them), a trial of its own applies it to the model's class and checks it (backend
+        ``eager``: breaks are dynamo's); any other break keeps torch's hint, unverified."""
+        checked: dict[str, dict[str, Any]] = {}
+        for found in breaks:
+            where = found["location"]
+            if where in checked or len(checked) >= _FIXES_CHECKED or found.get("in_torch"):
+                continue
+            reasons = " ".join(b["reason"] for b in breaks if b["location"] == where)
+            rewrite = (
+                propose_rewrite(found["file"], found["line"], reasons)
+                if found.get("file") and found.get("line")
+                else None
+            )
+            if rewrite is not None:
+                checked[where] = self.check_fix(user, where, rewrite)
+        return [{**b, "fix_verified": None, **checked.get(b["location"], {})} for b in breaks]
+
+    def check_fix(self, user: Trial, where: str, rewrite: Rewrite) -> dict[str, Any]:
+        """Apply ``rewrite`` in a trial: verified when the break at ``where`` is gone and eager
+        computes what it computed before."""
+        check = self.trial(
+            user.variant(
+                f"fix: {where}",
+                backend="eager",
+                compile_kwargs={},
+                inductor={},
+                recipe=None,
+                monitor=True,
+                rewrite=asdict(rewrite),
+            )
+        )
+        still = [b for b in check.graph_breaks if b["location"] == where]
+        why = (
+            check.error
+            or (f"the fixed model gave {check.status}" if check.status != "ok" else None)
+            or (None if check.rewrite_equal else "eager's loss or gradients changed")
+            or (f"the line still breaks: {still[0]['reason']}" if still else None)
+        )
+        shown = rewrite.shown.replace(":\n    ", ": ").replace("\n", "; ")
+        fix = {"fix": f"write line {rewrite.line} as `{shown}`", "fix_verified": not why}
+        return {**fix, "fix_check": why} if why else fix
 
     def ladder(self, user: Trial) -> str:
         """The first backend of the ladder that fails; the user's when every debug rung passes."""

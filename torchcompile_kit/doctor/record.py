@@ -79,6 +79,9 @@ class Trial:
     """Instead of one comparison, run torch's pass-level bisection over repeated ones."""
     autocast: str | None = None
     """Run both sides under ``torch.autocast`` with this dtype (``"bfloat16"``, ``"float16"``)."""
+    rewrite: dict[str, Any] | None = None
+    """A fix for a graph break to apply to the model's class first (``file``, ``line``,
+    ``kind``: :class:`~torchcompile_kit.doctor.fixes.Rewrite`)."""
     recipe: str | None = None
     """Compile the whole model with this library's recipe (``"regional"``: ``compile_regional``,
     ``"model"``: ``compile_model``, ``"peft"``: ``compile_peft``) instead of ``model.compile``;
@@ -128,6 +131,8 @@ class TrialOutcome:
     """Each recompile's failed guard (with ``monitor``)."""
     limit_hits: int = 0
     """Recompile-limit hits (with ``monitor``)."""
+    rewrite_equal: bool | None = None
+    """With ``rewrite``: eager's loss and gradients on the batch are what they were before it."""
     bisect: dict[str, Any] | None = None
     """With ``bisect``: torch's answer (``backend``, ``subsystem``, ``bisect_number``,
     ``debug_info``), or ``{"error": ...}``; ``None`` when every backend passed."""
@@ -193,7 +198,10 @@ class Diagnosis:
     trace: str | None = None
     """``TORCH_TRACE`` folder of the repro's run, for ``tlparse``."""
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
-    """The triage's graph breaks (location, reason)."""
+    """The triage's graph breaks: ``location``, ``reason``, ``in_torch``, and ``fix`` with
+    ``fix_verified`` (``True``: a trial applied the fix to the model's class and the break was
+    gone with eager's loss and gradients unchanged; ``False``: that trial says why not in
+    ``fix_check``; ``None``: torch's hint, unchecked)."""
     recompiles: list[RecompileFinding] = field(default_factory=list)
     """The triage's recompiles: each failed guard, what changed and whether it recurs in
     training (a shape or value that changes per batch) or happens once (the doctor's own
@@ -314,26 +322,7 @@ class Diagnosis:
             )
         if self.pays:
             lines.append(f"  pays     {_pays_line(self.pays)}")
-        breaks = [b for b in self.graph_breaks if not b.get("in_torch")]
-        lines.append(
-            f"  breaks   {len(breaks)} outside torch (your code, your libraries)"
-            + "".join(
-                f"\n           {b['location']}: {_clip(b['reason'], 120)}"
-                + (f"\n             fix: {_clip(b['fix'], 160)}" if b.get("fix") else "")
-                for b in breaks[:5]
-            )
-        )
-        recurring = sum(1 for r in self.recompiles if r.recurs)
-        lines.append(
-            f"  recompiles {len(self.recompiles)}"
-            + (f" ({recurring} will recur in training)" if self.recompiles else "")
-            + "".join(
-                f"\n           {_clip(r.guard, 120)}"
-                f"\n             {'RECURS' if r.recurs else 'once' if r.recurs is False else '?'}:"
-                f" {_clip(r.why, 200)}"
-                for r in self.recompiles[:5]
-            )
-        )
+        lines += _breaks_lines(self.graph_breaks) + _recompiles_lines(self.recompiles)
         if self.workaround:
             lines.append(f"  workaround (verified on this batch only): {self.workaround}")
         if self.repro:
@@ -351,6 +340,57 @@ class Diagnosis:
             lines.append(f"  replay   {self.replay} (no standalone repro: see the notes)")
         lines += [f"  note     {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _breaks_lines(graph_breaks: list[dict[str, Any]]) -> list[str]:
+    """The breaks outside torch, a line each (torch's "graph break in loop" folded into the
+    line's own reason), with their fixes."""
+    lines: dict[str, dict[str, Any]] = {}
+    for found in graph_breaks:
+        if found.get("in_torch"):
+            continue
+        known = lines.get(found["location"])
+        if known is None or known["reason"].startswith("graph break in loop"):
+            lines[found["location"]] = found
+    shown = [
+        f"           {b['location']}: {_clip(b['reason'], 120)}"
+        + (f"\n             fix {_verdict(b)}: {_clip(b['fix'], 200)}" if b.get("fix") else "")
+        for b in list(lines.values())[:5]
+    ]
+    return [f"  breaks   {len(lines)} outside torch (your code, your libraries)", *shown]
+
+
+def _recompiles_lines(recompiles: list[RecompileFinding]) -> list[str]:
+    """Those training meets too, each with its guard; the others counted by cause."""
+    recurring = [r for r in recompiles if r.recurs]
+    lines = [
+        f"  recompiles {len(recompiles)}"
+        + (f", {len(recurring)} of a kind training meets too" if recompiles else ""),
+        *(
+            f"           RECURS {_clip(r.guard, 120)}\n             {_clip(r.why, 240)}"
+            for r in recurring[:5]
+        ),
+    ]
+    others: dict[str, list[RecompileFinding]] = {}
+    for found in recompiles:
+        if not found.recurs:
+            others.setdefault(found.why, []).append(found)
+    lines += [
+        f"           {'once' if group[0].recurs is False else '?'} x{len(group)}"
+        f" (e.g. {_clip(group[0].guard, 80)}): {_clip(why, 200)}"
+        for why, group in others.items()
+    ]
+    return lines
+
+
+def _verdict(graph_break: dict[str, Any]) -> str:
+    """How far a break's fix was checked, in words."""
+    verified = graph_break.get("fix_verified")
+    if verified:
+        return "(verified in a trial: the break is gone, eager unchanged)"
+    if verified is False:
+        return f"(did not check out: {graph_break.get('fix_check')})"
+    return "(unverified)"
 
 
 def _pays_line(pays: dict[str, Any]) -> str:

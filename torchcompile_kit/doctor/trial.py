@@ -57,6 +57,12 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     batch = torch.load(request["batch"], weights_only=True)
     torch.manual_seed(request.get("seed", 0))
     outcome = TrialOutcome(label=trial.label, status="ok")
+    if trial.rewrite:  # a fix for a graph break: eager must compute what it computed before
+        try:
+            outcome.rewrite_equal = _rewritten_alike(model, batch, trial.rewrite, trial.autocast)
+        except LookupError as err:
+            outcome.error = f"the rewrite does not apply: {err}"
+            return _done(outcome, start)
     try:
         with _autocast(model, trial.autocast):
             _eager_step(model, batch)
@@ -98,7 +104,7 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
         outcome.worst = report.worst.explain() if report.worst else None
         outcome.worst_share = report.worst.ratio if report.worst else None
         outcome.reference = report.reference.describe()
-    if trial.monitor and outcome.status == "ok" and compiled:
+    if trial.monitor and outcome.status == "ok" and compiled and not trial.rewrite:
         outcome.pays = _pays(model, compiled[0], batch, monitor.snapshot()["compile_seconds"])
     if trial.monitor:
         record = monitor.snapshot()
@@ -106,6 +112,8 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
         outcome.graph_breaks = [
             {
                 "location": b.location,
+                "file": b.file,
+                "line": b.line,
                 "reason": b.reason,
                 "in_torch": b.in_torch,
                 "fix": b.hints[0] if b.hints else None,
@@ -198,6 +206,32 @@ def loss_of(output: Any) -> Any:
             "floating-point tensor to sum"
         )
     return sum(t.float().sum() for t in tensors)
+
+
+def _rewritten_alike(model: Any, batch: Any, rewrite: dict[str, Any], autocast: Any) -> bool:
+    """Apply ``rewrite`` to the model's class (:func:`~.fixes.apply_rewrite`) and say whether
+    eager's loss and gradients on the batch are what they were before it (within 1e-5)."""
+    import copy
+
+    import torch
+
+    from .fixes import apply_rewrite
+
+    def step() -> list[Any]:
+        probe = copy.deepcopy(model)
+        torch.manual_seed(0)
+        with _autocast(probe, autocast):
+            loss = loss_of(call_model(probe, batch))
+        loss.backward()
+        grads = [p.grad for p in probe.parameters() if p.grad is not None]
+        return [loss.detach(), *grads]
+
+    before = step()
+    apply_rewrite(model, rewrite)
+    after = step()
+    return len(before) == len(after) and all(
+        torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-8) for a, b in zip(before, after)
+    )
 
 
 def _eager_step(model: Any, batch: Any) -> None:
