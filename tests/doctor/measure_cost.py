@@ -20,7 +20,7 @@ import time
 import torch
 
 from tests.doctor.patients import gpt2
-from torchcompile_kit.doctor import diagnose
+from torchcompile_kit.doctor import TrialKind, diagnose
 
 
 def build():
@@ -35,7 +35,7 @@ def main(out: str) -> None:
         options={"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"},
         out=out,
     )
-    inductor = [t for t in diagnosis.trials if not t.label.startswith("ladder: ")]
+    inductor = [t for t in diagnosis.trials if t.kind != TrialKind.LADDER]
     print(diagnosis.summary(), file=sys.stderr)
     print(
         json.dumps(

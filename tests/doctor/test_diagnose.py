@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from torchcompile_kit.cli import main
-from torchcompile_kit.doctor import Diagnosis, diagnose
+from torchcompile_kit.doctor import Diagnosis, TrialKind, diagnose
 from torchcompile_kit.doctor.locate import Unit, children
 
 from . import patients
@@ -88,9 +88,9 @@ def test_a_wrong_backward_in_one_module_is_found_confirmed_and_reproduced(tmp_pa
     )
     assert diagnosis.result == "miscompute" and diagnosis.differs == ["gradients", "step"]
     assert diagnosis.first_bad_backend == "tests.doctor.patients:wrong_sigmoid_grads"
-    ladder = {t.label: t.status for t in diagnosis.trials if t.label.startswith("ladder: ")}
+    ladder = {t.label: t.status for t in diagnosis.trials if t.kind == TrialKind.LADDER}
     assert set(ladder.values()) == {"ok"} and "ladder: eager" in ladder
-    plain = next(t for t in diagnosis.trials if t.label.startswith("without the recipe"))
+    plain = next(t for t in diagnosis.trials if t.kind == TrialKind.WITHOUT_RECIPE)
     assert plain.status == "miscompute" and any("not the regional" in n for n in diagnosis.notes)
     assert diagnosis.culprits == ["blocks.2.gate"] and diagnosis.culprit_confirmed
     assert "blocks.2.gate" in diagnosis.workaround
@@ -238,7 +238,7 @@ def test_the_search_descends_to_one_part_and_confirms_it_both_ways():
         compiled = modules if modules is not None else [""]
         return gate not in exclude and any(gate.startswith(m) or m == "" for m in compiled)
 
-    found = locate(Patient(), _judge(bad), Trial(label="failing"))
+    found = locate(Patient(), _judge(bad), Trial(kind=TrialKind.FAILING))
     assert [u.label for u in found.culprits] == [gate] and found.confirmed
 
 
@@ -249,7 +249,7 @@ def test_a_problem_that_needs_two_parts_together_is_named_as_their_parent_only()
     def bad(modules, exclude):  # the blocks fail compiled whole, never mix or act alone
         return modules is None and not exclude or bool(modules) and "blocks.0" in modules
 
-    found = locate(Patient(), _judge(bad), Trial(label="failing"))
+    found = locate(Patient(), _judge(bad), Trial(kind=TrialKind.FAILING))
     assert [u.label for u in found.culprits] == ["blocks.*"]
     assert found.indivisible and found.confirmed and not found.whole_graph_only
 
@@ -258,7 +258,9 @@ def test_a_model_without_parts_has_no_part_to_name():
     from torchcompile_kit.doctor import Trial
     from torchcompile_kit.doctor.locate import locate
 
-    found = locate(nn.Linear(2, 2), _judge(lambda modules, exclude: True), Trial(label="failing"))
+    found = locate(
+        nn.Linear(2, 2), _judge(lambda modules, exclude: True), Trial(kind=TrialKind.FAILING)
+    )
     assert found.culprits == [] and not found.confirmed and found.whole_graph_only
 
 
@@ -454,6 +456,30 @@ def test_a_hung_trial_is_killed_at_its_timeout_and_the_next_trial_still_runs(tmp
         runner.close()
 
 
+def test_the_summary_reads_each_trials_kind_not_its_label():
+    """Trials are summarised by their kind and subject (an enum), whatever their label says."""
+    from torchcompile_kit.doctor import TrialOutcome
+
+    def outcome(kind, subject, status):
+        return TrialOutcome(label=f"renamed {subject}", kind=kind, subject=subject, status=status)
+
+    record = Diagnosis(
+        result="miscompute",
+        differs=["loss"],
+        trials=[
+            outcome(TrialKind.TRIAGE, "", "miscompute"),
+            outcome(TrialKind.LADDER, "eager", "ok"),
+            outcome(TrialKind.LADDER, "aot_eager", "miscompute"),
+            outcome(TrialKind.SETTING, "fallback_random", "miscompute"),
+        ],
+    )
+    text = record.summary()
+    assert "ladder   eager ok · aot_eager BAD" in text, text
+    assert "hidden by  none of fallback_random" in text, text
+    saved = json.loads(json.dumps(record.as_dict()))
+    assert TrialOutcome.from_dict(saved["trials"][1]).kind is TrialKind.LADDER
+
+
 def test_a_long_break_reason_is_cut_at_a_word():
     reason = "Data-dependent branching " + "on a value read from a tensor " * 6
     record = Diagnosis(
@@ -519,7 +545,7 @@ class _ScriptedTrials:
             for m in compiled
         )
         status = self.status if hit and trial.backend == "inductor" else "ok"
-        if trial.label.startswith("triage, again") and self.again:
+        if trial.kind == TrialKind.AGAIN and self.again:
             status = self.again
         if trial.bisect:
             return TrialOutcome(label=trial.label, status="ok", bisect={"error": "scripted"})
@@ -568,7 +594,7 @@ def test_every_result_is_recorded_without_contradicting_itself(
     scripted = _ScriptedTrials(tmp_path, status, culprit, again)
     record = Diagnosis(torch=torch.__version__, device="cpu")
     doctor = module._Doctor(scripted, record, tmp_path, time.perf_counter())
-    doctor.run(Trial(label="triage", monitor=True), Patient(), patients.make_batch(0))
+    doctor.run(Trial(monitor=True), Patient(), patients.make_batch(0))
     assert record.result == result, record.summary()
     assert record.contradictions() == [], record.as_dict()
     assert result in EXIT_CODES and record.culprits == named
@@ -647,7 +673,7 @@ def test_the_fixes_for_a_print_and_an_item_branch_are_verified_in_trials(tmp_pat
     assert "capture_scalar_outputs" not in branching["fix"]
     text = diagnosis.summary()
     assert "fix (verified in a trial: the break is gone, eager unchanged)" in text, text
-    assert [t.label for t in diagnosis.trials if t.label.startswith("fix: ")] == [
+    assert [t.label for t in diagnosis.trials if t.kind == TrialKind.FIX] == [
         f"fix: {printing['location']}",
         f"fix: {branching['location']}",
     ]

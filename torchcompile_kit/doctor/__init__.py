@@ -5,7 +5,7 @@ The topic's API: :func:`diagnose` and its records. ``torchcompile-kit doctor`` r
 
 from .diagnose import diagnose
 from .recompiles import RecompileFinding, explain_recompile
-from .record import EXIT_CODES, RESULTS, Diagnosis, Trial, TrialOutcome
+from .record import EXIT_CODES, RESULTS, Diagnosis, Trial, TrialKind, TrialOutcome
 
 __all__ = [
     "EXIT_CODES",
@@ -13,6 +13,7 @@ __all__ = [
     "Diagnosis",
     "RecompileFinding",
     "Trial",
+    "TrialKind",
     "TrialOutcome",
     "diagnose",
     "explain_recompile",

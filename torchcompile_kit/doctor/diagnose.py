@@ -24,7 +24,7 @@ from .._checks import check_compile_kwargs
 from .fixes import Rewrite, propose_rewrite
 from .locate import Located, locate
 from .recompiles import explain_recompile
-from .record import NUMERICS_SHARE, RECIPES, Diagnosis, Trial, TrialOutcome
+from .record import NUMERICS_SHARE, RECIPES, Diagnosis, Trial, TrialKind, TrialOutcome
 from .repro import capture_calls, check_repro, write_repro
 from .runner import TrialRunner
 
@@ -109,7 +109,7 @@ def diagnose(
     diagnosis = Diagnosis(torch=torch.__version__, device=device)
     doctor = _Doctor(runner, diagnosis, folder, start)
     user = Trial(
-        label="triage",
+        kind=TrialKind.TRIAGE,
         backend=backend,
         compile_kwargs=kwargs,
         autocast=autocast,
@@ -192,7 +192,7 @@ class _Doctor:
                 diagnosis.notes.append("compiled nothing: dynamo compiled no graph")
             return
         _progress(_budget(model, user, triage.seconds))
-        again = self.trial(user.variant("triage, again (is it deterministic?)"))
+        again = self.trial(user.variant(TrialKind.AGAIN))
         if again.status != triage.status:
             diagnosis.result = "nondeterministic"
             diagnosis.notes.append(
@@ -203,7 +203,7 @@ class _Doctor:
         diagnosis.result = triage.status
         diagnosis.differs = triage.differs
         first_bad = self.ladder(user)
-        failing = user.variant("failing", backend=first_bad)
+        failing = user.variant(TrialKind.FAILING, backend=first_bad)
         if first_bad != user.backend:
             failing.compile_kwargs = {
                 k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")
@@ -224,7 +224,9 @@ class _Doctor:
         bisectable = first_bad in ("aot_eager_decomp_partition", "inductor")
         if bisectable and triage.status != "crashed":  # in-process: no crash
             where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
-            bisect = failing.variant(f"bisect: {where}", modules=culprit_paths or None, bisect=True)
+            bisect = failing.variant(
+                TrialKind.BISECT, where, modules=culprit_paths or None, bisect=True
+            )
             found = self.trial(bisect)
             diagnosis.bisect = found.bisect or ({"error": found.error} if found.error else None)
         else:
@@ -264,7 +266,8 @@ class _Doctor:
         computes what it computed before."""
         check = self.trial(
             user.variant(
-                f"fix: {where}",
+                TrialKind.FIX,
+                where,
                 backend="eager",
                 compile_kwargs={},
                 inductor={},
@@ -291,7 +294,9 @@ class _Doctor:
                 break
             # inductor's own keywords (mode, options) mean nothing to a debug backend
             kwargs = {k: v for k, v in user.compile_kwargs.items() if k not in ("mode", "options")}
-            if self.trial(user.variant(f"ladder: {rung}", backend=rung, compile_kwargs=kwargs)).bad:
+            if self.trial(
+                user.variant(TrialKind.LADDER, rung, backend=rung, compile_kwargs=kwargs)
+            ).bad:
                 self.diagnosis.first_bad_backend = rung
                 return rung
         self.diagnosis.first_bad_backend = user.backend
@@ -312,18 +317,20 @@ class _Doctor:
             if _dynamo.missing_settings(settings):
                 self.diagnosis.notes.append(f"{name}: not tried (this torch has no such setting)")
                 continue
-            trial = user.variant(f"setting: {name}", inductor=settings, modules=paths)
+            trial = user.variant(TrialKind.SETTING, name, inductor=settings, modules=paths)
             if not self.trial(trial).bad:
                 self.diagnosis.hidden_by.append(name)
         flipped = {None: True, False: True, True: False}[user.compile_kwargs.get("dynamic")]
         kwargs = {**user.compile_kwargs, "dynamic": flipped}
-        trial = user.variant(f"setting: dynamic={flipped}", compile_kwargs=kwargs, modules=paths)
+        trial = user.variant(
+            TrialKind.SETTING, f"dynamic={flipped}", compile_kwargs=kwargs, modules=paths
+        )
         if not self.trial(trial).bad:
             self.diagnosis.hidden_by.append(f"dynamic={flipped}")
 
     def without_recipe(self, failing: Trial) -> None:
         """With a recipe: does the model compiled whole by plain ``model.compile`` pass?"""
-        plain = self.trial(failing.variant("without the recipe: model.compile", recipe=None))
+        plain = self.trial(failing.variant(TrialKind.WITHOUT_RECIPE, "model.compile", recipe=None))
         if plain.bad:
             self.diagnosis.notes.append(
                 f"model.compile (the whole model, no recipe) fails as well ({plain.status}): "
@@ -378,7 +385,9 @@ class _Doctor:
             + f" with backend={failing.backend!r} when {where[:200]} is compiled"
             f" (torch {diagnosis.torch}, {diagnosis.device})"
         )
-        request = self.runner.request(failing.variant("repro", modules=paths or None), "repro")
+        request = self.runner.request(
+            failing.variant(TrialKind.REPRO, modules=paths or None), "repro"
+        )
         try:
             calls = capture_calls(model, batch, paths or [""], failing.autocast)
         except Exception as err:  # noqa: BLE001 - the replay still stands

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .record import Trial, TrialOutcome
+from .record import Trial, TrialKind, TrialOutcome
 
 __all__ = ["Located", "Unit", "children", "locate"]
 
@@ -129,7 +129,7 @@ def locate(
             if spent >= max_trials:
                 break
             spent += 1
-            outcome = run(base.variant(f"alone: {part.describe()}", modules=list(part.paths)))
+            outcome = run(base.variant(TrialKind.ALONE, part.describe(), modules=list(part.paths)))
             if outcome.bad:
                 failing.append(part)
         if len(failing) == 1:
@@ -147,7 +147,8 @@ def locate(
     paths = [p for unit in culprits for p in unit.paths]
     complement = run(
         base.variant(
-            "everything but: " + ", ".join(u.label for u in culprits),
+            TrialKind.EVERYTHING_BUT,
+            ", ".join(u.label for u in culprits),
             modules=None,
             exclude=paths,
         )

@@ -4,6 +4,7 @@ and the diagnosis written to ``doctor.json`` (data only)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from .recompiles import RecompileFinding
@@ -15,6 +16,7 @@ __all__ = [
     "RESULTS",
     "Diagnosis",
     "Trial",
+    "TrialKind",
     "TrialOutcome",
 ]
 
@@ -56,12 +58,44 @@ within the rule, but near its line (healthy inductor compiles measured here use 
 it, docs/diagnostics.md). Below it, a pass is ``ok``, bf16 rounding included."""
 
 
+class TrialKind(StrEnum):
+    """What a trial asks, in the doctor's order (the value starts its label)."""
+
+    TRIAGE = "triage"
+    """The user's settings on the whole model."""
+    AGAIN = "triage, again (is it deterministic?)"
+    """The failing triage run once more."""
+    FIX = "fix"
+    """A graph break's fix applied (:attr:`Trial.rewrite`); subject: the break's file:line."""
+    LADDER = "ladder"
+    """A debugging backend of the ladder; subject: the backend."""
+    FAILING = "failing"
+    """The first failing rung's settings: the base of what follows, not run itself."""
+    WITHOUT_RECIPE = "without the recipe"
+    """The whole model by plain ``model.compile``."""
+    ALONE = "alone"
+    """A part compiled alone, the rest eager; subject: the part."""
+    EVERYTHING_BUT = "everything but"
+    """The model compiled with the culprits eager; subject: the culprits."""
+    SETTING = "setting"
+    """An inductor setting (or the other ``dynamic=``); subject: the setting."""
+    REPRO = "repro"
+    """The failing trial as a repro script replays it."""
+    BISECT = "bisect"
+    """torch's pass-level bisection; subject: where."""
+
+
 @dataclass(kw_only=True, slots=True)
 class Trial:
     """One run of eager against compiled on the batch, in a process of its own."""
 
-    label: str
-    """What it asks (``"triage"``, ``"ladder: aot_eager"``, ``"alone: transformer.h.*.mlp"``)."""
+    kind: TrialKind = TrialKind.TRIAGE
+    """What it asks."""
+    subject: str = ""
+    """Of what (``"aot_eager"`` for a ladder rung, ``"transformer.h.*.mlp"`` for a part)."""
+    label: str = ""
+    """Its name in the log and record: ``"ladder: aot_eager"`` (from the kind and subject when
+    not given)."""
     backend: str = "inductor"
     """A ``torch.compile`` backend name, or ``"module:attribute"`` of a backend callable."""
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -87,14 +121,24 @@ class Trial:
     ``"model"``: ``compile_model``, ``"peft"``: ``compile_peft``) instead of ``model.compile``;
     trials of parts (``modules``, ``exclude``) compile plainly."""
 
+    def __post_init__(self) -> None:
+        self.kind = TrialKind(self.kind)
+        if not self.label:
+            self.label = f"{self.kind}: {self.subject}" if self.subject else str(self.kind)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return asdict(self)
 
-    def variant(self, label: str, **changes: Any) -> Trial:
-        """This trial under another label, with ``changes``, without the monitor (only the
-        triage records breaks and recompiles)."""
-        return Trial(**{**self.as_dict(), "label": label, "monitor": False, **changes})
+    def names(self) -> dict[str, Any]:
+        """``label``, ``kind`` and ``subject``: what its outcome carries of it."""
+        return {"label": self.label, "kind": self.kind, "subject": self.subject}
+
+    def variant(self, kind: TrialKind, subject: str = "", **changes: Any) -> Trial:
+        """This trial as another kind of trial (of ``subject``), with ``changes``, without the
+        monitor (only the triage records breaks and recompiles)."""
+        fields = {**self.as_dict(), "label": "", "monitor": False, **changes}
+        return Trial(**{**fields, "kind": kind, "subject": subject})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,6 +147,10 @@ class TrialOutcome:
 
     label: str
     """The trial's label."""
+    kind: TrialKind = TrialKind.TRIAGE
+    """The trial's kind."""
+    subject: str = ""
+    """The trial's subject (a ladder rung, a setting, a part)."""
     status: Status
     """``ok``; ``miscompute`` (a tensor differs beyond the comparator's rule); ``compile-error`` /
     ``runtime-error`` (raised while compiling / running compiled code); ``crashed`` (the process
@@ -155,7 +203,7 @@ class TrialOutcome:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
         """Read back what :meth:`as_dict` wrote."""
-        return cls(**data)
+        return cls(**{**data, "kind": TrialKind(data.get("kind", TrialKind.TRIAGE))})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -271,24 +319,22 @@ class Diagnosis:
                 f"  triage   {triage.worst or triage.error}"
                 + (f" (signal {triage.signal}, while {triage.stage})" if triage.signal else "")
             )
-        ladder = [t for t in self.trials if t.label.startswith("ladder: ")]
+        ladder = [t for t in self.trials if t.kind == TrialKind.LADDER]
         if ladder:
             lines.append(
                 "  ladder   "
-                + " · ".join(
-                    f"{t.label.removeprefix('ladder: ')} {'BAD' if t.bad else 'ok'}" for t in ladder
-                )
+                + " · ".join(f"{t.subject} {'BAD' if t.bad else 'ok'}" for t in ladder)
             )
         if self.first_bad_backend:
             lines.append(f"  first bad backend  {self.first_bad_backend}")
-        settings = [t for t in self.trials if t.label.startswith("setting: ")]
+        settings = [t for t in self.trials if t.kind == TrialKind.SETTING]
         if settings:
             lines.append(
                 "  hidden by  "
                 + (
                     ", ".join(self.hidden_by)
                     if self.hidden_by
-                    else "none of " + ", ".join(t.label.removeprefix("setting: ") for t in settings)
+                    else "none of " + ", ".join(t.subject for t in settings)
                 )
             )
         if self.bisect:

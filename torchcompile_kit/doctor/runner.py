@@ -91,7 +91,7 @@ class TrialRunner:
         code = self._starter().run(path, log, env, timeout_s=self.timeout_s)
         if code is None:
             return TrialOutcome(
-                label=trial.label,
+                **trial.names(),
                 status="timeout",
                 stage=_read(stage),
                 error=f"no result within {self.timeout_s:.0f} s (--timeout)",
@@ -105,7 +105,7 @@ class TrialRunner:
             )
         if code < 0:
             return TrialOutcome(
-                label=trial.label,
+                **trial.names(),
                 status="crashed",
                 signal=-code,
                 stage=_read(stage),
@@ -114,7 +114,7 @@ class TrialRunner:
             )
         if code != 0 or not out.is_file():
             return TrialOutcome(
-                label=trial.label,
+                **trial.names(),
                 status="runtime-error",
                 stage=_read(stage),
                 error=f"the trial's process exited {code}: {_last_line(log)} (log: {log})",

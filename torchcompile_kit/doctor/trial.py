@@ -56,7 +56,7 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
         model = torch.load(request["model"], weights_only=False)
     batch = torch.load(request["batch"], weights_only=True)
     torch.manual_seed(request.get("seed", 0))
-    outcome = TrialOutcome(label=trial.label, status="ok")
+    outcome = TrialOutcome(**trial.names(), status="ok")
     if trial.rewrite:  # a fix for a graph break: eager must compute what it computed before
         try:
             outcome.rewrite_equal = _rewritten_alike(model, batch, trial.rewrite, trial.autocast)
