@@ -544,6 +544,8 @@ class _ScriptedTrials:
             and not any(self.culprit.startswith(e) for e in trial.exclude)
             for m in compiled
         )
+        if trial.kind == TrialKind.WITHOUT_RECIPE:  # plain model.compile passes
+            hit = False
         status = self.status if hit and trial.backend == "inductor" else "ok"
         if trial.kind == TrialKind.AGAIN and self.again:
             status = self.again
@@ -598,6 +600,9 @@ def test_every_result_is_recorded_without_contradicting_itself(
     assert record.result == result, record.summary()
     assert record.contradictions() == [], record.as_dict()
     assert result in EXIT_CODES and record.culprits == named
+    if result in ("miscompute", "compile-error", "runtime-error", "crashed", "timeout"):
+        assert record.first_bad_backend == "inductor" and record.repro_fails is True
+        assert record.hidden_by == [], record.hidden_by  # every setting still failed
     assert record.culprit_indivisible == (culprit == "blocks.0")
     assert record.whole_graph_only == (culprit is None and result == "miscompute")
 
@@ -710,3 +715,23 @@ def test_a_branch_that_returns_gets_no_rewrite(tmp_path):
     )
     assert propose_rewrite(str(source), 2, "Unsupported Tensor.item() call") is None
     assert propose_rewrite(str(source), 2, "some other break") is None
+
+
+def test_with_a_recipe_the_plain_compile_that_passes_is_the_workaround(tmp_path, monkeypatch):
+    """A regional compile that fails where a plain ``model.compile`` passes, on trials that
+    answer by rule: the note says so and, with no culprit confirmed, that is the workaround."""
+    import time
+
+    from torchcompile_kit.doctor import Trial
+    from torchcompile_kit.doctor.repro import ReproCheck
+
+    module = importlib.import_module("torchcompile_kit.doctor.diagnose")
+    monkeypatch.setattr(module, "check_repro", lambda *a, **k: ReproCheck(fails=True, output=""))
+    record = Diagnosis(torch=torch.__version__, device="cpu")
+    doctor = module._Doctor(
+        _ScriptedTrials(tmp_path, "miscompute", None), record, tmp_path, time.perf_counter()
+    )
+    doctor.run(Trial(monitor=True, recipe="regional"), Patient(), patients.make_batch(0))
+    assert record.result == "miscompute" and record.contradictions() == []
+    assert any("passes where the regional recipe fails" in n for n in record.notes), record.notes
+    assert record.workaround.startswith("compile the whole model (model.compile) instead")

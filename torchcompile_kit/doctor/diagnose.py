@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,15 @@ def diagnose(
     return diagnosis
 
 
+@dataclass(slots=True)
+class _Finding:
+    """What one step of the diagnosis found: fields of :class:`Diagnosis` with their values,
+    and notes; the step returns it, :meth:`_Doctor.record` writes it."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
 class _Doctor:
     """The steps of one diagnosis, each trial saved as it ends."""
 
@@ -145,6 +154,13 @@ class _Doctor:
             + f" in {outcome.seconds:.1f} s; {time.perf_counter() - self.start:.0f} s so far"
         )
         return outcome
+
+    def record(self, found: _Finding) -> None:
+        """Write what a step found into the diagnosis, and save it."""
+        for name, value in found.fields.items():
+            setattr(self.diagnosis, name, value)
+        self.diagnosis.notes += found.notes
+        self.save()
 
     def save(self) -> None:
         path = self.folder / "doctor.json"
@@ -203,6 +219,7 @@ class _Doctor:
         diagnosis.result = triage.status
         diagnosis.differs = triage.differs
         first_bad = self.ladder(user)
+        diagnosis.first_bad_backend = first_bad
         failing = user.variant(TrialKind.FAILING, backend=first_bad)
         if first_bad != user.backend:
             failing.compile_kwargs = {
@@ -214,13 +231,13 @@ class _Doctor:
                 "inductor): the model's code, its inputs or dynamo, not inductor"
             )
         if user.recipe:
-            self.without_recipe(failing)
+            self.record(self.without_recipe(failing))
         located = locate(model, self.trial, failing)
         culprit_paths = [p for unit in located.culprits for p in unit.paths]
         if first_bad == "inductor":  # on the culprit alone: a smaller compile per setting
-            self.settings(failing, culprit_paths or None)
-        self.conclude(located, culprit_paths)
-        self.repro(model, batch, failing, culprit_paths)
+            self.record(self.settings(failing, culprit_paths or None))
+        self.record(self.conclude(located, culprit_paths))
+        self.record(self.repro(model, batch, failing, culprit_paths))
         bisectable = first_bad in ("aot_eager_decomp_partition", "inductor")
         if bisectable and triage.status != "crashed":  # in-process: no crash
             where = ", ".join(unit.label for unit in located.culprits) or "the whole model"
@@ -297,87 +314,90 @@ class _Doctor:
             if self.trial(
                 user.variant(TrialKind.LADDER, rung, backend=rung, compile_kwargs=kwargs)
             ).bad:
-                self.diagnosis.first_bad_backend = rung
                 return rung
-        self.diagnosis.first_bad_backend = user.backend
         return user.backend
 
-    def settings(self, user: Trial, paths: list[str] | None) -> None:
-        """Which inductor settings make the problem go away: each a trial at the user's backend,
-        compiling ``paths`` (the culprits; ``None``: the whole model)."""
+    def settings(self, user: Trial, paths: list[str] | None) -> _Finding:
+        """Which inductor settings make the problem go away (``hidden_by``): each a trial at
+        the user's backend, compiling ``paths`` (the culprits; ``None``: the whole model)."""
+        found = _Finding(fields={"hidden_by": []})
         if paths:
-            where = _first_few(paths)
-            self.diagnosis.notes.append(
-                f"the settings were tried on {where} alone (the rest eager)"
+            found.notes.append(
+                f"the settings were tried on {_first_few(paths)} alone (the rest eager)"
             )
         on_cpu = self.diagnosis.device.startswith("cpu")
+        tried = {}
         for name, settings in _dynamo.DEBUG_SETTINGS.items():
             if "cpp." in next(iter(settings)) and not on_cpu:
                 continue
             if _dynamo.missing_settings(settings):
-                self.diagnosis.notes.append(f"{name}: not tried (this torch has no such setting)")
+                found.notes.append(f"{name}: not tried (this torch has no such setting)")
                 continue
-            trial = user.variant(TrialKind.SETTING, name, inductor=settings, modules=paths)
-            if not self.trial(trial).bad:
-                self.diagnosis.hidden_by.append(name)
+            tried[name] = user.variant(TrialKind.SETTING, name, inductor=settings, modules=paths)
         flipped = {None: True, False: True, True: False}[user.compile_kwargs.get("dynamic")]
         kwargs = {**user.compile_kwargs, "dynamic": flipped}
-        trial = user.variant(
+        tried[f"dynamic={flipped}"] = user.variant(
             TrialKind.SETTING, f"dynamic={flipped}", compile_kwargs=kwargs, modules=paths
         )
-        if not self.trial(trial).bad:
-            self.diagnosis.hidden_by.append(f"dynamic={flipped}")
+        found.fields["hidden_by"] = [n for n, trial in tried.items() if not self.trial(trial).bad]
+        return found
 
-    def without_recipe(self, failing: Trial) -> None:
+    def without_recipe(self, failing: Trial) -> _Finding:
         """With a recipe: does the model compiled whole by plain ``model.compile`` pass?"""
         plain = self.trial(failing.variant(TrialKind.WITHOUT_RECIPE, "model.compile", recipe=None))
         if plain.bad:
-            self.diagnosis.notes.append(
+            note = (
                 f"model.compile (the whole model, no recipe) fails as well ({plain.status}): "
                 f"not the {failing.recipe} recipe's doing"
             )
-            return
-        self.diagnosis.notes.append(
+            return _Finding(notes=[note])
+        note = (
             f"model.compile (the whole model, no recipe) passes where the {failing.recipe} "
             "recipe fails: the recipe's graphs (or its handling) expose it"
         )
-        self.diagnosis.workaround = (
+        workaround = (
             f"compile the whole model (model.compile) instead of the {failing.recipe} recipe: "
             "passed on this batch"
         )
+        return _Finding(fields={"workaround": workaround}, notes=[note])
 
-    def conclude(self, located: Located, paths: list[str]) -> None:
+    @staticmethod
+    def conclude(located: Located, paths: list[str]) -> _Finding:
         """The culprits, whether confirmed, and the workaround (``paths``: the
         culprits' modules)."""
-        diagnosis = self.diagnosis
-        diagnosis.culprits = [unit.label for unit in located.culprits] or None
-        diagnosis.culprit_confirmed = located.confirmed
-        diagnosis.whole_graph_only = located.whole_graph_only
-        diagnosis.culprit_indivisible = located.indivisible
+        found = _Finding(
+            fields={
+                "culprits": [unit.label for unit in located.culprits] or None,
+                "culprit_confirmed": located.confirmed,
+                "whole_graph_only": located.whole_graph_only,
+                "culprit_indivisible": located.indivisible,
+            }
+        )
         if not located.culprits:
-            diagnosis.notes.append(
+            found.notes.append(
                 "only the whole model compiled at once reproduces it: no part "
                 "alone does (its own forward, or a fusion across modules)"
             )
-            return
+            return found
         names = ", ".join(unit.describe() for unit in located.culprits)
         if located.confirmed:
-            diagnosis.workaround = (
+            found.fields["workaround"] = (
                 f"leave {names} eager: torch.compiler.disable on "
                 f"{'its' if len(paths) == 1 else 'their'} forward "
                 f"({_first_few(paths)}); "
                 "the rest compiled passed on this batch"
             )
         else:
-            diagnosis.notes.append(
+            found.notes.append(
                 f"{names}: alone it reproduces, but the model compiled without "
                 "it still fails: not confirmed as the only cause"
             )
+        return found
 
-    def repro(self, model: Any, batch: Any, failing: Trial, paths: list[str]) -> None:
+    def repro(self, model: Any, batch: Any, failing: Trial, paths: list[str]) -> _Finding:
         """Write the repro scripts for the culprits (no culprit: the whole model), run the
         standalone one and say whether it reproduces."""
-        diagnosis = self.diagnosis
+        diagnosis, found = self.diagnosis, _Finding()
         where = _first_few(paths) or "the whole model"
         title = (
             f"{diagnosis.result}"
@@ -391,23 +411,26 @@ class _Doctor:
         try:
             calls = capture_calls(model, batch, paths or [""], failing.autocast)
         except Exception as err:  # noqa: BLE001 - the replay still stands
-            diagnosis.notes.append(f"no standalone repro: capturing the inputs raised {err!r:.200}")
+            found.notes.append(f"no standalone repro: capturing the inputs raised {err!r:.200}")
             calls = []
         standalone, replay = write_repro(self.folder, calls, failing, title, request)
-        diagnosis.replay = str(replay)
+        found.fields["replay"] = str(replay)
         if not calls:
-            return
+            return found
         _progress("[doctor] running the standalone repro script ...")
         trace = self.folder / "trace"
         check = check_repro(standalone, timeout_s=self.runner.timeout_s, trace=trace)
-        diagnosis.repro, diagnosis.repro_fails = str(standalone), check.fails
-        diagnosis.trace = str(trace) if trace.is_dir() else None
+        found.fields.update(
+            repro=str(standalone),
+            repro_fails=check.fails,
+            trace=str(trace) if trace.is_dir() else None,
+        )
         if not check.fails:
-            diagnosis.notes.append(
+            found.notes.append(
                 "the standalone repro (the culprit alone on the inputs it received) does not "
                 f"reproduce: it needs the model around it; {replay.name} replays the failing trial"
             )
-        self.save()
+        return found
 
 
 def _budget(model: Any, user: Trial, seconds: float) -> str:
