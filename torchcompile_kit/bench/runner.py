@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._child import ChildEnd, stop
 from .._moved import refuses_moved
 from .config import MeasureConfig
 from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
@@ -206,25 +207,23 @@ def _run_children(
             proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-        if timed_out and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if timed_out:
+            stop(proc)
     for log in logs:
         log.close()
     name = request["recipe"]
-    if timed_out:
-        return RecipeResult(
-            name=name, status="failed", error=f"timed out after {timeout_s:g} s; log: {log_path}"
-        )
     path = Path(request["result_path"])
-    if path.is_file():
+    if not timed_out and path.is_file():
         return RecipeResult.from_dict(json.loads(path.read_text()))
-    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+    end = (
+        ChildEnd.timed_out(timeout_s, log_path)
+        if timed_out
+        else ChildEnd.of(procs[0].returncode, log_path)
+    )
     return RecipeResult(
         name=name,
         status="failed",
-        error=f"the recipe's process exited with code {procs[0].returncode} and "
-        f"wrote no result (log: {log_path}):\n{tail}",
+        error=f"{end.describe()}; no result (log: {log_path})",
     )
 
 

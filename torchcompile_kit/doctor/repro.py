@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._child import ChildEnd
 from ..diagnostics import leaves
 from .record import Trial
 
@@ -354,9 +355,9 @@ def check_repro(script: Path, *, timeout_s: float, trace: Path | None = None) ->
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return ReproCheck(fails=True, output=f"no end within {timeout_s:.0f} s")
+        return ReproCheck(fails=True, output=ChildEnd.timed_out(timeout_s).describe())
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     said = "\n".join(lines[-6:])
     if done.returncode < 0:
-        said += f"\n(the process died with signal {-done.returncode})"
+        said += f"\n({ChildEnd.of(done.returncode).describe()})"
     return ReproCheck(fails=done.returncode != 0, output=said)

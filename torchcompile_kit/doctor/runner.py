@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._child import ChildEnd
 from .record import Trial, TrialOutcome
 
 __all__ = ["TrialRunner"]
@@ -89,35 +90,23 @@ class TrialRunner:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.folder / "inductor")}
         start = time.perf_counter()
         code = self._starter().run(path, log, env, timeout_s=self.timeout_s)
-        if code is None:
-            return TrialOutcome(
-                **trial.names(),
-                status="timeout",
-                stage=_read(stage),
-                error=f"no result within {self.timeout_s:.0f} s (--timeout)",
-                seconds=round(time.perf_counter() - start, 3),
-            )
         seconds = round(time.perf_counter() - start, 3)
-        if code > 0 and not stage.is_file():  # it never began: every trial would fail alike
+        if code is not None and code > 0 and not stage.is_file():  # it never began
             raise RuntimeError(
-                f"the doctor's trial process failed before running anything (exit {code}): "
-                f"{_last_line(log)} (log: {log})"
+                f"the doctor's trial process failed before running anything: "
+                f"{ChildEnd.of(code, log).describe()} (log: {log})"
             )
-        if code < 0:
+        if code is None or code != 0 or not out.is_file():
+            end = (
+                ChildEnd.timed_out(self.timeout_s, log) if code is None else ChildEnd.of(code, log)
+            )
+            status = "timeout" if code is None else "crashed" if end.signal else "runtime-error"
             return TrialOutcome(
                 **trial.names(),
-                status="crashed",
-                signal=-code,
+                status=status,
+                signal=end.signal,
                 stage=_read(stage),
-                error=f"the process died with {_signal_name(-code)}",
-                seconds=seconds,
-            )
-        if code != 0 or not out.is_file():
-            return TrialOutcome(
-                **trial.names(),
-                status="runtime-error",
-                stage=_read(stage),
-                error=f"the trial's process exited {code}: {_last_line(log)} (log: {log})",
+                error=f"{end.describe()}{'' if code else ', without an outcome'} (log: {log})",
                 seconds=seconds,
             )
         outcome = TrialOutcome.from_dict(json.loads(out.read_text()))
@@ -178,8 +167,8 @@ class _Zygote:
             chunk = os.read(pipe, 65536)
             if not chunk:
                 raise RuntimeError(
-                    f"the doctor's trial starter ended (exit {self.process.wait()}): "
-                    f"{_last_line(self.log)} (log: {self.log})"
+                    "the doctor's trial starter ended: "
+                    f"{ChildEnd.of(self.process.wait(), self.log).describe()} (log: {self.log})"
                 )
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
@@ -197,15 +186,3 @@ class _Zygote:
 
 def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
-
-
-def _last_line(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "(no output)"

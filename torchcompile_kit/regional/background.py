@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import torch
 from torch import nn
 
 from .._checks import check_compile_kwargs
+from .._child import ChildEnd, stop
 from .._factory import check_factory
 from .._moved import refuses_moved
 from .._undo import register_undo
@@ -529,13 +529,14 @@ def _worker_status(options: BackgroundCompile, refused: str | None) -> str:
     if refused is None and options._proc is not None:
         code = options._proc.poll()
         elapsed = time.perf_counter() - options._started
+        log = options._job.parent / "worker.log" if options._job is not None else None
         if code is None and elapsed > options.timeout_s:  # _give_up stops it
-            status = f"the worker ran past timeout_s={options.timeout_s:g} and was stopped"
+            end = ChildEnd.timed_out(options.timeout_s, log)
+            status = f"the worker failed: {end.describe()} (timeout_s={options.timeout_s:g})"
         elif code == 0:
             status = "done"
         elif code is not None:
-            tail = _log_tail(options)
-            status = f"the worker failed (exit code {code}): {tail}"
+            status = f"the worker failed: {ChildEnd.of(code, log).describe()}"
     if _rank() is not None:  # every rank switches (or gives up) at the same call
         shared = [status]
         torch.distributed.broadcast_object_list(shared, src=0)
@@ -641,13 +642,8 @@ def _end(model: nn.Module, options: BackgroundCompile, why: str) -> None:
 
 
 def _stop(options: BackgroundCompile) -> None:
-    proc = options._proc
-    if proc is not None and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the compile workers go with it
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    if options._proc is not None:  # its own session: the compile workers go with it
+        stop(options._proc)
 
 
 def _cleanup(options: BackgroundCompile) -> None:
@@ -661,23 +657,6 @@ def _stop_all() -> None:
     for options in _RUNNING:
         _stop(options)
         _cleanup(options)
-
-
-def _log_tail(options: BackgroundCompile) -> str:
-    """The worker's error: from the last unindented line of its log (a traceback's exception line)
-    to the end, its first 800 characters."""
-    try:
-        lines = (
-            (options._job.parent / "worker.log").read_text(errors="replace").strip().splitlines()
-        )
-    except OSError:
-        return "no output"
-    last = max(
-        (i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t")),
-        default=len(lines) - 3,
-    )
-    text = " | ".join(lines[max(last, 0) :])
-    return text if len(text) <= 800 else text[:800] + " ..."
 
 
 def _rank(*, at_start: bool = False) -> int | None:
