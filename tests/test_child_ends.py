@@ -5,7 +5,6 @@ trials, its repro check and the background worker (tests/regional/test_backgroun
 from __future__ import annotations
 
 import pytest
-import torch
 
 from torchcompile_kit._child import ChildEnd, log_tail
 
@@ -42,14 +41,7 @@ def test_the_doctors_trials_read_a_killed_and_a_hung_trial_alike(tmp_path):
     from torchcompile_kit.doctor import Trial
     from torchcompile_kit.doctor.runner import TrialRunner
 
-    torch.save(patients.Patient().state_dict(), tmp_path / "state.pt")
-    torch.save(patients.make_batch(0), tmp_path / "batch.pt")
-    inputs = {
-        "spec": "tests.doctor.patients:build",
-        "state": str(tmp_path / "state.pt"),
-        "batch": str(tmp_path / "batch.pt"),
-    }
-    runner = TrialRunner(tmp_path, inputs, timeout_s=10)
+    runner = TrialRunner(tmp_path, patients.trial_inputs(tmp_path), timeout_s=10)
     try:
         dead = runner.run(Trial(label="killed", backend="tests.child_cases:killed_backend"))
         stuck = runner.run(Trial(label="hangs", backend="tests.doctor.patients:hangs"))

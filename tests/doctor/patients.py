@@ -240,3 +240,16 @@ def gpt2(layers: int = 2, width: int = 32, activation: str = "gelu_new", rows: i
 def build_gpt2():
     """A one-layer GPT-2: the healthy transformers control."""
     return gpt2(layers=1)
+
+
+def trial_inputs(folder, builder: str = "build") -> dict[str, str]:
+    """What the doctor's trial runner gives every trial, for a builder of this module: its model's
+    weights and its first batch, saved in ``folder``."""
+    model, make = globals()[builder]()
+    torch.save(model.state_dict(), folder / "state.pt")
+    torch.save(make(0), folder / "batch.pt")
+    return {
+        "spec": f"tests.doctor.patients:{builder}",
+        "state": str(folder / "state.pt"),
+        "batch": str(folder / "batch.pt"),
+    }

@@ -439,14 +439,7 @@ def test_a_hung_trial_is_killed_at_its_timeout_and_the_next_trial_still_runs(tmp
     from torchcompile_kit.doctor import Trial
     from torchcompile_kit.doctor.runner import TrialRunner
 
-    torch.save(Patient().state_dict(), tmp_path / "state.pt")
-    torch.save(patients.make_batch(0), tmp_path / "batch.pt")
-    inputs = {
-        "spec": SPEC,
-        "state": str(tmp_path / "state.pt"),
-        "batch": str(tmp_path / "batch.pt"),
-    }
-    runner = TrialRunner(tmp_path, inputs, timeout_s=10)
+    runner = TrialRunner(tmp_path, patients.trial_inputs(tmp_path), timeout_s=10)
     try:
         hung = runner.run(Trial(label="hangs", backend="tests.doctor.patients:hangs"))
         assert hung.status == "timeout" and hung.stage == "compiled", hung
@@ -499,13 +492,7 @@ def test_each_trial_compiles_afresh_and_shares_only_the_kernels_binaries(tmp_pat
     from torchcompile_kit.doctor import Trial
     from torchcompile_kit.doctor.runner import TrialRunner
 
-    torch.save(patients.build_relu_mlp()[0].state_dict(), tmp_path / "state.pt")
-    torch.save(patients.make_batch(0), tmp_path / "batch.pt")
-    inputs = {
-        "spec": "tests.doctor.patients:build_relu_mlp",
-        "state": str(tmp_path / "state.pt"),
-        "batch": str(tmp_path / "batch.pt"),
-    }
+    inputs = patients.trial_inputs(tmp_path, "build_relu_mlp")
     runner = TrialRunner(tmp_path, inputs, timeout_s=600)
     cache = tmp_path / "trials" / "inductor"
     binaries = []
