@@ -1,21 +1,28 @@
-"""How a child process of the library ended, in one set of words, with one rule for its log.
+"""The library's child processes: started, waited for or polled, stopped, and their end read
+in one set of words with one rule for their log.
 
-Four parts of the library start processes, each its own way: the bench's recipes (a process per
-rank, their progress read from a pipe), the doctor's trials (forked by its trial starter), the
-doctor's repro check (a script) and the background compile worker (beside training, polled).
-They read the end alike: :class:`ChildEnd` from an exit status, a signal or a timeout, and its
-words (:meth:`ChildEnd.describe`) with the log's tail (:func:`log_tail`).
+The bench's recipes (a process per rank, progress read from rank 0's pipe), the doctor's repro
+check (a script) and the background compile worker (beside training, polled at each step) start
+with :func:`start` and end with :func:`wait` or :func:`poll` (past its timeout a child is
+stopped: a hang) or :func:`stop`. The doctor's trials are forked by its trial starter (a process
+that talks a line protocol on its stdin and stdout) and read their end from its ``waitpid``
+status. Every one of them reads its end as a :class:`ChildEnd`, in the words of
+:meth:`ChildEnd.describe` with the log's tail (:func:`log_tail`).
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-__all__ = ["ChildEnd", "log_tail", "stop"]
+__all__ = ["ChildEnd", "log_tail", "poll", "start", "stop", "wait"]
 
 _TAIL_CHARS = 800
 
@@ -115,3 +122,88 @@ def stop(process: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     process.wait()
+
+
+def start(
+    command: list[str],
+    *,
+    env: dict[str, str],
+    log: IO[bytes] | IO[str],
+    pipe: bool = False,
+    own_session: bool = False,
+) -> subprocess.Popen:
+    """Start ``command`` with its output in ``log`` (an open file; with ``pipe``, stdout is a
+    text pipe for :func:`wait`'s ``on_line`` and only stderr goes to the log); ``own_session``:
+    in a process group of its own, so that :func:`stop` ends what it starts too.
+
+    Example:
+        >>> with open("child.log", "w") as log:  # doctest: +SKIP
+        ...     child = start([sys.executable, "-c", "print(1)"], env=dict(os.environ), log=log)
+        >>> wait(child, timeout_s=60, log=Path("child.log")).ok  # doctest: +SKIP
+        True
+    """
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if pipe else log,
+        stderr=log if pipe else subprocess.STDOUT,
+        text=pipe,
+        env=env,
+        start_new_session=own_session,
+    )
+
+
+def wait(
+    process: subprocess.Popen,
+    *,
+    timeout_s: float | None,
+    log: Path | None,
+    on_line: Callable[[str], None] | None = None,
+) -> ChildEnd:
+    """Wait for ``process`` (passing each line of its stdout pipe to ``on_line``) and read its
+    end; past ``timeout_s`` it is stopped and read as a hang."""
+    began = time.monotonic()
+    deadline = None if timeout_s is None else began + timeout_s
+    if process.stdout is not None and not _pump(process.stdout, deadline, on_line):
+        stop(process)
+        return ChildEnd.timed_out(timeout_s or 0.0, log)
+    try:
+        code = process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        stop(process)
+        return ChildEnd.timed_out(timeout_s or 0.0, log)
+    return ChildEnd.of(code, log)
+
+
+def poll(
+    process: subprocess.Popen, *, started: float, timeout_s: float, log: Path | None
+) -> ChildEnd | None:
+    """Without waiting: ``None`` while ``process`` runs within ``timeout_s`` of ``started``
+    (``time.perf_counter()``); its end otherwise (past the timeout it is stopped: a hang)."""
+    code = process.poll()
+    if code is not None:
+        return ChildEnd.of(code, log)
+    if time.perf_counter() - started > timeout_s:
+        stop(process)
+        return ChildEnd.timed_out(timeout_s, log)
+    return None
+
+
+def _pump(pipe: IO[str], deadline: float | None, on_line: Callable[[str], None] | None) -> bool:
+    """Read ``pipe`` to its end, each line to ``on_line``; ``False`` when the deadline passed."""
+    selector = selectors.DefaultSelector()
+    selector.register(pipe, selectors.EVENT_READ)
+    try:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if not selector.select(timeout=left):
+                continue
+            line = pipe.readline()
+            if not line:
+                return True
+            if on_line is not None:
+                on_line(line)
+    finally:
+        selector.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._child import ChildEnd, stop
+from .._child import start, stop, wait
 from .._moved import refuses_moved
 from .config import MeasureConfig
 from .outcome import EVENT_PREFIX, RecipeResult, emit_event, set_event_sink
@@ -185,43 +184,38 @@ def _run_children(
 ) -> RecipeResult:
     port = _free_port() if world_size > 1 else 0
     command = [sys.executable, "-m", "torchcompile_kit.bench.execute", str(work / "request.json")]
+    paths = [
+        log_path if r == 0 else log_path.with_suffix(f".rank{r}.log") for r in range(world_size)
+    ]
     # one log per rank, open while its process runs and closed below once every process ended
-    logs = [
-        open(log_path if r == 0 else log_path.with_suffix(f".rank{r}.log"), "w")  # noqa: SIM115
-        for r in range(world_size)
-    ]
+    logs = [open(path, "w") for path in paths]  # noqa: SIM115
     procs = [
-        subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-            stderr=logs[r],
-            text=True,
-            env=_child_env(work, r, world_size, port),
-        )
+        start(command, env=_child_env(work, r, world_size, port), log=logs[r], pipe=r == 0)
         for r in range(world_size)
     ]
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    timed_out = _pump_events(procs[0], deadline, on_event)
-    for proc in procs:
-        try:
-            proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        if timed_out:
+    began = time.monotonic()
+
+    def forward(line: str) -> None:  # rank 0's progress events
+        if line.startswith(EVENT_PREFIX) and on_event is not None:
+            try:
+                on_event(json.loads(line[len(EVENT_PREFIX) :]))
+            except ValueError:
+                pass
+
+    end = wait(procs[0], timeout_s=timeout_s, log=log_path, on_line=forward)
+    for proc, path in zip(procs[1:], paths[1:]):
+        if end.hung_s is not None:
             stop(proc)
+            continue
+        left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - began))
+        wait(proc, timeout_s=left, log=path)
     for log in logs:
         log.close()
-    name = request["recipe"]
-    path = Path(request["result_path"])
-    if not timed_out and path.is_file():
-        return RecipeResult.from_dict(json.loads(path.read_text()))
-    end = (
-        ChildEnd.timed_out(timeout_s, log_path)
-        if timed_out
-        else ChildEnd.of(procs[0].returncode, log_path)
-    )
+    result = Path(request["result_path"])
+    if end.hung_s is None and result.is_file():
+        return RecipeResult.from_dict(json.loads(result.read_text()))
     return RecipeResult(
-        name=name,
+        name=request["recipe"],
         status="failed",
         error=f"{end.describe()}; no result (log: {log_path})",
     )
@@ -246,32 +240,3 @@ def _run_in_process(
             return execute_request(request)
     finally:
         set_event_sink(None)
-
-
-def _pump_events(
-    proc: subprocess.Popen,
-    deadline: float | None,
-    on_event: Callable[[dict[str, Any]], None] | None,
-) -> bool:
-    """Forward the child's progress events until it closes stdout; True when the deadline passed."""
-    import selectors
-
-    selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    try:
-        while True:
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                return True
-            if not selector.select(timeout=wait):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                return False
-            if line.startswith(EVENT_PREFIX) and on_event is not None:
-                try:
-                    on_event(json.loads(line[len(EVENT_PREFIX) :]))
-                except ValueError:
-                    pass
-    finally:
-        selector.close()

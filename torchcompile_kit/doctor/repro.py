@@ -13,7 +13,6 @@ import copy
 import inspect
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._child import ChildEnd
+from .._child import start, wait
 from ..diagnostics import leaves
 from .record import Trial
 
@@ -345,19 +344,13 @@ def check_repro(script: Path, *, timeout_s: float, trace: Path | None = None) ->
     env = dict(os.environ)
     if trace is not None:
         env["TORCH_TRACE"] = str(trace)
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            check=False,
+    log = script.with_suffix(".log")
+    with log.open("w") as sink:
+        end = wait(
+            start([sys.executable, str(script)], env=env, log=sink), timeout_s=timeout_s, log=log
         )
-    except subprocess.TimeoutExpired:
-        return ReproCheck(fails=True, output=ChildEnd.timed_out(timeout_s).describe())
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     said = "\n".join(lines[-6:])
-    if done.returncode < 0:
-        said += f"\n({ChildEnd.of(done.returncode).describe()})"
-    return ReproCheck(fails=done.returncode != 0, output=said)
+    if end.hung_s is not None or end.signal is not None:
+        said += f"\n({end.describe()})"
+    return ReproCheck(fails=not end.ok, output=said)

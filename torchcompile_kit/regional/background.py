@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 from .._checks import check_compile_kwargs
-from .._child import ChildEnd, stop
+from .._child import poll, start, stop
 from .._factory import check_factory
 from .._moved import refuses_moved
 from .._undo import register_undo
@@ -407,20 +406,15 @@ def _start_worker(model: nn.Module, options: BackgroundCompile) -> None:
         "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
         "OMP_NUM_THREADS": str(threads),
     }
-    with open(folder / "worker.log", "wb") as log:
-        options._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torchcompile_kit.regional.background_worker",
-                str(folder),
-                str(os.getpid()),  # the worker stops when this process is gone
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    command = [
+        sys.executable,
+        "-m",
+        "torchcompile_kit.regional.background_worker",
+        str(folder),
+        str(os.getpid()),  # the worker stops when this process is gone
+    ]
+    with open(folder / "worker.log", "wb") as log:  # its own session: stop() ends its workers too
+        options._proc = start(command, env=env, log=log, own_session=True)
     # at once, not in the worker: its imports would run at training's priority and CPUs
     os.setpriority(os.PRIO_PROCESS, options._proc.pid, options.nice)
     if options.cpus:
@@ -527,16 +521,13 @@ def _worker_status(options: BackgroundCompile, refused: str | None) -> str:
     answer on every rank (rank 0's)."""
     status = refused or "running"
     if refused is None and options._proc is not None:
-        code = options._proc.poll()
-        elapsed = time.perf_counter() - options._started
         log = options._job.parent / "worker.log" if options._job is not None else None
-        if code is None and elapsed > options.timeout_s:  # _give_up stops it
-            end = ChildEnd.timed_out(options.timeout_s, log)
-            status = f"the worker failed: {end.describe()} (timeout_s={options.timeout_s:g})"
-        elif code == 0:
+        end = poll(options._proc, started=options._started, timeout_s=options.timeout_s, log=log)
+        if end is not None and end.ok:
             status = "done"
-        elif code is not None:
-            status = f"the worker failed: {ChildEnd.of(code, log).describe()}"
+        elif end is not None:
+            past = f" (timeout_s={options.timeout_s:g})" if end.hung_s is not None else ""
+            status = f"the worker failed: {end.describe()}{past}"
     if _rank() is not None:  # every rank switches (or gives up) at the same call
         shared = [status]
         torch.distributed.broadcast_object_list(shared, src=0)
