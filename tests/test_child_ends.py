@@ -65,3 +65,4 @@ def test_the_bench_reads_a_killed_and_a_hung_recipe_alike(tmp_path, monkeypatch,
     )
     result = run_recipe_isolated(request, out_dir=tmp_path, timeout_s=30)
     assert result.status == "failed" and result.error.startswith(said), result.error
+    assert result.stopped_after_s == (30 if spec == "hung" else None)  # what tune's budget reads

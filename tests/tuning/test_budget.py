@@ -45,7 +45,10 @@ def runner(monkeypatch):
             else:
                 now[0] += timeout_s
             return RecipeResult(
-                name=recipe, status="failed", error=f"timed out after {timeout_s:g} s"
+                name=recipe,
+                status="failed",
+                error=f"the process had not ended after {timeout_s:g} s (a hang?) and was stopped",
+                stopped_after_s=timeout_s,
             )
         now[0] += total
         # compiled candidates run twice as fast per step as eager

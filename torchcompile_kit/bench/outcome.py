@@ -266,6 +266,8 @@ class RecipeResult:
     """The recipe's one line (filled in the results document)."""
     wall_s: float | None = None
     """Seconds the whole child process took (start-up and imports included)."""
+    stopped_after_s: float | None = None
+    """Failed because its process had not ended by its timeout: stopped after these seconds."""
     settings: dict[str, Any] = field(default_factory=dict)
     """What it ran with: preset, steps, backend, compile kwargs, device, model source."""
 

@@ -218,6 +218,7 @@ def _run_children(
         name=request["recipe"],
         status="failed",
         error=f"{end.describe()}; no result (log: {log_path})",
+        stopped_after_s=end.hung_s,
     )
 
 

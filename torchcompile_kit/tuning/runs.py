@@ -108,7 +108,7 @@ def measure_candidate(
     )
     result.status, result.wall_s, result.metrics = run.status, run.wall_s, run.metrics
     result.reason = run.reason or run.error
-    if run.status == "failed" and "timed out" in (run.error or ""):
+    if run.status == "failed" and run.stopped_after_s is not None:
         if bound is not None and timeout == bound:
             result.status = "pruned"
             result.reason = (
