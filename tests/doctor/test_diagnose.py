@@ -704,6 +704,19 @@ def test_a_branch_that_returns_gets_no_rewrite(tmp_path):
     assert propose_rewrite(str(source), 2, "some other break") is None
 
 
+def test_a_break_in_an_installed_package_gets_no_rewrite(tmp_path):
+    """A print in a library (transformers' logging, say) is not the user's line to rewrite: the
+    same file gets the rewrite outside site-packages and none inside."""
+    from torchcompile_kit.doctor.fixes import propose_rewrite
+
+    for folder in (tmp_path / "mine", tmp_path / "site-packages" / "lib"):
+        folder.mkdir(parents=True)
+        (folder / "m.py").write_text("def f(x):\n    print(x)\n    return x\n")
+    reason = "Failed to trace builtin operator `print`"
+    assert propose_rewrite(str(tmp_path / "mine" / "m.py"), 2, reason) is not None
+    assert propose_rewrite(str(tmp_path / "site-packages" / "lib" / "m.py"), 2, reason) is None
+
+
 def test_with_a_recipe_the_plain_compile_that_passes_is_the_workaround(tmp_path, monkeypatch):
     """A regional compile that fails where a plain ``model.compile`` passes, on trials that
     answer by rule: the note says so and, with no culprit confirmed, that is the workaround."""

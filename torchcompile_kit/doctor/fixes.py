@@ -15,6 +15,7 @@ import linecache
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Rewrite", "apply_rewrite", "propose_rewrite"]
@@ -36,7 +37,8 @@ class Rewrite:
 
 def propose_rewrite(file: str, line: int, reason: str) -> Rewrite | None:
     """The rewrite for the break at ``file:line`` with dynamo's ``reason``, or ``None`` when no
-    known rewrite fits (then torch's hint stands, unverified).
+    known rewrite fits or the file is an installed package's (then torch's hint stands,
+    unverified).
 
     Example:
         >>> propose_rewrite("model.py", 12, "Unsupported Tensor.item() call")  # doctest: +SKIP
@@ -50,7 +52,7 @@ def propose_rewrite(file: str, line: int, reason: str) -> Rewrite | None:
         if "Tensor.item()" in reason or "Data-dependent branching" in reason
         else None
     )
-    if kind is None:
+    if kind is None or _installed(file):
         return None
     source = "".join(linecache.getlines(file))
     if not source:
@@ -65,6 +67,13 @@ def propose_rewrite(file: str, line: int, reason: str) -> Rewrite | None:
         return None
     shown = "\n".join(ast.unparse(node) for node in new)
     return Rewrite(file=file, line=line, kind=kind, shown=shown)
+
+
+def _installed(file: str) -> bool:
+    """``file`` belongs to an installed package (transformers, peft, ...): not the user's to
+    rewrite, so its break keeps torch's hint."""
+    parts = Path(file).parts
+    return "site-packages" in parts or "dist-packages" in parts
 
 
 def apply_rewrite(model: Any, rewrite: dict[str, Any]) -> str:
