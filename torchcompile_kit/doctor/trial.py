@@ -211,20 +211,14 @@ def loss_of(output: Any) -> Any:
 def _rewritten_alike(model: Any, batch: Any, rewrite: dict[str, Any], autocast: Any) -> bool:
     """Apply ``rewrite`` to the model's class (:func:`~.fixes.apply_rewrite`) and say whether
     eager's loss and gradients on the batch are what they were before it (within 1e-5)."""
-    import copy
-
     import torch
 
     from .fixes import apply_rewrite
 
     def step() -> list[Any]:
-        probe = copy.deepcopy(model)
         torch.manual_seed(0)
-        with _autocast(probe, autocast):
-            loss = loss_of(call_model(probe, batch))
-        loss.backward()
-        grads = [p.grad for p in probe.parameters() if p.grad is not None]
-        return [loss.detach(), *grads]
+        with _autocast(model, autocast):
+            return _eager_step(model, batch)
 
     before = step()
     apply_rewrite(model, rewrite)
@@ -234,12 +228,15 @@ def _rewritten_alike(model: Any, batch: Any, rewrite: dict[str, Any], autocast: 
     )
 
 
-def _eager_step(model: Any, batch: Any) -> None:
-    """Forward and backward eagerly on a copy: a model that fails here is not the compiler's."""
+def _eager_step(model: Any, batch: Any) -> list[Any]:
+    """Forward and backward eagerly on a copy (a model that fails here is not the compiler's):
+    the loss and every gradient."""
     import copy
 
     probe = copy.deepcopy(model)
-    loss_of(call_model(probe, batch)).backward()
+    loss = loss_of(call_model(probe, batch))
+    loss.backward()
+    return [loss.detach(), *(p.grad for p in probe.parameters() if p.grad is not None)]
 
 
 def _backend(name: str) -> Any:
