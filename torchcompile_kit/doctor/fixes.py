@@ -61,11 +61,10 @@ def propose_rewrite(file: str, line: int, reason: str) -> Rewrite | None:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    statement = _statement_at(tree, line)
-    new = _rewritten(statement, kind) if statement is not None else None
-    if new is None:
+    found = _rewrite_at(tree, line, kind)
+    if found is None:
         return None
-    shown = "\n".join(ast.unparse(node) for node in new)
+    shown = "\n".join(ast.unparse(node) for node in found[1])
     return Rewrite(file=file, line=line, kind=kind, shown=shown)
 
 
@@ -97,11 +96,10 @@ def apply_rewrite(model: Any, rewrite: dict[str, Any]) -> str:
             continue
         tree = ast.parse(textwrap.dedent("".join(lines)))
         ast.increment_lineno(tree, first - 1)
-        statement = _statement_at(tree, line)
-        new = _rewritten(statement, kind) if statement is not None else None
-        if new is None:
+        found = _rewrite_at(tree, line, kind)
+        if found is None:
             raise LookupError(f"{file}:{line}: the statement there is not one a {kind} fix fits")
-        _replace(tree, statement, new)
+        _replace(tree, *found)
         # defined inside a function with a __class__ local, so that super() finds its class
         maker = ast.parse(f"def _make(__class__):\n    pass\n    return {fn.__name__}").body[0]
         maker.body[0:1] = tree.body
@@ -135,6 +133,13 @@ def _statement_at(tree: ast.AST, line: int) -> ast.stmt | None:
         if starts and (found is None or node.col_offset > found.col_offset):
             found = node
     return found
+
+
+def _rewrite_at(tree: ast.AST, line: int, kind: str) -> tuple[ast.stmt, list[ast.stmt]] | None:
+    """The statement at ``line`` and what the ``kind`` of rewrite makes of it, or ``None``."""
+    statement = _statement_at(tree, line)
+    new = _rewritten(statement, kind) if statement is not None else None
+    return None if new is None else (statement, new)
 
 
 def _rewritten(statement: ast.stmt, kind: str) -> list[ast.stmt] | None:
